@@ -1,0 +1,158 @@
+//! The one error type of this crate. Every variant names the file (as the URI the user gave,
+//! or the resolved one) and says what went wrong; the Python layer maps variants onto the
+//! `forebay.ParquetError` hierarchy.
+
+use std::fmt;
+
+/// Result alias used throughout `forebay-parquet`.
+pub type Result<T, E = ParquetError> = std::result::Result<T, E>;
+
+/// Errors from resolving, opening, pruning and decoding Parquet datasets.
+#[derive(Debug, thiserror::Error)]
+pub enum ParquetError {
+    /// The path, URI, directory or glob matched nothing.
+    #[error("{path}: not found ({reason})")]
+    NotFound { path: String, reason: String },
+
+    /// The object exists but is not a Parquet file (bad magic, too short, footer unreadable).
+    #[error("{path}: not a Parquet file ({reason})")]
+    NotParquet { path: String, reason: String },
+
+    /// The file is Parquet but its metadata or pages are corrupt or truncated.
+    #[error("{path}: corrupt or truncated Parquet data{}: {reason}", location_suffix(*row_group))]
+    Corrupt {
+        path: String,
+        row_group: Option<usize>,
+        reason: String,
+    },
+
+    /// A requested (or filtered) column does not exist in the file's schema.
+    #[error("{path}: column '{column}' not found; available columns: {available}")]
+    ColumnNotFound {
+        path: String,
+        column: String,
+        available: String,
+    },
+
+    /// A filter is malformed or its value does not fit the column's type.
+    #[error("invalid filter on column '{column}': {reason}")]
+    InvalidFilter { column: String, reason: String },
+
+    /// Files of one dataset disagree on the schema of the selected columns.
+    #[error("{path}: schema differs from the dataset's first file {first}: {reason}")]
+    SchemaMismatch {
+        path: String,
+        first: String,
+        reason: String,
+    },
+
+    /// An object store (or local file system) request failed.
+    #[error("{path}: I/O error: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A configuration value is not usable (bad URI, zero batch size, unknown option...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+fn location_suffix(row_group: Option<usize>) -> String {
+    match row_group {
+        Some(rg) => format!(" in row group {rg}"),
+        None => String::new(),
+    }
+}
+
+impl ParquetError {
+    /// Map an object_store error on `path` into the right variant (not found vs I/O).
+    pub(crate) fn from_store(path: impl Into<String>, err: object_store::Error) -> Self {
+        let path = path.into();
+        match err {
+            object_store::Error::NotFound { .. } => ParquetError::NotFound {
+                path,
+                reason: "no such file or object".into(),
+            },
+            other => ParquetError::Io {
+                path,
+                source: other,
+            },
+        }
+    }
+
+    /// Map an error raised by the parquet crate while reading `path`.
+    ///
+    /// I/O failures surfaced through our own reader keep their I/O identity; everything else
+    /// is corrupt data (the footer itself was already validated when the metadata was loaded).
+    pub(crate) fn from_decode(
+        path: &str,
+        row_group: Option<usize>,
+        err: parquet::errors::ParquetError,
+    ) -> Self {
+        if let parquet::errors::ParquetError::External(inner) = &err {
+            if let Some(ours) = inner.downcast_ref::<ParquetError>() {
+                return ours.clone_shallow();
+            }
+        }
+        ParquetError::Corrupt {
+            path: path.to_string(),
+            row_group,
+            reason: err.to_string(),
+        }
+    }
+
+    /// A copy good enough to report twice (object_store errors are not `Clone`).
+    fn clone_shallow(&self) -> Self {
+        match self {
+            ParquetError::Io { path, source } => ParquetError::Corrupt {
+                path: path.clone(),
+                row_group: None,
+                reason: format!("I/O error: {source}"),
+            },
+            ParquetError::NotFound { path, reason } => ParquetError::NotFound {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            other => ParquetError::InvalidArgument(other.to_string()),
+        }
+    }
+
+    /// The short name of the kind, used by the Python layer to pick an exception class.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ParquetError::NotFound { .. } => ErrorKind::NotFound,
+            ParquetError::NotParquet { .. } | ParquetError::Corrupt { .. } => ErrorKind::Corrupt,
+            ParquetError::ColumnNotFound { .. } => ErrorKind::ColumnNotFound,
+            ParquetError::InvalidFilter { .. } => ErrorKind::InvalidFilter,
+            ParquetError::SchemaMismatch { .. } => ErrorKind::SchemaMismatch,
+            ParquetError::Io { .. } => ErrorKind::Io,
+            ParquetError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+        }
+    }
+}
+
+/// Coarse classification of [`ParquetError`] for bindings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    NotFound,
+    Corrupt,
+    ColumnNotFound,
+    InvalidFilter,
+    SchemaMismatch,
+    Io,
+    InvalidArgument,
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+impl From<ParquetError> for arrow::error::ArrowError {
+    fn from(err: ParquetError) -> Self {
+        arrow::error::ArrowError::ExternalError(Box::new(err))
+    }
+}

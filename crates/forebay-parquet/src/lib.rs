@@ -1,0 +1,47 @@
+//! # forebay-parquet: the streaming Parquet reader of forebay
+//!
+//! Owns reading Parquet: resolving paths/URIs into files, reading each footer once, column
+//! projection (nested leaves included), row-group and page pruning from statistics, exact
+//! filtering, bounded prefetch with parallel decoding, object_store I/O with request metrics,
+//! and the provenance of each batch (file, row group, first row). It does not own memory
+//! policy or checkpoints: those belong to `forebay-engine` and `forebay-checkpoint`.
+//!
+//! ```text
+//!  paths / dirs / globs / URIs ──► source::resolve ──► [FileEntry]
+//!                                                          │ footer (1 request, cached)
+//!                                                          ▼
+//!        Predicate ──bind──► prune row groups (min/max/nulls) ──► prune pages (page index)
+//!                                                          │
+//!                     (file, row group) units, ≤ prefetch in flight, decoded on the pool
+//!                                                          ▼
+//!                          ScanStream: ordered RecordBatches + BatchProvenance
+//! ```
+//!
+//! ```no_run
+//! use forebay_parquet::{DatasetSource, ParquetDataset, Predicate};
+//!
+//! let dataset = ParquetDataset::builder(DatasetSource::uris(["data/lineitem/"]))
+//!     .with_columns(["l_orderkey", "l_quantity"])
+//!     .with_filter(Predicate::gt("l_quantity", 45))
+//!     .build()?;
+//! for batch in dataset.scan() {
+//!     let batch = batch?;
+//!     println!("{} rows from {}", batch.batch.num_rows(), batch.provenance.file);
+//! }
+//! # Ok::<(), forebay_parquet::ParquetError>(())
+//! ```
+
+pub mod error;
+pub mod io;
+pub mod predicate;
+pub mod scan;
+pub mod source;
+
+pub use error::{ErrorKind, ParquetError, Result};
+pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
+pub use predicate::{CompareOp, Literal, Predicate};
+pub use scan::{
+    block_on, runtime, BatchProvenance, ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch,
+    RecordBatchIter, ScanMetricsSnapshot, ScanStream,
+};
+pub use source::{global_memory_store, DatasetSource, StorageOptions};

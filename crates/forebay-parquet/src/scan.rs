@@ -1,0 +1,1143 @@
+//! Datasets and their streaming scan.
+//!
+//! ```text
+//!  files ──► open (footer, once per file, cached; spawned ahead)
+//!              │ prune row groups (statistics) and pages (page index)
+//!              ▼
+//!  units = (file, row group, row selection) in file order
+//!              │  at most `prefetch` units in flight, each decoding on the pool
+//!              │  into its own small channel
+//!              ▼
+//!  driver forwards unit 0's batches, then unit 1's, ... ──► ScanStream (ordered)
+//! ```
+//!
+//! Memory is bounded by `prefetch` × (the selected column chunks of one row group + two
+//! decoded batches), independent of the number or size of files. Order is deterministic
+//! (file, then row group) whatever finishes first. Dropping the [`ScanStream`] cancels
+//! everything in flight.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+
+use arrow::array::{Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use futures::{FutureExt, Stream, StreamExt};
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter, RowSelection,
+};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::error::{ParquetError, Result};
+use crate::io::{FileEntry, IoMetrics, IoMetricsSnapshot, ObjectFileReader};
+use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
+use crate::source::{resolve, DatasetSource};
+
+/// Bytes fetched from the end of a file in the first footer request. Most footers (and often
+/// the page index just before them) fit, so one request per file is the common case.
+const FOOTER_PREFETCH: usize = 64 * 1024;
+/// Footers fetched concurrently ahead of the scan.
+const FOOTER_CONCURRENCY: usize = 16;
+
+/// The pool that runs forebay's I/O and decoding: one worker per core.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(default_threads())
+            .thread_name("forebay-io")
+            .enable_all()
+            .build()
+            .expect("cannot start the forebay I/O runtime (out of threads?)")
+    })
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(1)
+}
+
+/// Run `fut` on the forebay runtime and wait for it from any thread (also from inside
+/// another async runtime, where `Runtime::block_on` would panic).
+pub fn block_on<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let handle = runtime().spawn(fut);
+    match futures::executor::block_on(handle) {
+        Ok(v) => v,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => panic!("forebay runtime task cancelled: {e}"),
+    }
+}
+
+/// How to read a dataset. Build with [`ParquetDataset::builder`].
+#[derive(Debug, Clone)]
+pub struct ParquetDatasetBuilder {
+    source: DatasetSource,
+    columns: Option<Vec<String>>,
+    filter: Option<Predicate>,
+    batch_size: usize,
+    prefetch: Option<usize>,
+    num_threads: Option<usize>,
+    dictionary_columns: Vec<String>,
+    coalesce_gap: Option<u64>,
+    use_page_index: bool,
+}
+
+impl ParquetDatasetBuilder {
+    /// Columns to read, by name; a dotted path (`"a.b"`) selects part of a nested column.
+    /// Output columns follow this order. Default: all columns.
+    pub fn with_columns<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.columns = Some(columns.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Keep only rows matching `filter`; row groups and pages that cannot match are skipped.
+    pub fn with_filter(mut self, filter: Predicate) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// Rows per batch (default 65,536). Filtered batches may be smaller.
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Row groups in flight at once (default: threads + 2). Bounds memory.
+    pub fn with_prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = Some(prefetch);
+        self
+    }
+
+    /// Row groups decoded concurrently (default and maximum: the number of cores).
+    pub fn with_num_threads(mut self, num_threads: usize) -> Self {
+        self.num_threads = Some(num_threads);
+        self
+    }
+
+    /// String/binary columns to return as `Dictionary(Int32, _)` arrays.
+    pub fn with_dictionary_columns<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.dictionary_columns = columns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Merge column-chunk reads separated by at most this many bytes into one request.
+    /// Default: 0 for local files (only selected bytes are read), 1 MiB for remote stores.
+    pub fn with_coalesce_gap(mut self, bytes: u64) -> Self {
+        self.coalesce_gap = Some(bytes);
+        self
+    }
+
+    /// Use the page index (when files have one) to skip pages inside row groups. Default on.
+    pub fn with_page_index(mut self, enabled: bool) -> Self {
+        self.use_page_index = enabled;
+        self
+    }
+
+    /// Resolve the files and read the first file's footer (for the schema).
+    pub fn build(self) -> Result<ParquetDataset> {
+        block_on(self.build_async())
+    }
+
+    /// [`Self::build`] for async callers.
+    pub async fn build_async(self) -> Result<ParquetDataset> {
+        if self.batch_size == 0 {
+            return Err(ParquetError::InvalidArgument(
+                "batch_size must be at least 1".into(),
+            ));
+        }
+        if self.prefetch == Some(0) || self.num_threads == Some(0) {
+            return Err(ParquetError::InvalidArgument(
+                "prefetch and num_threads must be at least 1".into(),
+            ));
+        }
+        let io = Arc::new(IoMetrics::default());
+        let files = resolve(&self.source, &io).await?;
+        let threads = self
+            .num_threads
+            .unwrap_or_else(default_threads)
+            .min(default_threads())
+            .max(1);
+        let inner = Arc::new(DatasetInner {
+            files,
+            io,
+            scan_metrics: ScanMetrics::default(),
+            threads,
+            prefetch: self.prefetch.unwrap_or(threads + 2),
+            coalesce_gap: self.coalesce_gap,
+            opened: Mutex::new(HashMap::new()),
+            schema: OnceLock::new(),
+            options: self,
+        });
+        let first = inner.open(0).await?;
+        let _ = inner.schema.set(first.output_schema.clone());
+        Ok(ParquetDataset { inner })
+    }
+}
+
+/// Counters of what pruning skipped, summed over every scan of a dataset.
+#[derive(Debug, Default)]
+struct ScanMetrics {
+    row_groups_total: AtomicU64,
+    row_groups_pruned_by_statistics: AtomicU64,
+    row_groups_pruned_by_page_index: AtomicU64,
+    rows_pruned_by_page_index: AtomicU64,
+}
+
+/// A point-in-time copy of a dataset's pruning and I/O counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanMetricsSnapshot {
+    pub row_groups_total: u64,
+    pub row_groups_pruned_by_statistics: u64,
+    pub row_groups_pruned_by_page_index: u64,
+    pub rows_pruned_by_page_index: u64,
+    pub io: IoMetricsSnapshot,
+}
+
+/// A lazily read Parquet dataset: files resolved, footers read on demand and cached.
+/// Cheap to clone; every scan shares the metadata cache and counters.
+#[derive(Clone)]
+pub struct ParquetDataset {
+    inner: Arc<DatasetInner>,
+}
+
+struct DatasetInner {
+    options: ParquetDatasetBuilder,
+    files: Vec<FileEntry>,
+    io: Arc<IoMetrics>,
+    scan_metrics: ScanMetrics,
+    threads: usize,
+    prefetch: usize,
+    coalesce_gap: Option<u64>,
+    /// Footer + plan per file index: each footer is read once per dataset.
+    opened: Mutex<HashMap<usize, Arc<OpenedFile>>>,
+    schema: OnceLock<SchemaRef>,
+}
+
+/// Everything needed to read one file's row groups, derived once from its footer.
+struct OpenedFile {
+    entry: FileEntry,
+    index: usize,
+    reader_meta: ArrowReaderMetadata,
+    projection: ProjectionMask,
+    /// Position in the decoded batch of each output column, in output order.
+    reorder: Vec<usize>,
+    output_schema: SchemaRef,
+    filter: Option<(ProjectionMask, BoundPredicate)>,
+}
+
+impl ParquetDataset {
+    /// Start describing a dataset.
+    pub fn builder(source: DatasetSource) -> ParquetDatasetBuilder {
+        ParquetDatasetBuilder {
+            source,
+            columns: None,
+            filter: None,
+            batch_size: 65_536,
+            prefetch: None,
+            num_threads: None,
+            dictionary_columns: Vec::new(),
+            coalesce_gap: None,
+            use_page_index: true,
+        }
+    }
+
+    /// Open local paths or URIs with default options.
+    pub fn open<I, S>(uris: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder(DatasetSource::uris(uris)).build()
+    }
+
+    /// The schema of the batches a scan yields (projection and dictionary options applied).
+    pub fn schema(&self) -> SchemaRef {
+        self.inner
+            .schema
+            .get()
+            .cloned()
+            .expect("schema is set by build")
+    }
+
+    /// The files of the dataset, in scan order.
+    pub fn files(&self) -> &[FileEntry] {
+        &self.inner.files
+    }
+
+    /// Counters: requests and bytes read, row groups and rows pruned.
+    pub fn metrics(&self) -> ScanMetricsSnapshot {
+        let m = &self.inner.scan_metrics;
+        ScanMetricsSnapshot {
+            row_groups_total: m.row_groups_total.load(Ordering::Relaxed),
+            row_groups_pruned_by_statistics: m
+                .row_groups_pruned_by_statistics
+                .load(Ordering::Relaxed),
+            row_groups_pruned_by_page_index: m
+                .row_groups_pruned_by_page_index
+                .load(Ordering::Relaxed),
+            rows_pruned_by_page_index: m.rows_pruned_by_page_index.load(Ordering::Relaxed),
+            io: self.inner.io.snapshot(),
+        }
+    }
+
+    /// Number of rows: from footers alone when there is no filter, otherwise by scanning
+    /// only the filter's columns.
+    pub fn count_rows(&self) -> Result<u64> {
+        let this = self.clone();
+        block_on(async move { this.count_rows_async().await })
+    }
+
+    async fn count_rows_async(&self) -> Result<u64> {
+        if self.inner.options.filter.is_none() {
+            let mut total = 0u64;
+            let opened = futures::stream::iter(0..self.inner.files.len())
+                .map(|i| {
+                    let inner = self.inner.clone();
+                    async move { inner.open(i).await }
+                })
+                .buffered(FOOTER_CONCURRENCY);
+            futures::pin_mut!(opened);
+            while let Some(file) = opened.next().await {
+                total += file?
+                    .reader_meta
+                    .metadata()
+                    .file_metadata()
+                    .num_rows()
+                    .max(0) as u64;
+            }
+            return Ok(total);
+        }
+        let filter = self.inner.options.filter.as_ref().expect("checked above");
+        let mut options = self.inner.options.clone();
+        options.columns = Some(filter.columns());
+        options.dictionary_columns.clear();
+        let counting = options.build_async().await?;
+        let mut stream = counting.scan();
+        let mut total = 0u64;
+        while let Some(batch) = StreamExt::next(&mut stream).await {
+            total += batch?.batch.num_rows() as u64;
+        }
+        Ok(total)
+    }
+
+    /// Stream the dataset's batches in order (file, then row group).
+    pub fn scan(&self) -> ScanStream {
+        let (tx, rx) = mpsc::channel(2);
+        let inner = self.inner.clone();
+        let driver = runtime().spawn(async move {
+            let tx_err = tx.clone();
+            let run = AssertUnwindSafe(drive(inner, tx)).catch_unwind().await;
+            if let Err(panic) = run {
+                let _ = tx_err
+                    .send(Err(ParquetError::InvalidArgument(format!(
+                        "internal error in the scan driver: {}",
+                        panic_message(&panic)
+                    ))))
+                    .await;
+            }
+        });
+        ScanStream {
+            rx,
+            schema: self.schema(),
+            driver,
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+impl DatasetInner {
+    /// Footer and read plan of file `index`, from the cache or read now.
+    async fn open(self: &Arc<Self>, index: usize) -> Result<Arc<OpenedFile>> {
+        if let Some(found) = self.opened.lock().expect("cache lock").get(&index) {
+            return Ok(found.clone());
+        }
+        let entry = self.files[index].clone();
+        let this = self.clone();
+        let task = AssertUnwindSafe(async move { this.open_uncached(index, entry).await });
+        let opened = match task.catch_unwind().await {
+            Ok(result) => Arc::new(result?),
+            Err(panic) => {
+                return Err(ParquetError::Corrupt {
+                    path: self.files[index].uri.to_string(),
+                    row_group: None,
+                    reason: format!(
+                        "the Parquet footer could not be decoded: {}",
+                        panic_message(&panic)
+                    ),
+                })
+            }
+        };
+        self.opened
+            .lock()
+            .expect("cache lock")
+            .insert(index, opened.clone());
+        Ok(opened)
+    }
+
+    async fn open_uncached(&self, index: usize, entry: FileEntry) -> Result<OpenedFile> {
+        let path = entry.uri.to_string();
+        let metadata = read_footer(&entry, &self.io, self.wants_page_index()).await?;
+        let file_schema = {
+            let plain = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
+                .map_err(|e| corrupt(&path, None, e))?;
+            plain.schema().clone()
+        };
+        let hinted = apply_dictionary_hints(&file_schema, &self.options.dictionary_columns, &path)?;
+        let reader_meta = ArrowReaderMetadata::try_new(
+            metadata.clone(),
+            ArrowReaderOptions::new().with_schema(hinted.clone()),
+        )
+        .map_err(|e| corrupt(&path, None, e))?;
+        let parquet_schema = reader_meta.parquet_schema();
+
+        let (projection, requested_roots) = resolve_projection(
+            parquet_schema,
+            &hinted,
+            self.options.columns.as_deref(),
+            &path,
+        )?;
+        // Decoded batches hold the selected roots in file order; output follows the request.
+        let mut selected_roots: Vec<usize> = requested_roots.clone();
+        selected_roots.sort_unstable();
+        selected_roots.dedup();
+        let reorder: Vec<usize> = requested_roots
+            .iter()
+            .map(|r| selected_roots.binary_search(r).expect("root is selected"))
+            .collect();
+        let decoded_schema = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            ObjectFileReader::new(entry.clone(), self.io.clone(), 0),
+            reader_meta.clone(),
+        )
+        .with_projection(projection.clone())
+        .with_row_groups(vec![])
+        .build()
+        .map_err(|e| corrupt(&path, None, e))?
+        .schema()
+        .clone();
+        let output_schema = Arc::new(Schema::new(
+            reorder
+                .iter()
+                .map(|&i| decoded_schema.field(i).clone())
+                .collect::<Vec<Field>>(),
+        ));
+        if let Some(first) = self.schema.get() {
+            check_same_schema(first, &output_schema, &path, &self.files[0].uri)?;
+        }
+
+        let filter = match &self.options.filter {
+            None => None,
+            Some(predicate) => {
+                let bound = predicate.bind(&hinted, &path)?;
+                let roots: Vec<usize> = bound
+                    .columns()
+                    .iter()
+                    .map(|c| hinted.index_of(c).expect("bind checked the column"))
+                    .collect();
+                let mask = ProjectionMask::roots(parquet_schema, roots);
+                Some((mask, bound))
+            }
+        };
+        Ok(OpenedFile {
+            entry,
+            index,
+            reader_meta,
+            projection,
+            reorder,
+            output_schema,
+            filter,
+        })
+    }
+
+    fn wants_page_index(&self) -> bool {
+        self.options.filter.is_some() && self.options.use_page_index
+    }
+
+    fn coalesce_gap_for(&self, entry: &FileEntry) -> u64 {
+        self.coalesce_gap.unwrap_or_else(|| {
+            if entry.uri.contains("://") {
+                1 << 20
+            } else {
+                0
+            }
+        })
+    }
+
+    /// Row groups of `file` that may hold matching rows, with page-level selections.
+    fn plan_units(&self, file: &OpenedFile) -> Vec<Unit> {
+        let metadata = file.reader_meta.metadata();
+        let row_groups = metadata.row_groups();
+        let mut first_row = 0u64;
+        let starts: Vec<u64> = row_groups
+            .iter()
+            .map(|rg| {
+                let s = first_row;
+                first_row += rg.num_rows().max(0) as u64;
+                s
+            })
+            .collect();
+        let metrics = &self.scan_metrics;
+        metrics
+            .row_groups_total
+            .fetch_add(row_groups.len() as u64, Ordering::Relaxed);
+        let all = || {
+            (0..row_groups.len())
+                .map(|rg| Unit::new(file, rg, starts[rg], None))
+                .collect()
+        };
+        let Some((_, bound)) = &file.filter else {
+            return all();
+        };
+
+        let schema = file.reader_meta.schema().clone();
+        let parquet_schema = file.reader_meta.parquet_schema();
+        let orders = metadata
+            .file_metadata()
+            .column_orders()
+            .map(|v| v.as_slice());
+        let converter = |column: &str| -> Option<StatisticsConverter<'_>> {
+            StatisticsConverter::try_new(column, &schema, parquet_schema)
+                .ok()
+                .map(|c| {
+                    c.with_missing_null_counts_as_zero(false)
+                        .with_column_orders(orders)
+                })
+        };
+        let keep = bound.may_match(row_groups.len(), &mut |column| {
+            let c = converter(column)?;
+            Some(ContainerStats {
+                mins: c.row_group_mins(row_groups.iter()).ok()?,
+                maxes: c.row_group_maxes(row_groups.iter()).ok()?,
+                null_counts: c.row_group_null_counts(row_groups.iter()).ok()?,
+                row_counts: c.row_group_row_counts(row_groups.iter()).ok().flatten(),
+                min_exact: c.row_group_is_min_value_exact(row_groups.iter()).ok(),
+                max_exact: c.row_group_is_max_value_exact(row_groups.iter()).ok(),
+                slots_per_container: None,
+            })
+        });
+        let pruned = keep.iter().filter(|k| !**k).count() as u64;
+        metrics
+            .row_groups_pruned_by_statistics
+            .fetch_add(pruned, Ordering::Relaxed);
+
+        let page_index = metadata.page_index().map(|pi| pi.as_ref());
+        let mut units = Vec::new();
+        for (rg, _) in keep.iter().enumerate().filter(|(_, k)| **k) {
+            let rows = row_groups[rg].num_rows().max(0) as usize;
+            let selection = page_index.and_then(|pi| {
+                let rg_list = [rg];
+                let keep_rows = bound.may_match(rows, &mut |column| {
+                    let c = converter(column)?;
+                    let spans = c
+                        .data_page_row_counts(pi, row_groups, rg_list.iter())
+                        .ok()
+                        .flatten()?;
+                    if spans.null_count() > 0 {
+                        return None;
+                    }
+                    Some(ContainerStats {
+                        mins: c.data_page_mins(pi, rg_list.iter()).ok()?,
+                        maxes: c.data_page_maxes(pi, rg_list.iter()).ok()?,
+                        null_counts: c.data_page_null_counts(pi, rg_list.iter()).ok()?,
+                        row_counts: Some(spans.clone()),
+                        min_exact: None,
+                        max_exact: None,
+                        slots_per_container: Some(
+                            spans.values().iter().map(|v| *v as usize).collect(),
+                        ),
+                    })
+                });
+                let selected = keep_rows.iter().filter(|k| **k).count();
+                (selected < rows).then(|| (selection_from_mask(&keep_rows), rows - selected))
+            });
+            match selection {
+                Some((_, skipped)) if skipped == rows => {
+                    metrics
+                        .row_groups_pruned_by_page_index
+                        .fetch_add(1, Ordering::Relaxed);
+                    metrics
+                        .rows_pruned_by_page_index
+                        .fetch_add(skipped as u64, Ordering::Relaxed);
+                }
+                Some((sel, skipped)) => {
+                    metrics
+                        .rows_pruned_by_page_index
+                        .fetch_add(skipped as u64, Ordering::Relaxed);
+                    units.push(Unit::new(file, rg, starts[rg], Some(sel)));
+                }
+                None => units.push(Unit::new(file, rg, starts[rg], None)),
+            }
+        }
+        units
+    }
+}
+
+fn selection_from_mask(keep: &[bool]) -> RowSelection {
+    let mut ranges = Vec::new();
+    let mut i = 0;
+    while i < keep.len() {
+        if keep[i] {
+            let start = i;
+            while i < keep.len() && keep[i] {
+                i += 1;
+            }
+            ranges.push(start..i);
+        } else {
+            i += 1;
+        }
+    }
+    RowSelection::from_consecutive_ranges(ranges.into_iter(), keep.len())
+}
+
+fn corrupt(path: &str, row_group: Option<usize>, err: impl std::fmt::Display) -> ParquetError {
+    ParquetError::Corrupt {
+        path: path.to_string(),
+        row_group,
+        reason: err.to_string(),
+    }
+}
+
+async fn read_footer(
+    entry: &FileEntry,
+    io: &Arc<IoMetrics>,
+    with_page_index: bool,
+) -> Result<Arc<ParquetMetaData>> {
+    let path = entry.uri.to_string();
+    if entry.size < 12 {
+        return Err(ParquetError::NotParquet {
+            path,
+            reason: format!("only {} bytes, smaller than any Parquet file", entry.size),
+        });
+    }
+    // One request for the file's tail; the metadata reader is served from it when the
+    // footer (and page index) fit, and goes back to the store only for what does not.
+    let reader = ObjectFileReader::for_footer(entry.clone(), io.clone());
+    let tail_len = (FOOTER_PREFETCH as u64).min(entry.size);
+    let tail_start = entry.size - tail_len;
+    let tail = reader.fetch(tail_start..entry.size).await?;
+    let magic = &tail[tail.len() - 4..];
+    if magic != b"PAR1" {
+        let reason = if magic == b"PARE" {
+            "encrypted footer; encrypted Parquet files are not supported".to_string()
+        } else {
+            format!(
+                "the file does not end with the Parquet magic 'PAR1' (found {:?})",
+                String::from_utf8_lossy(magic)
+            )
+        };
+        return Err(ParquetError::NotParquet { path, reason });
+    }
+    let fetch = FooterFetch {
+        reader,
+        tail,
+        tail_start,
+    };
+    let policy = if with_page_index {
+        PageIndexPolicy::Optional
+    } else {
+        PageIndexPolicy::Skip
+    };
+    let metadata = ParquetMetaDataReader::new()
+        .with_page_index_policy(policy)
+        .load_and_finish(fetch, entry.size)
+        .await
+        .map_err(|e| match ParquetError::from_decode(&path, None, e) {
+            ParquetError::Corrupt { path, reason, .. } => ParquetError::Corrupt {
+                path,
+                row_group: None,
+                reason: format!("cannot read the footer: {reason}"),
+            },
+            other => other,
+        })?;
+    Ok(Arc::new(metadata))
+}
+
+/// Serves metadata reads from an already fetched tail of the file.
+struct FooterFetch {
+    reader: ObjectFileReader,
+    tail: bytes::Bytes,
+    tail_start: u64,
+}
+
+impl parquet::arrow::async_reader::MetadataFetch for FooterFetch {
+    fn fetch(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        async move {
+            if range.start >= self.tail_start {
+                let start = (range.start - self.tail_start) as usize;
+                let end = (range.end - self.tail_start) as usize;
+                if end <= self.tail.len() {
+                    return Ok(self.tail.slice(start..end));
+                }
+            }
+            self.reader
+                .fetch(range)
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+        }
+        .boxed()
+    }
+}
+
+/// Replace the named string/binary columns' types with `Dictionary(Int32, _)`.
+fn apply_dictionary_hints(schema: &SchemaRef, columns: &[String], path: &str) -> Result<SchemaRef> {
+    if columns.is_empty() {
+        return Ok(schema.clone());
+    }
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for name in columns {
+        let idx = schema
+            .index_of(name)
+            .map_err(|_| column_not_found(schema, name, path))?;
+        let field = &fields[idx];
+        let value = match field.data_type() {
+            DataType::Dictionary(_, _) => continue,
+            t @ (DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary) => t.clone(),
+            DataType::Utf8View => DataType::Utf8,
+            DataType::BinaryView => DataType::Binary,
+            other => {
+                return Err(ParquetError::InvalidArgument(format!(
+                    "{path}: column '{name}' has type {other}; only string and binary columns can be read as dictionaries"
+                )))
+            }
+        };
+        let dict = DataType::Dictionary(Box::new(DataType::Int32), Box::new(value));
+        fields[idx] = field.clone().with_data_type(dict);
+    }
+    Ok(Arc::new(Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    )))
+}
+
+fn column_not_found(schema: &Schema, name: &str, path: &str) -> ParquetError {
+    ParquetError::ColumnNotFound {
+        path: path.to_string(),
+        column: name.to_string(),
+        available: schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// Map requested names onto Parquet leaves. Returns the mask and, per requested name, the
+/// index of its top-level (root) column.
+fn resolve_projection(
+    parquet_schema: &parquet::schema::types::SchemaDescriptor,
+    arrow_schema: &Schema,
+    columns: Option<&[String]>,
+    path: &str,
+) -> Result<(ProjectionMask, Vec<usize>)> {
+    let root_names: Vec<&str> = parquet_schema
+        .root_schema()
+        .get_fields()
+        .iter()
+        .map(|f| f.name())
+        .collect();
+    let Some(columns) = columns else {
+        return Ok((ProjectionMask::all(), (0..root_names.len()).collect()));
+    };
+    let mut leaves = Vec::new();
+    let mut roots = Vec::new();
+    for name in columns {
+        let matched: Vec<usize> = match root_names.iter().position(|r| r == name) {
+            // An exact top-level name wins (it may itself contain dots).
+            Some(root) => (0..parquet_schema.num_columns())
+                .filter(|&leaf| parquet_schema.get_column_root_idx(leaf) == root)
+                .collect(),
+            None => {
+                let parts: Vec<&str> = name.split('.').collect();
+                (0..parquet_schema.num_columns())
+                    .filter(|&leaf| {
+                        let path = parquet_schema.column(leaf).path().parts().to_vec();
+                        path.len() >= parts.len() && parts.iter().zip(&path).all(|(a, b)| a == b)
+                    })
+                    .collect()
+            }
+        };
+        let Some(&first) = matched.first() else {
+            return Err(column_not_found(arrow_schema, name, path));
+        };
+        let root = parquet_schema.get_column_root_idx(first);
+        if roots.contains(&root) && root_names[root] != name.split('.').next().unwrap_or("") {
+            // unreachable in practice: different names resolving to one root are merged below
+        }
+        if !roots.contains(&root) {
+            roots.push(root);
+        }
+        leaves.extend(matched);
+    }
+    Ok((ProjectionMask::leaves(parquet_schema, leaves), roots))
+}
+
+fn check_same_schema(first: &Schema, this: &Schema, path: &str, first_path: &str) -> Result<()> {
+    let mismatch = |reason: String| ParquetError::SchemaMismatch {
+        path: path.to_string(),
+        first: first_path.to_string(),
+        reason,
+    };
+    if first.fields().len() != this.fields().len() {
+        return Err(mismatch(format!(
+            "{} selected columns here, {} in the first file",
+            this.fields().len(),
+            first.fields().len()
+        )));
+    }
+    for (a, b) in first.fields().iter().zip(this.fields()) {
+        if a.name() != b.name() || a.data_type() != b.data_type() {
+            return Err(mismatch(format!(
+                "column '{}' is {} here but '{}' {} in the first file",
+                b.name(),
+                b.data_type(),
+                a.name(),
+                a.data_type()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Where a batch came from. Lets the engine skip finished work on resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchProvenance {
+    /// The file's URI or absolute path.
+    pub file: Arc<str>,
+    /// Position of the file in the dataset's file list.
+    pub file_index: usize,
+    /// Row group within the file.
+    pub row_group: usize,
+    /// Index (within the file) of the row group's first row.
+    pub row_group_first_row: u64,
+    /// Index (within the file) of the batch's first row. Rows of an unfiltered batch are
+    /// consecutive from here. `None` when a filter or page skipping removed rows, since the
+    /// batch's rows are then not consecutive.
+    pub first_row: Option<u64>,
+    /// Ordinal of this batch among those of its row group.
+    pub batch_index: usize,
+}
+
+/// A decoded batch and where it came from.
+#[derive(Debug, Clone)]
+pub struct ProvenancedBatch {
+    pub batch: RecordBatch,
+    pub provenance: BatchProvenance,
+}
+
+struct Unit {
+    file: Arc<str>,
+    file_index: usize,
+    row_group: usize,
+    first_row: u64,
+    selection: Option<RowSelection>,
+}
+
+impl Unit {
+    fn new(
+        file: &OpenedFile,
+        row_group: usize,
+        first_row: u64,
+        selection: Option<RowSelection>,
+    ) -> Self {
+        Unit {
+            file: file.entry.uri.clone(),
+            file_index: file.index,
+            row_group,
+            first_row,
+            selection,
+        }
+    }
+}
+
+type BatchResult = Result<ProvenancedBatch>;
+
+/// The scan driver: opens files ahead, keeps up to `prefetch` units decoding, and forwards
+/// their batches in order.
+async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
+    let decode_permits = Arc::new(Semaphore::new(inner.threads));
+    let opening = futures::stream::iter(0..inner.files.len())
+        .map(|i| {
+            let inner = inner.clone();
+            tokio::spawn(async move { inner.open(i).await })
+        })
+        .buffered(FOOTER_CONCURRENCY);
+    futures::pin_mut!(opening);
+    let mut pending_units: VecDeque<(Arc<OpenedFile>, Unit)> = VecDeque::new();
+    let mut in_flight: VecDeque<mpsc::Receiver<BatchResult>> = VecDeque::new();
+    let mut files_done = false;
+
+    loop {
+        // Top up: launch units until `prefetch` are in flight or there are no more.
+        while in_flight.len() < inner.prefetch {
+            if let Some((file, unit)) = pending_units.pop_front() {
+                let (tx, rx) = mpsc::channel(2);
+                tokio::spawn(run_unit(
+                    inner.clone(),
+                    file,
+                    unit,
+                    tx,
+                    decode_permits.clone(),
+                ));
+                in_flight.push_back(rx);
+                continue;
+            }
+            if files_done {
+                break;
+            }
+            match opening.next().await {
+                None => files_done = true,
+                Some(Ok(Ok(file))) => {
+                    for unit in inner.plan_units(&file) {
+                        pending_units.push_back((file.clone(), unit));
+                    }
+                }
+                Some(Ok(Err(err))) => {
+                    // Batches of earlier files first, then the error, in order.
+                    drain_in_order(&mut in_flight, &out).await;
+                    let _ = out.send(Err(err)).await;
+                    return;
+                }
+                Some(Err(join)) => {
+                    drain_in_order(&mut in_flight, &out).await;
+                    let _ = out
+                        .send(Err(ParquetError::InvalidArgument(format!(
+                            "footer task failed: {join}"
+                        ))))
+                        .await;
+                    return;
+                }
+            }
+        }
+        let Some(front) = in_flight.front_mut() else {
+            return;
+        };
+        match front.recv().await {
+            Some(Ok(batch)) => {
+                if out.send(Ok(batch)).await.is_err() {
+                    return; // consumer gone: dropping the receivers cancels the units
+                }
+            }
+            Some(Err(err)) => {
+                let _ = out.send(Err(err)).await;
+                return;
+            }
+            None => {
+                in_flight.pop_front();
+            }
+        }
+    }
+}
+
+async fn drain_in_order(
+    in_flight: &mut VecDeque<mpsc::Receiver<BatchResult>>,
+    out: &mpsc::Sender<BatchResult>,
+) {
+    while let Some(mut rx) = in_flight.pop_front() {
+        while let Some(item) = rx.recv().await {
+            let stop = item.is_err();
+            if out.send(item).await.is_err() || stop {
+                return;
+            }
+        }
+    }
+}
+
+/// Decode one row group into `tx`, batch by batch.
+async fn run_unit(
+    inner: Arc<DatasetInner>,
+    file: Arc<OpenedFile>,
+    unit: Unit,
+    tx: mpsc::Sender<BatchResult>,
+    permits: Arc<Semaphore>,
+) {
+    let path = unit.file.clone();
+    let rg = unit.row_group;
+    let tx_panic = tx.clone();
+    let work = AssertUnwindSafe(decode_unit(inner, file, unit, tx, permits));
+    if let Err(panic) = work.catch_unwind().await {
+        let _ = tx_panic
+            .send(Err(ParquetError::Corrupt {
+                path: path.to_string(),
+                row_group: Some(rg),
+                reason: format!("decoding failed: {}", panic_message(&panic)),
+            }))
+            .await;
+    }
+}
+
+async fn decode_unit(
+    inner: Arc<DatasetInner>,
+    file: Arc<OpenedFile>,
+    unit: Unit,
+    tx: mpsc::Sender<BatchResult>,
+    permits: Arc<Semaphore>,
+) {
+    let path = unit.file.to_string();
+    let rg = unit.row_group;
+    let reader = ObjectFileReader::new(
+        file.entry.clone(),
+        inner.io.clone(),
+        inner.coalesce_gap_for(&file.entry),
+    )
+    .with_metadata(file.reader_meta.metadata().clone());
+    let mut builder =
+        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.reader_meta.clone())
+            .with_projection(file.projection.clone())
+            .with_batch_size(inner.options.batch_size)
+            .with_row_groups(vec![rg]);
+    let rows_are_consecutive = unit.selection.is_none() && file.filter.is_none();
+    if let Some(selection) = unit.selection {
+        builder = builder.with_row_selection(selection);
+    }
+    if let Some((mask, bound)) = &file.filter {
+        let bound = bound.clone();
+        let predicate = ArrowPredicateFn::new(mask.clone(), move |batch| bound.evaluate(&batch));
+        builder = builder.with_row_filter(RowFilter::new(vec![Box::new(predicate)]));
+    }
+    let mut stream = match builder.build() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+            return;
+        }
+    };
+    let mut next_row = unit.first_row;
+    let mut batch_index = 0;
+    loop {
+        let next = {
+            let _permit = permits.acquire().await.expect("semaphore is never closed");
+            stream.next().await
+        };
+        let batch = match next {
+            None => return,
+            Some(Err(e)) => {
+                let _ = tx
+                    .send(Err(ParquetError::from_decode(&path, Some(rg), e)))
+                    .await;
+                return;
+            }
+            Some(Ok(b)) => b,
+        };
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let columns = file
+            .reorder
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        let batch = match RecordBatch::try_new(file.output_schema.clone(), columns) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+                return;
+            }
+        };
+        let rows = batch.num_rows() as u64;
+        let provenance = BatchProvenance {
+            file: unit.file.clone(),
+            file_index: unit.file_index,
+            row_group: rg,
+            row_group_first_row: unit.first_row,
+            first_row: rows_are_consecutive.then_some(next_row),
+            batch_index,
+        };
+        next_row += rows;
+        batch_index += 1;
+        if tx
+            .send(Ok(ProvenancedBatch { batch, provenance }))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Batches of a scan, in order. Use as a blocking [`Iterator`] from synchronous code or as
+/// a [`Stream`] from async code. Dropping it cancels the scan.
+pub struct ScanStream {
+    rx: mpsc::Receiver<BatchResult>,
+    schema: SchemaRef,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl ScanStream {
+    /// The schema of every batch.
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// Next batch, waiting for it (not for use on an async runtime's thread).
+    pub fn next_blocking(&mut self) -> Option<BatchResult> {
+        futures::executor::block_on(self.rx.recv())
+    }
+}
+
+impl Drop for ScanStream {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl Iterator for ScanStream {
+    type Item = BatchResult;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_blocking()
+    }
+}
+
+impl Stream for ScanStream {
+    type Item = BatchResult;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// Plain batches, as an Arrow [`RecordBatchReader`](arrow::record_batch::RecordBatchReader)
+/// (what the Arrow C stream interface exports).
+pub struct RecordBatchIter(pub ScanStream);
+
+impl Iterator for RecordBatchIter {
+    type Item = std::result::Result<RecordBatch, arrow::error::ArrowError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0
+            .next_blocking()
+            .map(|r| r.map(|p| p.batch).map_err(Into::into))
+    }
+}
+
+impl arrow::record_batch::RecordBatchReader for RecordBatchIter {
+    fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+}

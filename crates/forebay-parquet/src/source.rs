@@ -1,0 +1,417 @@
+//! Turning what the user typed (paths, directories, globs, URIs) into a list of files.
+//!
+//! * A local path (`/data/x.parquet`, `data/`) or a `file://` URI is read through
+//!   object_store's `LocalFileSystem`.
+//! * `s3://`, `gs://`, `az://`/`abfs://`, `http(s)://` go through `object_store::parse_url_opts`
+//!   with the user's `storage_options` (e.g. `aws_endpoint`, `aws_allow_http`, `aws_region`).
+//! * `memory://` is one process-wide in-memory store ([`global_memory_store`]), handy for
+//!   tests and for embedders that stage bytes in memory.
+//!
+//! A directory (or prefix) is listed recursively and its files are read in lexicographic
+//! order. Like pyarrow and Spark, names beginning with `_` or `.` (`_SUCCESS`, `.crc`,
+//! `_metadata`, temporary files) are skipped. A glob (`*`, `?`, `[...]`, `**`) is matched
+//! against the listing of its longest literal prefix. Explicit file lists keep their order.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use futures::TryStreamExt;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use url::Url;
+
+use crate::error::{ParquetError, Result};
+use crate::io::{FileEntry, IoMetrics};
+
+/// The store behind every `memory://` URI in this process.
+pub fn global_memory_store() -> Arc<InMemory> {
+    static STORE: OnceLock<Arc<InMemory>> = OnceLock::new();
+    STORE.get_or_init(|| Arc::new(InMemory::new())).clone()
+}
+
+/// Store `data` at a `memory://` URI in [`global_memory_store`] (blocking).
+pub fn put_memory_object(uri: &str, data: Vec<u8>) -> Result<()> {
+    let key = uri
+        .strip_prefix("memory://")
+        .ok_or_else(|| ParquetError::InvalidArgument(format!("{uri}: not a memory:// URI")))?;
+    let location = Path::parse(key.trim_start_matches('/')).map_err(|e| {
+        ParquetError::InvalidArgument(format!("{uri}: not a valid object path: {e}"))
+    })?;
+    let uri = uri.to_string();
+    crate::scan::block_on(async move {
+        global_memory_store()
+            .put(&location, data.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| ParquetError::from_store(uri, e))
+    })
+}
+
+/// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...).
+pub type StorageOptions = HashMap<String, String>;
+
+/// Where a dataset's files come from.
+#[derive(Clone)]
+pub enum DatasetSource {
+    /// Paths, directories, globs or URIs, resolved with the given storage options.
+    Uris {
+        uris: Vec<String>,
+        storage_options: StorageOptions,
+    },
+    /// Objects of an already-configured store (for Rust embedders); each entry may be a
+    /// file, a prefix or a glob relative to the store's root.
+    Store {
+        store: Arc<dyn ObjectStore>,
+        display_prefix: String,
+        paths: Vec<String>,
+    },
+}
+
+impl DatasetSource {
+    /// A source from local paths or URIs with no extra storage options.
+    pub fn uris<I, S>(uris: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        DatasetSource::Uris {
+            uris: uris.into_iter().map(Into::into).collect(),
+            storage_options: StorageOptions::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for DatasetSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DatasetSource::Uris { uris, .. } => f.debug_tuple("Uris").field(uris).finish(),
+            DatasetSource::Store {
+                display_prefix,
+                paths,
+                ..
+            } => f
+                .debug_tuple("Store")
+                .field(display_prefix)
+                .field(paths)
+                .finish(),
+        }
+    }
+}
+
+/// A store plus how to display its paths.
+#[derive(Clone)]
+struct StoreRoot {
+    store: Arc<dyn ObjectStore>,
+    /// Prefix prepended to an object path to form its display URI (`s3://bucket/`, `/`).
+    display_prefix: String,
+}
+
+/// Resolve a [`DatasetSource`] into the ordered list of its files.
+pub(crate) async fn resolve(source: &DatasetSource, metrics: &IoMetrics) -> Result<Vec<FileEntry>> {
+    let mut files = Vec::new();
+    match source {
+        DatasetSource::Uris {
+            uris,
+            storage_options,
+        } => {
+            if uris.is_empty() {
+                return Err(ParquetError::InvalidArgument("no paths given".into()));
+            }
+            let mut stores: HashMap<String, StoreRoot> = HashMap::new();
+            for uri in uris {
+                let (root, path) = store_for(uri, storage_options, &mut stores)?;
+                files.extend(expand(&root, uri, &path, metrics).await?);
+            }
+        }
+        DatasetSource::Store {
+            store,
+            display_prefix,
+            paths,
+        } => {
+            let root = StoreRoot {
+                store: store.clone(),
+                display_prefix: display_prefix.clone(),
+            };
+            for p in paths {
+                let path = Path::parse(p.trim_start_matches('/')).map_err(|e| {
+                    ParquetError::InvalidArgument(format!("{p}: not a valid object path: {e}"))
+                })?;
+                files.extend(expand(&root, p, &path.to_string(), metrics).await?);
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Find (or build) the store for one user-given location; returns it with the path inside
+/// it as a plain '/'-separated string (still possibly containing glob characters).
+fn store_for(
+    uri: &str,
+    options: &StorageOptions,
+    stores: &mut HashMap<String, StoreRoot>,
+) -> Result<(StoreRoot, String)> {
+    let bad = |reason: String| ParquetError::InvalidArgument(format!("{uri}: {reason}"));
+    if !uri.contains("://") {
+        // A plain local path: make it absolute without requiring it to exist yet (globs).
+        let abs = std::path::absolute(uri).map_err(|e| bad(format!("bad local path: {e}")))?;
+        let text = abs
+            .to_str()
+            .ok_or_else(|| bad("local path is not valid UTF-8".into()))?;
+        return Ok((local_root(stores), text.trim_start_matches('/').to_string()));
+    }
+    let url = Url::parse(uri).map_err(|e| bad(format!("not a valid URI: {e}")))?;
+    let path = percent_decode(url.path())
+        .trim_start_matches('/')
+        .to_string();
+    match url.scheme() {
+        "file" => Ok((local_root(stores), path)),
+        "memory" => {
+            // memory://bucket/key: the "host" is part of the key space.
+            let host = url.host_str().unwrap_or("");
+            let key = if host.is_empty() {
+                path
+            } else {
+                format!("{host}/{path}")
+            };
+            let root = StoreRoot {
+                store: global_memory_store(),
+                display_prefix: "memory://".to_string(),
+            };
+            Ok((root, key.trim_end_matches('/').to_string()))
+        }
+        _ => {
+            let base = format!("{}://{}", url.scheme(), url.authority());
+            if let Some(root) = stores.get(&base) {
+                return Ok((root.clone(), path));
+            }
+            let base_url = Url::parse(&base).map_err(|e| bad(format!("not a valid URI: {e}")))?;
+            let (store, _) = object_store::parse_url_opts(&base_url, options.iter())
+                .map_err(|e| bad(format!("cannot open object store: {e}")))?;
+            let root = StoreRoot {
+                store: Arc::from(store),
+                display_prefix: format!("{base}/"),
+            };
+            stores.insert(base, root.clone());
+            Ok((root, path))
+        }
+    }
+}
+
+fn local_root(stores: &mut HashMap<String, StoreRoot>) -> StoreRoot {
+    stores
+        .entry("file://".into())
+        .or_insert_with(|| StoreRoot {
+            store: Arc::new(object_store::local::LocalFileSystem::new()),
+            display_prefix: "/".into(),
+        })
+        .clone()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn is_glob(path: &str) -> bool {
+    path.contains(['*', '?', '['])
+}
+
+/// Names that dataset readers conventionally skip: `_SUCCESS`, `.crc`, temp files.
+fn is_hidden(relative: &str) -> bool {
+    relative
+        .split('/')
+        .any(|part| part.starts_with('_') || part.starts_with('.'))
+}
+
+/// Expand one location: a glob, a single object, or a prefix to list.
+async fn expand(
+    root: &StoreRoot,
+    shown: &str,
+    path: &str,
+    metrics: &IoMetrics,
+) -> Result<Vec<FileEntry>> {
+    let entry = |meta: object_store::ObjectMeta| FileEntry {
+        store: root.store.clone(),
+        uri: Arc::from(format!("{}{}", root.display_prefix, meta.location)),
+        location: meta.location,
+        size: meta.size,
+    };
+    let not_found = |reason: &str| ParquetError::NotFound {
+        path: shown.to_string(),
+        reason: reason.to_string(),
+    };
+
+    if is_glob(path) {
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let literal = segments.iter().take_while(|s| !is_glob(s)).count();
+        let prefix = Path::from_iter(segments[..literal].iter().copied());
+        let pattern = &segments[literal..];
+        let mut found = list(root, shown, &prefix, metrics).await?;
+        found.retain(|m| {
+            let rel = relative_to(&prefix, &m.location);
+            let rel_parts: Vec<&str> = rel.split('/').collect();
+            glob_match_segments(pattern, &rel_parts) && !is_hidden(&rel)
+        });
+        if found.is_empty() {
+            return Err(not_found("the glob matched no files"));
+        }
+        found.sort_by(|a, b| a.location.cmp(&b.location));
+        return Ok(found.into_iter().map(entry).collect());
+    }
+
+    let location = Path::from_iter(path.split('/').filter(|s| !s.is_empty()));
+    metrics.record_head();
+    match root.store.head(&location).await {
+        Ok(meta) => return Ok(vec![entry(meta)]),
+        Err(object_store::Error::NotFound { .. }) => {}
+        // Local directories answer HEAD with an error other than NotFound on some platforms.
+        Err(err) if !is_directory_error(&err) => {
+            return Err(ParquetError::from_store(shown.to_string(), err))
+        }
+        Err(_) => {}
+    }
+    let mut found = list(root, shown, &location, metrics).await?;
+    found.retain(|m| !is_hidden(&relative_to(&location, &m.location)));
+    if found.is_empty() {
+        return Err(not_found(
+            "no such file, and no files under it as a directory",
+        ));
+    }
+    found.sort_by(|a, b| a.location.cmp(&b.location));
+    Ok(found.into_iter().map(entry).collect())
+}
+
+fn is_directory_error(err: &object_store::Error) -> bool {
+    let text = err.to_string().to_lowercase();
+    text.contains("is a directory") || text.contains("directory")
+}
+
+async fn list(
+    root: &StoreRoot,
+    shown: &str,
+    prefix: &Path,
+    metrics: &IoMetrics,
+) -> Result<Vec<object_store::ObjectMeta>> {
+    metrics.record_list();
+    let prefix_opt = if prefix.as_ref().is_empty() {
+        None
+    } else {
+        Some(prefix)
+    };
+    match root.store.list(prefix_opt).try_collect::<Vec<_>>().await {
+        Ok(v) => Ok(v),
+        Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+        Err(e) => Err(ParquetError::from_store(shown.to_string(), e)),
+    }
+}
+
+fn relative_to(prefix: &Path, location: &Path) -> String {
+    let p = prefix.as_ref();
+    let l = location.as_ref();
+    if p.is_empty() {
+        return l.to_string();
+    }
+    l.strip_prefix(p)
+        .map(|r| r.trim_start_matches('/').to_string())
+        .unwrap_or_else(|| l.to_string())
+}
+
+/// Match path segments against glob segments; `**` matches any number of segments.
+fn glob_match_segments(pattern: &[&str], path: &[&str]) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((&"**", rest)) => {
+            (0..=path.len()).any(|skip| glob_match_segments(rest, &path[skip..]))
+        }
+        Some((first, rest)) => match path.split_first() {
+            Some((p, prest)) => {
+                glob_match_one(first.as_bytes(), p.as_bytes()) && glob_match_segments(rest, prest)
+            }
+            None => false,
+        },
+    }
+}
+
+/// Match one segment: `*` any run, `?` one byte, `[abc]`, `[a-z]`, `[!x]` a class.
+fn glob_match_one(pat: &[u8], text: &[u8]) -> bool {
+    match pat.first() {
+        None => text.is_empty(),
+        Some(b'*') => (0..=text.len()).any(|i| glob_match_one(&pat[1..], &text[i..])),
+        Some(b'?') => !text.is_empty() && glob_match_one(&pat[1..], &text[1..]),
+        Some(b'[') => {
+            let Some(close) = pat.iter().skip(1).position(|&c| c == b']').map(|i| i + 1) else {
+                return text.first() == Some(&b'[') && glob_match_one(&pat[1..], &text[1..]);
+            };
+            let Some(&c) = text.first() else { return false };
+            let mut class = &pat[1..close];
+            let negate = matches!(class.first(), Some(b'!') | Some(b'^'));
+            if negate {
+                class = &class[1..];
+            }
+            let mut hit = false;
+            let mut i = 0;
+            while i < class.len() {
+                if i + 2 < class.len() && class[i + 1] == b'-' {
+                    hit |= class[i] <= c && c <= class[i + 2];
+                    i += 3;
+                } else {
+                    hit |= class[i] == c;
+                    i += 1;
+                }
+            }
+            hit != negate && glob_match_one(&pat[close + 1..], &text[1..])
+        }
+        Some(&ch) => text.first() == Some(&ch) && glob_match_one(&pat[1..], &text[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(p: &str, t: &str) -> bool {
+        let ps: Vec<&str> = p.split('/').collect();
+        let ts: Vec<&str> = t.split('/').collect();
+        glob_match_segments(&ps, &ts)
+    }
+
+    #[test]
+    fn glob_semantics() {
+        assert!(m("*.parquet", "a.parquet"));
+        assert!(!m("*.parquet", "dir/a.parquet"));
+        assert!(m("**/*.parquet", "dir/a.parquet"));
+        assert!(m("**/*.parquet", "a.parquet"));
+        assert!(m("part-?.parquet", "part-1.parquet"));
+        assert!(!m("part-?.parquet", "part-10.parquet"));
+        assert!(m("part-[0-3].parquet", "part-2.parquet"));
+        assert!(!m("part-[!0-3].parquet", "part-2.parquet"));
+        assert!(m("shard=*/part-*", "shard=3/part-x.parquet"));
+    }
+
+    #[test]
+    fn hidden_names() {
+        assert!(is_hidden("_SUCCESS"));
+        assert!(is_hidden("a/.tmp-1.parquet"));
+        assert!(!is_hidden("shard=1/part-0.parquet"));
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%20b"), "a b");
+        assert_eq!(percent_decode("100%"), "100%");
+    }
+}

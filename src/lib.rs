@@ -1,0 +1,1 @@
+pub use forebay_parquet as parquet;
