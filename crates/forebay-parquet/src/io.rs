@@ -129,6 +129,7 @@ pub fn coalesce_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<Range<u64>> {
 }
 
 /// [`AsyncFileReader`] over one [`FileEntry`], counting into [`IoMetrics`].
+#[derive(Clone)]
 pub(crate) struct ObjectFileReader {
     file: FileEntry,
     metrics: Arc<IoMetrics>,

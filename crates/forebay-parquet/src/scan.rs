@@ -32,7 +32,10 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{
+    PageIndexPolicy, ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader,
+    ParquetStatisticsPolicy,
+};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::error::{ParquetError, Result};
@@ -408,6 +411,7 @@ impl DatasetInner {
                 .map_err(|e| corrupt(&path, None, e))?;
             plain.schema().clone()
         };
+        check_map_keys_required(metadata.file_metadata().schema(), &path)?;
         let hinted = apply_dictionary_hints(&file_schema, &self.options.dictionary_columns, &path)?;
         let reader_meta = ArrowReaderMetadata::try_new(
             metadata.clone(),
@@ -662,22 +666,41 @@ async fn read_footer(
     } else {
         PageIndexPolicy::Skip
     };
-    let metadata = ParquetMetaDataReader::new()
+    let first_try = ParquetMetaDataReader::new()
         .with_page_index_policy(policy)
-        .load_and_finish(fetch, entry.size)
-        .await
-        .map_err(|e| match ParquetError::from_decode(&path, None, e) {
-            ParquetError::Corrupt { path, reason, .. } => ParquetError::Corrupt {
-                path,
-                row_group: None,
-                reason: format!("cannot read the footer: {reason}"),
-            },
-            other => other,
-        })?;
+        .load_and_finish(fetch.clone(), entry.size)
+        .await;
+    let metadata = match first_try {
+        Ok(m) => m,
+        // Some writers emit optional statistics structures that the decoder rejects (e.g.
+        // parquet-testing's dict-page-offset-zero.parquet). Statistics only serve pruning,
+        // so read the footer again without them rather than refuse a readable file.
+        Err(first_err) => ParquetMetaDataReader::new()
+            .with_page_index_policy(PageIndexPolicy::Skip)
+            .with_metadata_options(Some(
+                ParquetMetaDataOptions::new()
+                    .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
+                    .with_encoding_stats_policy(ParquetStatisticsPolicy::SkipAll)
+                    .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll),
+            ))
+            .load_and_finish(fetch, entry.size)
+            .await
+            .map_err(
+                |_| match ParquetError::from_decode(&path, None, first_err) {
+                    ParquetError::Corrupt { path, reason, .. } => ParquetError::Corrupt {
+                        path,
+                        row_group: None,
+                        reason: format!("cannot read the footer: {reason}"),
+                    },
+                    other => other,
+                },
+            )?,
+    };
     Ok(Arc::new(metadata))
 }
 
 /// Serves metadata reads from an already fetched tail of the file.
+#[derive(Clone)]
 struct FooterFetch {
     reader: ObjectFileReader,
     tail: bytes::Bytes,
@@ -735,6 +758,41 @@ fn apply_dictionary_hints(schema: &SchemaRef, columns: &[String], path: &str) ->
         fields,
         schema.metadata().clone(),
     )))
+}
+
+/// Map keys must be required (Parquet spec; pyarrow refuses such files too): a nullable key
+/// cannot be represented in Arrow's map type, and arrow-rs would silently coerce it.
+fn check_map_keys_required(ty: &parquet::schema::types::Type, path: &str) -> Result<()> {
+    use parquet::basic::{ConvertedType, LogicalType, Repetition};
+    if !ty.is_group() {
+        return Ok(());
+    }
+    let info = ty.get_basic_info();
+    let is_map = matches!(info.logical_type_ref(), Some(LogicalType::Map))
+        || matches!(
+            info.converted_type(),
+            ConvertedType::MAP | ConvertedType::MAP_KEY_VALUE
+        );
+    if is_map {
+        if let Some(key_value) = ty.get_fields().first().filter(|kv| kv.is_group()) {
+            if let Some(key) = key_value.get_fields().first() {
+                let kinfo = key.get_basic_info();
+                if kinfo.has_repetition() && kinfo.repetition() != Repetition::REQUIRED {
+                    return Err(ParquetError::Corrupt {
+                        path: path.to_string(),
+                        row_group: None,
+                        reason: format!(
+                            "invalid schema: keys of map column '{}' must be required",
+                            info.name()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    ty.get_fields()
+        .iter()
+        .try_for_each(|child| check_map_keys_required(child, path))
 }
 
 fn column_not_found(schema: &Schema, name: &str, path: &str) -> ParquetError {
@@ -1030,6 +1088,7 @@ async fn decode_unit(
             return;
         }
     };
+    let declared_rows = file.reader_meta.metadata().row_group(rg).num_rows().max(0) as u64;
     let mut next_row = unit.first_row;
     let mut batch_index = 0;
     loop {
@@ -1038,7 +1097,18 @@ async fn decode_unit(
             stream.next().await
         };
         let batch = match next {
-            None => return,
+            None => {
+                // Without filtering every row of the row group must come out; a shortfall
+                // means the decoder could not make sense of the data (never silently drop).
+                let decoded = next_row - unit.first_row;
+                if rows_are_consecutive && decoded != declared_rows {
+                    let reason = format!(
+                        "decoded {decoded} rows but the row group declares {declared_rows}"
+                    );
+                    let _ = tx.send(Err(corrupt(&path, Some(rg), reason))).await;
+                }
+                return;
+            }
             Some(Err(e)) => {
                 let _ = tx
                     .send(Err(ParquetError::from_decode(&path, Some(rg), e)))

@@ -1,0 +1,84 @@
+"""Shared fixtures: where Apache's parquet-testing files live, and table comparison."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parquet_testing_dir() -> Path:
+    """Apache parquet-testing data: $FOREBAY_PARQUET_TESTING or ../shared beside the repo."""
+    env = os.environ.get("FOREBAY_PARQUET_TESTING")
+    candidates = [Path(env)] if env else []
+    candidates.append(REPO.parent / "shared" / "parquet-testing" / "data")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    pytest.fail(f"parquet-testing data not found (looked in {[str(c) for c in candidates]})")
+
+
+def _canonical_type(t: pa.DataType) -> pa.DataType:
+    """Map equivalent Arrow types onto one representative (string_view ~ large_string ~ string...)."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or t == pa.string_view():
+        return pa.large_string()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or t == pa.binary_view():
+        return pa.large_binary()
+    if pa.types.is_dictionary(t):
+        return _canonical_type(t.value_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or getattr(pa.types, "is_list_view", lambda _: False)(t):
+        return pa.large_list(pa.field("item", _canonical_type(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(pa.field("item", _canonical_type(t.value_type)), t.list_size)
+    if pa.types.is_map(t):
+        return pa.map_(_canonical_type(t.key_type), _canonical_type(t.item_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _canonical_type(f.type)) for f in t])
+    return t
+
+
+def canonical(table: pa.Table) -> pa.Table:
+    """Table with canonical types, no schema metadata, one chunk per column."""
+    table = table.combine_chunks()
+    columns = []
+    fields = []
+    for field, column in zip(table.schema, table.columns):
+        target = _canonical_type(field.type)
+        if column.type != target:
+            if pa.types.is_dictionary(column.type):
+                column = pc.cast(column, column.type.value_type)
+            column = column.cast(target)
+        columns.append(column)
+        fields.append(pa.field(field.name, target))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _same_value(a, b) -> bool:
+    """Equality of Python values from to_pylist, with NaN equal to NaN (at any depth)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def assert_tables_equal(actual: pa.Table, expected: pa.Table, context: str = "") -> None:
+    a, e = canonical(actual), canonical(expected)
+    assert a.schema.names == e.schema.names, f"{context}: columns {a.schema.names} != {e.schema.names}"
+    assert a.schema.types == e.schema.types, f"{context}: types {a.schema} != {e.schema}"
+    assert a.num_rows == e.num_rows, f"{context}: {a.num_rows} rows != {e.num_rows}"
+    for name in a.schema.names:
+        ca, ce = a.column(name), e.column(name)
+        if ca.equals(ce):
+            continue
+        # Arrow's equals() treats NaN != NaN; fall back to value-wise comparison.
+        la, le = ca.to_pylist(), ce.to_pylist()
+        assert _same_value(la, le), f"{context}: column {name} differs:\n{ca.slice(0, 5)}\nvs\n{ce.slice(0, 5)}"

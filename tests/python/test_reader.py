@@ -1,0 +1,237 @@
+"""The reader's contract: projection, ordering, many files, dictionaries, provenance,
+zero-copy consumers, and clean errors for bad input."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pds
+import pyarrow.parquet as pq
+import pytest
+
+import forebay
+
+from conftest import assert_tables_equal
+
+
+def make_table(n: int, offset: int = 0) -> pa.Table:
+    ids = np.arange(offset, offset + n, dtype=np.int64)
+    return pa.table(
+        {
+            "id": ids,
+            "name": pa.array([f"name-{i % 97}" for i in ids]),
+            "value": ids.astype(np.float64) / 3,
+            "nested": pa.array(
+                [{"a": int(i), "b": {"c": f"c{i % 5}", "d": float(i)}} for i in ids],
+                pa.struct([("a", pa.int64()), ("b", pa.struct([("c", pa.string()), ("d", pa.float64())]))]),
+            ),
+            "tags": pa.array([[f"t{i % 3}"] * int(i % 3) for i in ids], pa.list_(pa.string())),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ds")
+    tables = []
+    for k in range(5):
+        t = make_table(3_000, offset=k * 3_000)
+        tables.append(t)
+        pq.write_table(t, root / f"part-{k}.parquet", row_group_size=700)
+    (root / "_SUCCESS").write_bytes(b"")
+    (root / ".part-9.parquet.crc").write_bytes(b"junk")
+    return root, pa.concat_tables(tables)
+
+
+def test_directory_reads_all_files_in_order_and_skips_hidden(dataset_dir):
+    root, expected = dataset_dir
+    ds = forebay.read_parquet(str(root))
+    assert [os.path.basename(f) for f in ds.files] == [f"part-{k}.parquet" for k in range(5)]
+    assert_tables_equal(ds.to_arrow(), expected)
+    assert ds.count_rows() == expected.num_rows
+
+
+def test_glob_and_explicit_list(dataset_dir):
+    root, expected = dataset_dir
+    ds = forebay.read_parquet(str(root / "part-[13].parquet"))
+    assert [os.path.basename(f) for f in ds.files] == ["part-1.parquet", "part-3.parquet"]
+    ds = forebay.read_parquet([str(root / "part-4.parquet"), str(root / "part-0.parquet")])
+    out = ds.to_arrow()
+    assert out.column("id")[0].as_py() == 12_000 and out.column("id")[-1].as_py() == 2_999
+    ds = forebay.read_parquet(str(root / "**" / "part-2.parquet"))
+    assert ds.count_rows() == 3_000
+
+
+def test_projection_order_and_nested_leaves(dataset_dir):
+    root, expected = dataset_dir
+    ds = forebay.read_parquet(str(root), columns=["value", "id"])
+    assert ds.schema.names == ["value", "id"]
+    assert_tables_equal(ds.to_arrow(), expected.select(["value", "id"]))
+    # a nested leaf: only nested.b.c is read; the struct keeps just that path
+    ds = forebay.read_parquet(str(root), columns=["nested.b.c"])
+    out = ds.to_arrow()
+    ref = pds.dataset(str(root)).to_table(columns={"c": pds.field("nested", "b", "c")})
+    assert out.column("nested").type == pa.struct([("b", pa.struct([("c", pa.string())]))])
+    assert out.column("nested").combine_chunks().field("b").field("c").to_pylist() == ref.column("c").to_pylist()
+
+
+def test_projection_fetches_only_selected_column_bytes(dataset_dir):
+    root, _ = dataset_dir
+    path = str(root / "part-0.parquet")
+    meta = pq.ParquetFile(path).metadata
+    selected = sum(
+        meta.row_group(r).column(c).total_compressed_size
+        for r in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+        if meta.row_group(r).column(c).path_in_schema == "value"
+    )
+    ds = forebay.read_parquet(path, columns=["value"])
+    ds.to_arrow()
+    m = ds.metrics()
+    assert m["data_bytes"] == selected, m
+    assert m["footer_requests"] == 1
+
+
+def test_batches_respect_batch_size_and_provenance(dataset_dir):
+    root, expected = dataset_dir
+    ds = forebay.read_parquet(str(root), batch_size=300)
+    rows = 0
+    for batch, prov in ds.iter_batches_with_provenance():
+        assert batch.num_rows <= 300
+        file_index = prov["file_index"]
+        # provenance locates the rows exactly: file k holds ids k*3000 ...
+        assert batch.column(0)[0].as_py() == file_index * 3_000 + prov["first_row"]
+        assert prov["row_group_first_row"] == prov["row_group"] * 700
+        rows += batch.num_rows
+    assert rows == expected.num_rows
+
+
+def test_dictionary_columns(dataset_dir):
+    root, expected = dataset_dir
+    ds = forebay.read_parquet(str(root), columns=["name"], dictionary_columns=["name"])
+    assert pa.types.is_dictionary(ds.schema.field("name").type)
+    out = ds.to_arrow()
+    assert pa.types.is_dictionary(out.column("name").type)
+    assert_tables_equal(out, expected.select(["name"]))
+    with pytest.raises(forebay.ForebayError, match="value"):
+        forebay.read_parquet(str(root), dictionary_columns=["value"])
+
+
+def test_zero_copy_consumers(dataset_dir):
+    polars = pytest.importorskip("polars")
+    duckdb = pytest.importorskip("duckdb")
+    root, expected = dataset_dir
+    ds = forebay.read_parquet(str(root), columns=["id", "value"])
+    assert pa.table(ds).num_rows == expected.num_rows
+    reader = pa.RecordBatchReader.from_stream(ds)
+    assert reader.schema == ds.schema
+    frame = polars.DataFrame(ds)
+    assert frame.shape == (expected.num_rows, 2)
+    assert frame["id"].sum() == sum(range(expected.num_rows))
+    assert duckdb.sql("select sum(id), count(*) from ds").fetchall() == [(sum(range(expected.num_rows)), expected.num_rows)]
+
+
+def test_memory_uri_store():
+    t = make_table(100)
+    sink = pa.BufferOutputStream()
+    pq.write_table(t, sink)
+    forebay._forebay.memory_put("memory://bucket/a/x.parquet", sink.getvalue().to_pybytes())
+    ds = forebay.read_parquet("memory://bucket/a/")
+    assert_tables_equal(ds.to_arrow(), t)
+
+
+def test_early_stop_cancels_cleanly(dataset_dir):
+    root, _ = dataset_dir
+    it = iter(forebay.read_parquet(str(root), batch_size=10))
+    assert next(it).num_rows == 10
+    del it  # must not hang or leak a running scan
+
+
+# ---------------------------------------------------------------- errors
+
+def test_missing_file(tmp_path):
+    with pytest.raises(forebay.DatasetNotFoundError, match="nope.parquet"):
+        forebay.read_parquet(str(tmp_path / "nope.parquet"))
+    with pytest.raises(forebay.DatasetNotFoundError):
+        forebay.read_parquet(str(tmp_path / "*.parquet"))
+
+
+def test_not_parquet(tmp_path):
+    p = tmp_path / "x.parquet"
+    p.write_text("id,name\n1,a\n")
+    with pytest.raises(forebay.CorruptFileError, match="x.parquet.*not a Parquet file"):
+        forebay.read_parquet(str(p))
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.9, 0.999])
+def test_truncated_file(tmp_path, keep):
+    src = tmp_path / "full.parquet"
+    pq.write_table(make_table(5_000), src, row_group_size=1000)
+    data = src.read_bytes()
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(forebay.ForebayError, match="cut.parquet"):
+        forebay.read_parquet(str(cut)).to_arrow()
+
+
+def test_corrupt_footer_and_pages(tmp_path):
+    src = tmp_path / "full.parquet"
+    pq.write_table(make_table(5_000), src, row_group_size=1000, compression="snappy")
+    data = bytearray(src.read_bytes())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    bad_footer = bytearray(data)
+    for i in range(len(data) - 8 - footer_len, len(data) - 8, 7):
+        bad_footer[i] ^= 0xFF
+    (tmp_path / "badfooter.parquet").write_bytes(bad_footer)
+    with pytest.raises(forebay.ForebayError, match="badfooter.parquet"):
+        forebay.read_parquet(str(tmp_path / "badfooter.parquet")).to_arrow()
+    bad_pages = bytearray(data)
+    for i in range(4, len(data) - 8 - footer_len, 5):
+        bad_pages[i] ^= 0x5A
+    (tmp_path / "badpages.parquet").write_bytes(bad_pages)
+    with pytest.raises(forebay.ForebayError, match="badpages.parquet"):
+        forebay.read_parquet(str(tmp_path / "badpages.parquet")).to_arrow()
+
+
+def test_unknown_column_and_bad_filters(dataset_dir):
+    root, _ = dataset_dir
+    with pytest.raises(forebay.ColumnNotFoundError, match="nope"):
+        forebay.read_parquet(str(root), columns=["id", "nope"])
+    with pytest.raises(forebay.ColumnNotFoundError, match="nope"):
+        forebay.read_parquet(str(root), filter=[("nope", "==", 1)])
+    with pytest.raises(forebay.InvalidFilterError, match="'name'"):
+        forebay.read_parquet(str(root), filter=[("name", ">", 5)])
+    with pytest.raises(forebay.InvalidFilterError, match="'id'"):
+        forebay.read_parquet(str(root), filter=[("id", "==", "five")])
+    with pytest.raises(forebay.InvalidFilterError):
+        forebay.read_parquet(str(root), filter=[("id", "~", 1)])
+    with pytest.raises(forebay.InvalidFilterError):
+        forebay.read_parquet(str(root), filter=[("id", "==", None)])
+    with pytest.raises(forebay.InvalidFilterError):
+        forebay.read_parquet(str(root), filter=[("id", "in", 3)])
+
+
+def test_schema_mismatch_names_both_files(tmp_path):
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "0.parquet")
+    pq.write_table(pa.table({"a": ["x", "y"]}), tmp_path / "1.parquet")
+    with pytest.raises(forebay.SchemaMismatchError, match="1.parquet"):
+        forebay.read_parquet(str(tmp_path)).to_arrow()
+
+
+def test_unreachable_uri_fails_fast():
+    import time
+    start = time.monotonic()
+    with pytest.raises(forebay.ForebayError):
+        forebay.read_parquet(
+            "s3://bucket/x.parquet",
+            storage_options={
+                "aws_endpoint": "http://127.0.0.1:9",
+                "aws_allow_http": "true",
+                "aws_access_key_id": "k",
+                "aws_secret_access_key": "s",
+                "aws_region": "us-east-1",
+            },
+        )
+    assert time.monotonic() - start < 60
