@@ -1,0 +1,217 @@
+"""Scan benchmark: forebay vs pyarrow.dataset vs polars vs duckdb on TPC-H lineitem.
+
+    python benches/python/scan.py --scale-factor 5 [--rounds 5] [--data-dir bench-data]
+
+Generates lineitem with the `tpchgen-cli` PyPI package (8 parts), plus a copy clustered by
+l_shipdate (written by DuckDB) since tpchgen orders lineitem by order key, which spreads
+every ship date over every row group. Scenarios, each engine producing Arrow data (or a
+polars DataFrame) for the selected rows:
+  (a) 2 of 16 columns   (b) all 16 columns
+  (c) l_shipdate >= 1998-09-01 (about 1.5% of rows), on the raw and on the clustered copy
+Engines run interleaved (A B C D, A B C D, ...); medians of --rounds runs; ratios are
+engine time / forebay time (> 1 means forebay is faster). Then the peak memory of
+streaming all 16 columns, each engine in a fresh subprocess: rise of system used memory
+(MemTotal - MemAvailable, sampled every 10 ms) and the process's max RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+COLUMNS_2 = ["l_orderkey", "l_extendedprice"]
+CUTOFF = dt.date(1998, 9, 1)
+
+
+def generate(data_dir: Path, sf: float) -> tuple[Path, Path]:
+    raw = data_dir / f"sf{sf:g}" / "lineitem"
+    if not raw.exists():
+        cli = Path(sys.executable).with_name("tpchgen-cli")
+        subprocess.run([str(cli), "parquet", "-s", f"{sf:g}", "--tables", "lineitem", "--parts", "8",
+                        "--output-dir", str(raw.parent)], check=True)
+    clustered = data_dir / f"sf{sf:g}" / "lineitem_by_shipdate"
+    if not clustered.exists():
+        import duckdb
+        import pyarrow.parquet as pq
+        first = sorted(raw.glob("*.parquet"))[0]
+        rg_rows = pq.ParquetFile(first).metadata.row_group(0).num_rows
+        tmp = clustered.with_name(clustered.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        con = duckdb.connect()
+        con.execute("SET preserve_insertion_order = true")
+        con.execute(
+            f"COPY (SELECT * FROM read_parquet('{raw}/*.parquet') ORDER BY l_shipdate) TO '{tmp}' "
+            f"(FORMAT parquet, COMPRESSION snappy, ROW_GROUP_SIZE {rg_rows}, FILE_SIZE_BYTES '160MB')"
+        )
+        tmp.rename(clustered)
+    return raw, clustered
+
+
+def parquet_files(directory: Path) -> list[str]:
+    return sorted(str(p) for p in directory.glob("*.parquet"))
+
+
+# ---------------------------------------------------------------- engines
+
+def run_forebay(files, columns, with_filter):
+    import forebay
+    ds = forebay.read_parquet(files, columns=columns, filter=[("l_shipdate", ">=", CUTOFF)] if with_filter else None)
+    rows = 0
+    for batch in ds:
+        rows += batch.num_rows
+    return rows, ds.metrics()
+
+
+def run_pyarrow(files, columns, with_filter):
+    import pyarrow.dataset as pds
+    d = pds.dataset(files, format="parquet")
+    flt = pds.field("l_shipdate") >= CUTOFF if with_filter else None
+    rows = 0
+    for batch in d.to_batches(columns=columns, filter=flt):
+        rows += batch.num_rows
+    return rows, None
+
+
+def run_polars(files, columns, with_filter):
+    import polars as pl
+    q = pl.scan_parquet(files)
+    if with_filter:
+        q = q.filter(pl.col("l_shipdate") >= CUTOFF)
+    if columns:
+        q = q.select(columns)
+    return q.collect().height, None
+
+
+def run_duckdb(files, columns, with_filter):
+    import duckdb
+    con = duckdb.connect()
+    cols = ", ".join(columns) if columns else "*"
+    where = f" WHERE l_shipdate >= DATE '{CUTOFF}'" if with_filter else ""
+    listing = "[" + ", ".join(f"'{f}'" for f in files) + "]"
+    reader = con.sql(f"SELECT {cols} FROM read_parquet({listing}){where}").fetch_record_batch(65536)
+    rows = 0
+    for batch in reader:
+        rows += batch.num_rows
+    return rows, None
+
+
+ENGINES = {"forebay": run_forebay, "pyarrow": run_pyarrow, "polars": run_polars, "duckdb": run_duckdb}
+
+
+def bench_scenario(name, files, columns, with_filter, rounds):
+    times = {e: [] for e in ENGINES}
+    rows = {}
+    metrics = None
+    for _ in range(rounds):
+        for engine, fn in ENGINES.items():
+            start = time.perf_counter()
+            n, m = fn(files, columns, with_filter)
+            times[engine].append(time.perf_counter() - start)
+            rows.setdefault(engine, n)
+            assert rows[engine] == n
+            if m is not None:
+                metrics = m
+    assert len(set(rows.values())) == 1, f"engines disagree on row count: {rows}"
+    med = {e: statistics.median(t) for e, t in times.items()}
+    return {"scenario": name, "rows": rows["forebay"], "median_s": med,
+            "ratio_vs_forebay": {e: med[e] / med["forebay"] for e in ENGINES},
+            "all_s": times, "forebay_metrics": metrics}
+
+
+# ---------------------------------------------------------------- memory
+
+def used_memory() -> int:
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":")
+            info[k] = int(v.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def memory_probe(engine: str, files: list[str]) -> dict:
+    baseline = used_memory()
+    peak = baseline
+    done = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, used_memory())
+            time.sleep(0.01)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    ENGINES[engine](files, None, False)
+    done.set()
+    t.join()
+    return {"engine": engine, "system_rise_mb": (peak - baseline) / 1e6,
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale-factor", type=float, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--data-dir", default="bench-data")
+    ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
+    ap.add_argument("--files", nargs="*", help=argparse.SUPPRESS)
+    ap.add_argument("--json", help="also write results here")
+    args = ap.parse_args()
+    if args.memory_probe:
+        print(json.dumps(memory_probe(args.memory_probe, args.files)))
+        return 0
+
+    raw, clustered = generate(Path(args.data_dir), args.scale_factor)
+    raw_files, clustered_files = parquet_files(raw), parquet_files(clustered)
+    import duckdb, polars, pyarrow  # noqa: E401
+    import forebay
+    print(f"lineitem SF{args.scale_factor:g}: {len(raw_files)} files, "
+          f"{sum(os.path.getsize(f) for f in raw_files) / 1e9:.2f} GB; cores {os.cpu_count()}; "
+          f"forebay {forebay.__version__}, pyarrow {pyarrow.__version__}, polars {polars.__version__}, "
+          f"duckdb {duckdb.__version__}; medians of {args.rounds}")
+    results = [
+        bench_scenario("(a) 2 of 16 columns", raw_files, COLUMNS_2, False, args.rounds),
+        bench_scenario("(b) all 16 columns", raw_files, None, False, args.rounds),
+        bench_scenario("(c) all columns, l_shipdate >= 1998-09-01, raw layout", raw_files, None, True, args.rounds),
+        bench_scenario("(c') same filter, clustered by l_shipdate", clustered_files, None, True, args.rounds),
+        bench_scenario("(c'') unfiltered scan of the clustered copy", clustered_files, None, False, args.rounds),
+    ]
+    print(f"\n{'scenario':<58} {'rows':>11} " + " ".join(f"{e:>9}" for e in ENGINES) + "   (median s; ratio = engine/forebay)")
+    for r in results:
+        print(f"{r['scenario']:<58} {r['rows']:>11,} " + " ".join(f"{r['median_s'][e]:9.3f}" for e in ENGINES))
+        print(f"{'':<58} {'':>11} " + " ".join(f"{r['ratio_vs_forebay'][e]:8.2f}x" for e in ENGINES))
+    print("\nforebay bytes read and row groups skipped:")
+    for r in results:
+        m = r["forebay_metrics"]
+        print(f"  {r['scenario']:<58} {m['data_bytes'] / 1e6 / args.rounds:9.1f} MB/scan, "
+              f"row groups pruned {m['row_groups_pruned_by_statistics'] // args.rounds}/{m['row_groups_total'] // args.rounds}")
+
+    print("\npeak memory streaming all 16 columns (fresh subprocess each):")
+    memory = []
+    for engine in ENGINES:
+        for _ in range(3):
+            out = subprocess.run([sys.executable, __file__, "--memory-probe", engine, "--files", *raw_files],
+                                 check=True, capture_output=True, text=True).stdout
+            memory.append(json.loads(out))
+    for engine in ENGINES:
+        probes = [m for m in memory if m["engine"] == engine]
+        rise = statistics.median(p["system_rise_mb"] for p in probes)
+        rss = statistics.median(p["max_rss_mb"] for p in probes)
+        print(f"  {engine:<8} system used-memory rise {rise:8.0f} MB   max RSS {rss:8.0f} MB   (median of 3)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "memory": memory}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
