@@ -20,7 +20,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -72,8 +71,12 @@ def run_forebay(files, columns, with_filter):
 
 
 def run_pyarrow(files, columns, with_filter):
+    import pyarrow as pa
     import pyarrow.dataset as pds
     d = pds.dataset(files, format="parquet")
+    # pyarrow 26 cannot filter string_view (what tpchgen writes); read those as string.
+    schema = pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in d.schema])
+    d = pds.dataset(files, format="parquet", schema=schema)
     flt = pds.field("l_shipdate") >= CUTOFF if with_filter else None
     rows = 0
     for batch in d.to_batches(columns=columns, filter=flt):
@@ -97,7 +100,7 @@ def run_duckdb(files, columns, with_filter):
     cols = ", ".join(columns) if columns else "*"
     where = f" WHERE l_shipdate >= DATE '{CUTOFF}'" if with_filter else ""
     listing = "[" + ", ".join(f"'{f}'" for f in files) + "]"
-    reader = con.sql(f"SELECT {cols} FROM read_parquet({listing}){where}").fetch_record_batch(65536)
+    reader = con.sql(f"SELECT {cols} FROM read_parquet({listing}){where}").to_arrow_reader(65536)
     rows = 0
     for batch in reader:
         rows += batch.num_rows
@@ -122,6 +125,7 @@ def bench_scenario(name, files, columns, with_filter, rounds):
                 metrics = m
     assert len(set(rows.values())) == 1, f"engines disagree on row count: {rows}"
     med = {e: statistics.median(t) for e, t in times.items()}
+    print(f"{name}: " + ", ".join(f"{e} {med[e]:.3f}s ({med[e] / med['forebay']:.2f}x)" for e in ENGINES), flush=True)
     return {"scenario": name, "rows": rows["forebay"], "median_s": med,
             "ratio_vs_forebay": {e: med[e] / med["forebay"] for e in ENGINES},
             "all_s": times, "forebay_metrics": metrics}
@@ -155,7 +159,16 @@ def memory_probe(engine: str, files: list[str]) -> dict:
     done.set()
     t.join()
     return {"engine": engine, "system_rise_mb": (peak - baseline) / 1e6,
-            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "max_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    # VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child would report its parent's peak.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def main() -> int:
@@ -166,6 +179,7 @@ def main() -> int:
     ap.add_argument("--memory-probe", help=argparse.SUPPRESS)
     ap.add_argument("--files", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write results here")
+    ap.add_argument("--memory-only", action="store_true", help="only the memory probes")
     args = ap.parse_args()
     if args.memory_probe:
         print(json.dumps(memory_probe(args.memory_probe, args.files)))
@@ -179,13 +193,22 @@ def main() -> int:
           f"{sum(os.path.getsize(f) for f in raw_files) / 1e9:.2f} GB; cores {os.cpu_count()}; "
           f"forebay {forebay.__version__}, pyarrow {pyarrow.__version__}, polars {polars.__version__}, "
           f"duckdb {duckdb.__version__}; medians of {args.rounds}")
-    results = [
+    results = [] if args.memory_only else [
         bench_scenario("(a) 2 of 16 columns", raw_files, COLUMNS_2, False, args.rounds),
         bench_scenario("(b) all 16 columns", raw_files, None, False, args.rounds),
         bench_scenario("(c) all columns, l_shipdate >= 1998-09-01, raw layout", raw_files, None, True, args.rounds),
         bench_scenario("(c') same filter, clustered by l_shipdate", clustered_files, None, True, args.rounds),
         bench_scenario("(c'') unfiltered scan of the clustered copy", clustered_files, None, False, args.rounds),
     ]
+    if results:
+        report(results, args.rounds)
+    memory = measure_memory(raw_files)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "memory": memory}, indent=1, default=str))
+    return 0
+
+
+def report(results, rounds):
     print(f"\n{'scenario':<58} {'rows':>11} " + " ".join(f"{e:>9}" for e in ENGINES) + "   (median s; ratio = engine/forebay)")
     for r in results:
         print(f"{r['scenario']:<58} {r['rows']:>11,} " + " ".join(f"{r['median_s'][e]:9.3f}" for e in ENGINES))
@@ -193,9 +216,13 @@ def main() -> int:
     print("\nforebay bytes read and row groups skipped:")
     for r in results:
         m = r["forebay_metrics"]
-        print(f"  {r['scenario']:<58} {m['data_bytes'] / 1e6 / args.rounds:9.1f} MB/scan, "
-              f"row groups pruned {m['row_groups_pruned_by_statistics'] // args.rounds}/{m['row_groups_total'] // args.rounds}")
+        # metrics are those of the last round's dataset, i.e. one scan
+        print(f"  {r['scenario']:<58} {m['data_bytes'] / 1e6:9.1f} MB/scan, "
+              f"row groups pruned {m['row_groups_pruned_by_statistics']}/{m['row_groups_total']}")
 
+
+
+def measure_memory(raw_files):
     print("\npeak memory streaming all 16 columns (fresh subprocess each):")
     memory = []
     for engine in ENGINES:
@@ -208,9 +235,7 @@ def main() -> int:
         rise = statistics.median(p["system_rise_mb"] for p in probes)
         rss = statistics.median(p["max_rss_mb"] for p in probes)
         print(f"  {engine:<8} system used-memory rise {rise:8.0f} MB   max RSS {rss:8.0f} MB   (median of 3)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "memory": memory}, indent=1, default=str))
-    return 0
+    return memory
 
 
 if __name__ == "__main__":
