@@ -847,9 +847,6 @@ fn resolve_projection(
             return Err(column_not_found(arrow_schema, name, path));
         };
         let root = parquet_schema.get_column_root_idx(first);
-        if roots.contains(&root) && root_names[root] != name.split('.').next().unwrap_or("") {
-            // unreachable in practice: different names resolving to one root are merged below
-        }
         if !roots.contains(&root) {
             roots.push(root);
         }
