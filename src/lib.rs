@@ -1,1 +1,2 @@
+pub use forebay_checkpoint as checkpoint;
 pub use forebay_parquet as parquet;

@@ -44,4 +44,4 @@ pub use scan::{
     block_on, runtime, BatchProvenance, ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch,
     RecordBatchIter, ScanMetricsSnapshot, ScanStream,
 };
-pub use source::{global_memory_store, DatasetSource, StorageOptions};
+pub use source::{global_memory_store, open_location, DatasetSource, StorageOptions};

@@ -99,6 +99,20 @@ impl std::fmt::Debug for DatasetSource {
     }
 }
 
+/// Open the object store behind one local path or URI (`s3://bucket/key`, `file:///x`,
+/// `memory://k`, `/tmp/x`), returning the store, the object path inside it and the URI to show
+/// in messages. Used by crates that write next to what this crate reads (checkpoint files).
+pub fn open_location(
+    uri: &str,
+    options: &StorageOptions,
+) -> Result<(Arc<dyn ObjectStore>, Path, String)> {
+    let (root, path) = store_for(uri, options, &mut HashMap::new())?;
+    let parsed = Path::parse(&path)
+        .map_err(|e| ParquetError::InvalidArgument(format!("{uri}: not a valid object path: {e}")))?;
+    let shown = format!("{}{}", root.display_prefix, parsed);
+    Ok((root.store, parsed, shown))
+}
+
 /// A store plus how to display its paths.
 #[derive(Clone)]
 struct StoreRoot {

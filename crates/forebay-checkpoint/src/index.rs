@@ -1,0 +1,480 @@
+//! [`CheckpointIndex`]: the set of finished ids, split into hash shards.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow::buffer::{BooleanBuffer, MutableBuffer};
+use arrow::compute::kernels::boolean::not;
+use arrow::compute::{cast, filter_record_batch};
+use arrow::datatypes::DataType;
+
+use crate::error::{CheckpointError, Result};
+use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
+use crate::shard::ShardTable;
+
+/// Shard count of a new index when none is given. A checkpoint's manifest records its own.
+pub const DEFAULT_NUM_SHARDS: usize = 16;
+/// Largest shard count (2^16).
+pub const MAX_NUM_SHARDS: usize = 1 << 16;
+/// Below this many rows a probe runs on the caller's thread: spawning workers costs more.
+const PARALLEL_MIN_ROWS: usize = 1 << 16;
+
+/// The number of worker threads used for parallel probes, loads and builds.
+pub(crate) fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Which ids are already done: fingerprints of ids, split into `2^s` shards.
+///
+/// Probing never misses an id that was loaded or inserted; an id that was not has a
+/// false-positive chance of at most `len() / 2^100` (see [`crate::fingerprint`]). Null ids
+/// are never stored and never reported present.
+pub struct CheckpointIndex {
+    pub(crate) shard_bits: u32,
+    /// One table per shard; `None` where this index did not load the shard (another worker
+    /// owns it), so a probe landing there is an error, never a silent "not done".
+    pub(crate) shards: Vec<Option<ShardTable>>,
+    pub(crate) family: IdFamily,
+    /// Arrow type of the ids this index writes (dictionaries resolved to their values).
+    pub(crate) id_type: DataType,
+    pub(crate) id_column: String,
+    /// Ids inserted since the last `write`, in `id_type`, nulls removed.
+    pub(crate) pending: Vec<ArrayRef>,
+    pub(crate) threads: usize,
+}
+
+impl std::fmt::Debug for CheckpointIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointIndex")
+            .field("num_shards", &self.num_shards())
+            .field("ids", &self.len())
+            .field("id_type", &self.id_type)
+            .field("id_column", &self.id_column)
+            .finish()
+    }
+}
+
+pub(crate) fn shard_bits_for(num_shards: usize) -> Result<u32> {
+    if num_shards == 0 || !num_shards.is_power_of_two() || num_shards > MAX_NUM_SHARDS {
+        return Err(CheckpointError::InvalidArgument(format!(
+            "num_shards must be a power of two between 1 and {MAX_NUM_SHARDS}, got {num_shards}"
+        )));
+    }
+    Ok(num_shards.trailing_zeros())
+}
+
+/// The value type of an id column (dictionaries resolved), checked to be a valid id type.
+pub(crate) fn id_value_type(data_type: &DataType, what: &str, column: &str) -> Result<DataType> {
+    let value = match data_type {
+        DataType::Dictionary(_, value) => value.as_ref().clone(),
+        other => other.clone(),
+    };
+    if IdFamily::of(&value).is_none() {
+        return Err(CheckpointError::UnsupportedIdType {
+            path: what.to_string(),
+            column: column.to_string(),
+            data_type: data_type.to_string(),
+        });
+    }
+    Ok(value)
+}
+
+impl CheckpointIndex {
+    /// An empty index for ids of `id_type`, written under column `id_column`.
+    pub fn new(id_type: DataType, id_column: impl Into<String>, num_shards: usize) -> Result<Self> {
+        let id_column = id_column.into();
+        let id_type = id_value_type(&id_type, "new checkpoint", &id_column)?;
+        let shard_bits = shard_bits_for(num_shards)?;
+        Ok(CheckpointIndex {
+            shard_bits,
+            shards: (0..num_shards)
+                .map(|_| Some(ShardTable::empty(shard_bits)))
+                .collect(),
+            family: IdFamily::of(&id_type).expect("checked by id_value_type"),
+            id_type,
+            id_column,
+            pending: Vec::new(),
+            threads: default_threads(),
+        })
+    }
+
+    /// Set the number of worker threads for large probes (default: the machine's cores).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// Number of shards (a power of two).
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Shards this index holds (all, unless it was loaded for a subset).
+    pub fn loaded_shards(&self) -> Vec<usize> {
+        (0..self.shards.len())
+            .filter(|k| self.shards[*k].is_some())
+            .collect()
+    }
+
+    /// The id family (strings/binary or integers).
+    pub fn id_family(&self) -> IdFamily {
+        self.family
+    }
+
+    /// The Arrow type ids are written as.
+    pub fn id_type(&self) -> &DataType {
+        &self.id_type
+    }
+
+    /// The id column name used by [`CheckpointIndex::filter`] and when writing.
+    pub fn id_column(&self) -> &str {
+        &self.id_column
+    }
+
+    /// Number of distinct ids held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().flatten().map(ShardTable::len).sum()
+    }
+
+    /// Whether no id is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Heap bytes of the index: shard tables plus ids inserted and not yet written.
+    pub fn memory_bytes(&self) -> usize {
+        let tables: usize = self.shards.iter().flatten().map(ShardTable::memory_bytes).sum();
+        let pending: usize = self.pending.iter().map(|a| a.get_array_memory_size()).sum();
+        tables + pending + self.shards.capacity() * std::mem::size_of::<Option<ShardTable>>()
+    }
+
+    /// Shard of each row of `ids` (nulls get shard 0; check validity yourself).
+    pub fn shard_ids(&self, ids: &dyn Array) -> Result<Vec<u32>> {
+        let fps = self.fingerprints(ids, "shard_ids")?;
+        Ok(fps
+            .iter()
+            .map(|f| shard_of(*f, self.shard_bits) as u32)
+            .collect())
+    }
+
+    pub(crate) fn check_family(&self, data_type: &DataType, what: &str) -> Result<()> {
+        match IdFamily::of(data_type) {
+            Some(f) if f == self.family => Ok(()),
+            Some(f) => Err(CheckpointError::IdTypeMismatch {
+                what: what.to_string(),
+                expected: self.family.name().to_string(),
+                found: format!("{data_type} ({})", f.name()),
+            }),
+            None => Err(CheckpointError::UnsupportedIdType {
+                path: what.to_string(),
+                column: self.id_column.clone(),
+                data_type: data_type.to_string(),
+            }),
+        }
+    }
+
+    fn fingerprints(&self, ids: &dyn Array, what: &str) -> Result<Vec<u128>> {
+        self.check_family(ids.data_type(), what)?;
+        let mut out = Vec::new();
+        if ids.len() >= PARALLEL_MIN_ROWS && self.threads > 1 {
+            let chunk = ids.len().div_ceil(self.threads);
+            out.resize(ids.len(), 0);
+            std::thread::scope(|scope| {
+                for (i, part) in out.chunks_mut(chunk).enumerate() {
+                    let slice = ids.slice(i * chunk, part.len());
+                    scope.spawn(move || {
+                        let mut local = Vec::new();
+                        fingerprints_into(slice.as_ref(), &mut local);
+                        part.copy_from_slice(&local);
+                    });
+                }
+            });
+        } else {
+            fingerprints_into(ids, &mut out);
+        }
+        Ok(out)
+    }
+
+    #[inline]
+    fn local(&self, fp: u128) -> u128 {
+        fp & ((1u128 << (FINGERPRINT_BITS - self.shard_bits)) - 1)
+    }
+
+    fn not_loaded(&self, shard: usize) -> CheckpointError {
+        CheckpointError::ShardNotLoaded {
+            shard,
+            loaded: format!("{:?}", self.loaded_shards()),
+        }
+    }
+
+    /// For each row of `ids`: true if the id is in the index. Null ids give false. The result
+    /// has no nulls. Large arrays are probed in parallel, grouped by shard.
+    pub fn contains(&self, ids: &dyn Array) -> Result<BooleanArray> {
+        let fps = self.fingerprints(ids, "contains")?;
+        let nulls = ids.logical_nulls();
+        let valid = |row: usize| nulls.as_ref().is_none_or(|n| n.is_valid(row));
+        let bits = if fps.len() < PARALLEL_MIN_ROWS || self.threads <= 1 {
+            let mut bits = MutableBuffer::from_len_zeroed(fps.len().div_ceil(8));
+            let slice = bits.as_slice_mut();
+            for (row, fp) in fps.iter().enumerate() {
+                if !valid(row) {
+                    continue;
+                }
+                let k = shard_of(*fp, self.shard_bits);
+                let shard = self.shards[k].as_ref().ok_or_else(|| self.not_loaded(k))?;
+                if shard.contains(self.local(*fp)) {
+                    arrow::util::bit_util::set_bit(slice, row);
+                }
+            }
+            BooleanBuffer::new(bits.into(), 0, fps.len())
+        } else {
+            self.contains_grouped(&fps, &valid)?
+        };
+        Ok(BooleanArray::new(bits, None))
+    }
+
+    /// Parallel probe: rows grouped by shard (counting sort), shards handed to workers.
+    fn contains_grouped(
+        &self,
+        fps: &[u128],
+        valid: &(dyn Fn(usize) -> bool + Sync),
+    ) -> Result<BooleanBuffer> {
+        let n_shards = self.shards.len();
+        let mut starts = vec![0usize; n_shards + 1];
+        for (row, fp) in fps.iter().enumerate() {
+            if valid(row) {
+                starts[shard_of(*fp, self.shard_bits) + 1] += 1;
+            }
+        }
+        for k in 0..n_shards {
+            starts[k + 1] += starts[k];
+        }
+        let mut order = vec![0u32; starts[n_shards]];
+        let mut cursor = starts.clone();
+        for (row, fp) in fps.iter().enumerate() {
+            if valid(row) {
+                let k = shard_of(*fp, self.shard_bits);
+                order[cursor[k]] = row as u32;
+                cursor[k] += 1;
+            }
+        }
+        for k in 0..n_shards {
+            if starts[k + 1] > starts[k] && self.shards[k].is_none() {
+                return Err(self.not_loaded(k));
+            }
+        }
+        let next_shard = AtomicUsize::new(0);
+        let hit_lists: Vec<Vec<u32>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..self.threads.min(n_shards))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut hits = Vec::new();
+                        loop {
+                            let k = next_shard.fetch_add(1, Ordering::Relaxed);
+                            if k >= n_shards {
+                                break hits;
+                            }
+                            let Some(shard) = self.shards[k].as_ref() else {
+                                continue;
+                            };
+                            for &row in &order[starts[k]..starts[k + 1]] {
+                                if shard.contains(self.local(fps[row as usize])) {
+                                    hits.push(row);
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("probe worker panicked"))
+                .collect()
+        });
+        let mut bits = MutableBuffer::from_len_zeroed(fps.len().div_ceil(8));
+        let slice = bits.as_slice_mut();
+        for row in hit_lists.iter().flatten() {
+            arrow::util::bit_util::set_bit(slice, *row as usize);
+        }
+        Ok(BooleanBuffer::new(bits.into(), 0, fps.len()))
+    }
+
+    fn id_column_of(&self, batch: &RecordBatch) -> Result<ArrayRef> {
+        batch
+            .column_by_name(&self.id_column)
+            .cloned()
+            .ok_or_else(|| CheckpointError::ColumnNotFound {
+                path: "batch to filter".into(),
+                column: self.id_column.clone(),
+                available: batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// The rows of `batch` whose id (column [`CheckpointIndex::id_column`]) is not in the
+    /// index, schema unchanged. Rows with a null id are kept. `None` when no row is removed,
+    /// so callers can keep the input as is (no copy).
+    pub fn filter_or_unchanged(&self, batch: &RecordBatch) -> Result<Option<RecordBatch>> {
+        let done = self.contains(self.id_column_of(batch)?.as_ref())?;
+        if done.true_count() == 0 {
+            return Ok(None);
+        }
+        let keep = not(&done).map_err(|e| CheckpointError::Encode {
+            what: "filter".into(),
+            reason: e.to_string(),
+        })?;
+        filter_record_batch(batch, &keep)
+            .map(Some)
+            .map_err(|e| CheckpointError::Encode {
+                what: "filter".into(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// [`CheckpointIndex::filter_or_unchanged`], returning the input (zero-copy clone) when
+    /// nothing is removed.
+    pub fn filter(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        Ok(self
+            .filter_or_unchanged(batch)?
+            .unwrap_or_else(|| batch.clone()))
+    }
+
+    /// Filter many batches (e.g. a table's chunks), in parallel across batches; output in
+    /// input order, `None` for a batch left unchanged.
+    pub fn filter_many(&self, batches: &[RecordBatch]) -> Result<Vec<Option<RecordBatch>>> {
+        if batches.len() <= 1 || self.threads <= 1 {
+            return batches.iter().map(|b| self.filter_or_unchanged(b)).collect();
+        }
+        let next = AtomicUsize::new(0);
+        let mut results: Vec<(usize, Result<Option<RecordBatch>>)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..self.threads.min(batches.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= batches.len() {
+                                break out;
+                            }
+                            out.push((i, self.filter_or_unchanged(&batches[i])));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("filter worker panicked"))
+                .collect()
+        });
+        results.sort_by_key(|(i, _)| *i);
+        results.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Add ids (rows completed in this run). Nulls are skipped. Returns how many were new.
+    /// The ids are also kept until the next [`CheckpointIndex::write`], which persists them.
+    pub fn insert(&mut self, ids: &dyn Array) -> Result<usize> {
+        let fps = self.fingerprints(ids, "insert")?;
+        let nulls = ids.logical_nulls();
+        for (row, fp) in fps.iter().enumerate() {
+            if nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                continue;
+            }
+            let k = shard_of(*fp, self.shard_bits);
+            if self.shards[k].is_none() {
+                return Err(self.not_loaded(k));
+            }
+        }
+        let mut added = 0;
+        for (row, fp) in fps.iter().enumerate() {
+            if nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                continue;
+            }
+            let k = shard_of(*fp, self.shard_bits);
+            let local = self.local(*fp);
+            let shard = self.shards[k].as_mut().expect("checked above");
+            added += shard.insert(local, k)? as usize;
+        }
+        self.pending.push(self.to_pending(ids)?);
+        Ok(added)
+    }
+
+    /// `ids` as the index's id type with nulls removed, for writing later.
+    fn to_pending(&self, ids: &dyn Array) -> Result<ArrayRef> {
+        let encode = |e: arrow::error::ArrowError| CheckpointError::Encode {
+            what: format!("keeping inserted ids of type {}", ids.data_type()),
+            reason: e.to_string(),
+        };
+        let array: ArrayRef = arrow::array::make_array(ids.to_data());
+        let array = if array.data_type() == &self.id_type {
+            array
+        } else {
+            cast(&array, &self.id_type).map_err(encode)?
+        };
+        Ok(match array.logical_nulls() {
+            Some(nulls) if nulls.null_count() > 0 => {
+                let keep = BooleanArray::new(nulls.into_inner(), None);
+                arrow::compute::filter(&array, &keep).map_err(encode)?
+            }
+            _ => array,
+        })
+    }
+
+    /// Add every id of `other` (same shard count and id family). Ids `other` has not yet
+    /// written are carried over to be written by this index.
+    pub fn merge(&mut self, other: &CheckpointIndex) -> Result<()> {
+        if other.family != self.family {
+            return Err(CheckpointError::IdTypeMismatch {
+                what: "merge".into(),
+                expected: self.family.name().into(),
+                found: other.family.name().into(),
+            });
+        }
+        if other.shard_bits != self.shard_bits {
+            return Err(CheckpointError::InvalidArgument(format!(
+                "merge: indexes have {} and {} shards; merge needs equal shard counts",
+                self.num_shards(),
+                other.num_shards()
+            )));
+        }
+        for (k, theirs) in other.shards.iter().enumerate() {
+            let Some(theirs) = theirs else { continue };
+            let Some(ours) = self.shards[k].as_mut() else {
+                if theirs.len() > 0 {
+                    return Err(self.not_loaded(k));
+                }
+                continue;
+            };
+            for fp in theirs.fingerprints() {
+                ours.insert(fp, k)?;
+            }
+        }
+        for p in &other.pending {
+            let p = self.to_pending(p.as_ref())?;
+            self.pending.push(p);
+        }
+        Ok(())
+    }
+
+    /// Ids inserted since the last write (what `write` will persist).
+    pub fn pending_ids(&self) -> usize {
+        self.pending.iter().map(|a| a.len()).sum()
+    }
+
+    pub(crate) fn take_pending(&mut self) -> Vec<ArrayRef> {
+        std::mem::take(&mut self.pending)
+    }
+
+    pub(crate) fn restore_pending(&mut self, mut pending: Vec<ArrayRef>) {
+        pending.append(&mut self.pending);
+        self.pending = pending;
+    }
+}
+
+/// Shared handle for embedding: probes take `&self`, so one index can serve many threads.
+pub type SharedCheckpointIndex = Arc<CheckpointIndex>;

@@ -1,0 +1,829 @@
+//! Checkpoint files: loading an index from Parquet, writing ids back, and the commit protocol.
+//!
+//! # Layout written by forebay
+//!
+//! ```text
+//! <path>/_forebay_checkpoint          manifest: format, hash, num_shards, id family/column/type
+//! <path>/shard=<k>/part-<id>.parquet  one column (the id column), ids of shard k only
+//! ```
+//!
+//! A loader with the manifest's shard count that owns only some shards (one worker of a
+//! cluster) reads only those shards' directories. Any other Parquet dataset with an id
+//! column — a flat directory as Ray Data writes, a glob, a file, a URI — loads too: ids are
+//! re-hashed into shards on load. Names starting with `_` or `.` are never read as data.
+//!
+//! # Commit protocol (local file systems)
+//!
+//! A part file is written to `.<name>.<pid>.tmp` in its shard directory, `fsync`ed, renamed
+//! to its final name, and the directory is `fsync`ed (as is the parent of any directory we
+//! created). Readers skip dot-files, so they see either the whole file or nothing. A temp
+//! file whose writer process no longer exists (checked through `/proc` on Linux) is removed
+//! by the next load or write of that checkpoint; elsewhere stale temp files are only
+//! ignored. On object stores (`s3://`, `gs://`, ...) a PUT is already atomic, so parts are
+//! uploaded directly under their final names.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path as FsPath, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use forebay_parquet::{DatasetSource, ParquetDataset, ParquetError, StorageOptions};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{CheckpointError, Result};
+use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
+use crate::index::{
+    default_threads, id_value_type, shard_bits_for, CheckpointIndex, DEFAULT_NUM_SHARDS,
+};
+use crate::shard::{ShardTable, MAX_IDS_PER_SHARD};
+
+/// Name of the manifest file at the root of a checkpoint written by forebay.
+pub const MANIFEST_FILE: &str = "_forebay_checkpoint";
+const FORMAT_VERSION: u32 = 1;
+const HASH_NAME: &str = "xxh3-128-top100";
+
+/// What a checkpoint directory says about itself.
+#[derive(Debug, Clone, PartialEq)]
+struct Manifest {
+    num_shards: usize,
+    family: IdFamily,
+    id_column: String,
+    id_type: DataType,
+}
+
+impl Manifest {
+    fn to_text(&self) -> String {
+        format!(
+            "# forebay checkpoint: ids of finished rows, hash-partitioned into shard=<k>/\n\
+             format {FORMAT_VERSION}\nhash {HASH_NAME}\nnum_shards {}\nid_family {}\n\
+             id_column {}\nid_type {}\n",
+            self.num_shards,
+            self.family.name(),
+            self.id_column,
+            self.id_type
+        )
+    }
+
+    fn parse(text: &str, shown: &str) -> Result<Manifest> {
+        let bad = |reason: String| CheckpointError::Manifest {
+            path: shown.to_string(),
+            reason,
+        };
+        let mut fields = std::collections::HashMap::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (key, value) = line
+                .split_once(' ')
+                .ok_or_else(|| bad(format!("malformed line {line:?}")))?;
+            fields.insert(key, value.trim());
+        }
+        let get = |key: &str| {
+            fields
+                .get(key)
+                .copied()
+                .ok_or_else(|| bad(format!("missing '{key}'")))
+        };
+        let format: u32 = get("format")?
+            .parse()
+            .map_err(|_| bad("bad 'format'".into()))?;
+        if format != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format {format} is not supported (this forebay reads format {FORMAT_VERSION})"
+            )));
+        }
+        if get("hash")? != HASH_NAME {
+            return Err(bad(format!("unknown hash {:?}", get("hash")?)));
+        }
+        let num_shards = get("num_shards")?
+            .parse()
+            .map_err(|_| bad("bad 'num_shards'".into()))?;
+        shard_bits_for(num_shards).map_err(|e| bad(e.to_string()))?;
+        let family_name = get("id_family")?;
+        let family = IdFamily::from_name(family_name)
+            .ok_or_else(|| bad(format!("unknown id_family {family_name:?}")))?;
+        let id_type = DataType::from_str(get("id_type")?)
+            .map_err(|e| bad(format!("bad id_type: {e}")))?;
+        Ok(Manifest {
+            num_shards,
+            family,
+            id_column: get("id_column")?.to_string(),
+            id_type,
+        })
+    }
+}
+
+/// Where a checkpoint lives: a local directory or a prefix in an object store.
+enum Target {
+    Local(PathBuf),
+    Remote {
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjectPath,
+        shown: String,
+    },
+}
+
+impl Target {
+    fn parse(path: &str, options: &StorageOptions) -> Result<Target> {
+        if let Some(rest) = path.strip_prefix("file://") {
+            return Ok(Target::Local(PathBuf::from(rest)));
+        }
+        if !path.contains("://") {
+            return Ok(Target::Local(PathBuf::from(path)));
+        }
+        let (store, prefix, shown) =
+            forebay_parquet::open_location(path, options).map_err(|source| {
+                CheckpointError::Read {
+                    path: path.to_string(),
+                    column: String::new(),
+                    source,
+                }
+            })?;
+        Ok(Target::Remote {
+            store,
+            prefix,
+            shown,
+        })
+    }
+
+    fn shown(&self, relative: &str) -> String {
+        match self {
+            Target::Local(dir) => dir.join(relative).display().to_string(),
+            Target::Remote { shown, .. } => format!("{}/{relative}", shown.trim_end_matches('/')),
+        }
+    }
+
+    fn remote_path(prefix: &ObjectPath, relative: &str) -> ObjectPath {
+        relative
+            .split('/')
+            .fold(prefix.clone(), |p, part| p.clone().join(part))
+    }
+
+    fn read_manifest(&self) -> Result<Option<Manifest>> {
+        let shown = self.shown(MANIFEST_FILE);
+        let text = match self {
+            // A file or a glob has no manifest; only a directory can.
+            Target::Local(dir) if !dir.is_dir() => return Ok(None),
+            Target::Local(dir) => match fs::read_to_string(dir.join(MANIFEST_FILE)) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(source) => return Err(CheckpointError::Io { path: shown, source }),
+            },
+            Target::Remote { store, prefix, .. } => {
+                let store = store.clone();
+                let location = Self::remote_path(prefix, MANIFEST_FILE);
+                let got = forebay_parquet::block_on(async move {
+                    match store.get(&location).await {
+                        Ok(r) => r.bytes().await.map(Some),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .map_err(|source| CheckpointError::Store {
+                    path: shown.clone(),
+                    source,
+                })?;
+                match got {
+                    None => return Ok(None),
+                    Some(bytes) => String::from_utf8(bytes.to_vec()).map_err(|_| {
+                        CheckpointError::Manifest {
+                            path: shown.clone(),
+                            reason: "not UTF-8 text".into(),
+                        }
+                    })?,
+                }
+            }
+        };
+        Manifest::parse(&text, &shown).map(Some)
+    }
+
+    /// Shard numbers that have a `shard=<k>` directory (prefix).
+    fn shard_dirs(&self) -> Result<Vec<usize>> {
+        let names: Vec<String> = match self {
+            Target::Local(dir) => match fs::read_dir(dir) {
+                Ok(entries) => entries
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect(),
+                Err(source) => {
+                    return Err(CheckpointError::Io {
+                        path: dir.display().to_string(),
+                        source,
+                    })
+                }
+            },
+            Target::Remote {
+                store,
+                prefix,
+                shown,
+            } => {
+                let (store, prefix) = (store.clone(), prefix.clone());
+                let listing =
+                    forebay_parquet::block_on(
+                        async move { store.list_with_delimiter(Some(&prefix)).await },
+                    )
+                    .map_err(|source| CheckpointError::Store {
+                        path: shown.clone(),
+                        source,
+                    })?;
+                listing
+                    .common_prefixes
+                    .iter()
+                    .filter_map(|p| p.filename().map(str::to_string))
+                    .collect()
+            }
+        };
+        Ok(names.iter().filter_map(|n| parse_shard_dir(n)).collect())
+    }
+
+    /// Store `bytes` under `relative` so that readers see all of it or nothing.
+    fn put_atomic(&self, relative: &str, bytes: Vec<u8>) -> Result<String> {
+        let shown = self.shown(relative);
+        match self {
+            Target::Local(dir) => {
+                commit_local_file(&dir.join(relative), &bytes)?;
+            }
+            Target::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), Self::remote_path(prefix, relative));
+                forebay_parquet::block_on(async move {
+                    store.put(&location, PutPayload::from(bytes)).await
+                })
+                .map_err(|source| CheckpointError::Store {
+                    path: shown.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok(shown)
+    }
+}
+
+fn parse_shard_dir(name: &str) -> Option<usize> {
+    name.strip_prefix("shard=")?.parse().ok()
+}
+
+/// The shard a data file declares by its `shard=<k>` directory, if any.
+fn declared_shard(file: &str) -> Option<usize> {
+    file.rsplit('/').skip(1).find_map(parse_shard_dir)
+}
+
+fn io_err(path: &FsPath) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn fsync_dir(dir: &FsPath) -> Result<()> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+/// `mkdir -p` that also makes each new directory's entry durable.
+fn create_dir_all_durable(dir: &FsPath) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dir_all_durable(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(io_err(dir)(e)),
+    }
+    if let Some(parent) = dir.parent() {
+        fsync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// Temp file name for `final_name` written by this process.
+fn temp_name(final_name: &str) -> String {
+    format!(".{final_name}.{}.tmp", std::process::id())
+}
+
+/// The writer pid encoded in a temp file name, if the name is one of ours.
+fn temp_writer_pid(name: &str) -> Option<u32> {
+    let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    inner.rsplit_once('.')?.1.parse().ok()
+}
+
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        FsPath::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true // cannot tell: never delete another process's temp file
+    }
+}
+
+/// Write `bytes` to `path` with the commit protocol (temp file, fsync, rename, fsync dir).
+fn commit_local_file(path: &FsPath, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| CheckpointError::InvalidArgument(format!("{}: no parent", path.display())))?;
+    create_dir_all_durable(dir)?;
+    let final_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| CheckpointError::InvalidArgument(format!("{}: bad name", path.display())))?;
+    let temp = dir.join(temp_name(final_name));
+    let result = (|| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&temp)
+            .map_err(io_err(&temp))?;
+        file.write_all(bytes).map_err(io_err(&temp))?;
+        file.sync_all().map_err(io_err(&temp))?;
+        drop(file);
+        fs::rename(&temp, path).map_err(io_err(path))?;
+        fsync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+/// Remove temp files of dead writers under a local checkpoint (root and shard directories).
+/// Best effort: a file that cannot be removed is left (readers ignore it anyway).
+pub fn clean_stale_temp_files(root: &FsPath) -> usize {
+    let mut removed = 0;
+    let mut dirs = vec![root.to_path_buf()];
+    if let Ok(entries) = fs::read_dir(root) {
+        for e in entries.flatten() {
+            if let Some(name) = e.file_name().to_str() {
+                if parse_shard_dir(name).is_some() && e.path().is_dir() {
+                    dirs.push(e.path());
+                }
+            }
+        }
+    }
+    let me = std::process::id();
+    for dir in dirs {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name.to_str().and_then(temp_writer_pid) else {
+                continue;
+            };
+            if pid != me && !process_alive(pid) && fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// Loads a [`CheckpointIndex`] from Parquet files. Build with [`CheckpointIndex::loader`].
+#[derive(Debug, Clone)]
+pub struct CheckpointLoader {
+    path: String,
+    id_column: String,
+    num_shards: Option<usize>,
+    shards: Option<Vec<usize>>,
+    storage_options: StorageOptions,
+    threads: usize,
+}
+
+impl CheckpointIndex {
+    /// Load the ids in column `id_column` of the Parquet files at `path` (a checkpoint written
+    /// by forebay, a directory, a glob, a file or a URI).
+    pub fn loader(path: impl Into<String>, id_column: impl Into<String>) -> CheckpointLoader {
+        CheckpointLoader {
+            path: path.into(),
+            id_column: id_column.into(),
+            num_shards: None,
+            shards: None,
+            storage_options: StorageOptions::new(),
+            threads: default_threads(),
+        }
+    }
+}
+
+impl CheckpointLoader {
+    /// Shard count (a power of two). Default: the manifest's, else
+    /// [`DEFAULT_NUM_SHARDS`]. A count different from the manifest's re-hashes every file.
+    pub fn with_num_shards(mut self, num_shards: usize) -> Self {
+        self.num_shards = Some(num_shards);
+        self
+    }
+
+    /// Load only these shards (a worker owning part of the id space). Probing an id of
+    /// another shard is then an error.
+    pub fn with_shards(mut self, shards: impl IntoIterator<Item = usize>) -> Self {
+        self.shards = Some(shards.into_iter().collect());
+        self
+    }
+
+    /// Options for the object store (`aws_endpoint`, credentials, ...).
+    pub fn with_storage_options(mut self, options: StorageOptions) -> Self {
+        self.storage_options = options;
+        self
+    }
+
+    /// Worker threads for hashing and building (default: the machine's cores).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+
+    fn read_error(&self, source: ParquetError) -> CheckpointError {
+        match source {
+            ParquetError::ColumnNotFound {
+                path,
+                column,
+                available,
+            } => CheckpointError::ColumnNotFound {
+                path,
+                column,
+                available,
+            },
+            source => CheckpointError::Read {
+                path: self.path.clone(),
+                column: self.id_column.clone(),
+                source,
+            },
+        }
+    }
+
+    /// Read the files and build the index.
+    pub fn load(self) -> Result<CheckpointIndex> {
+        let target = Target::parse(&self.path, &self.storage_options)?;
+        if let Target::Local(dir) = &target {
+            if dir.is_dir() {
+                clean_stale_temp_files(dir);
+            }
+        }
+        let manifest = target.read_manifest()?;
+        if let Some(m) = &manifest {
+            if m.id_column != self.id_column {
+                return Err(CheckpointError::ColumnNotFound {
+                    path: target.shown(MANIFEST_FILE),
+                    column: self.id_column.clone(),
+                    available: m.id_column.clone(),
+                });
+            }
+        }
+        let num_shards = self
+            .num_shards
+            .or(manifest.as_ref().map(|m| m.num_shards))
+            .unwrap_or(DEFAULT_NUM_SHARDS);
+        let shard_bits = shard_bits_for(num_shards)?;
+        let mut owned = vec![self.shards.is_none(); num_shards];
+        for &k in self.shards.iter().flatten() {
+            if k >= num_shards {
+                return Err(CheckpointError::InvalidArgument(format!(
+                    "shard {k} does not exist in a checkpoint of {num_shards} shards"
+                )));
+            }
+            owned[k] = true;
+        }
+        let layout_matches = manifest.as_ref().is_some_and(|m| m.num_shards == num_shards);
+
+        // Which locations to read: only the owned shards' directories when the layout lets us.
+        let uris = if layout_matches && owned.iter().any(|o| !o) {
+            let base = self.path.trim_end_matches('/');
+            target
+                .shard_dirs()?
+                .into_iter()
+                .filter(|k| *k < num_shards && owned[*k])
+                .map(|k| format!("{base}/shard={k}"))
+                .collect()
+        } else {
+            vec![self.path.clone()]
+        };
+
+        let empty_index = |id_type: DataType| -> Result<CheckpointIndex> {
+            let mut index = CheckpointIndex::new(id_type, self.id_column.clone(), num_shards)?
+                .with_threads(self.threads);
+            for (k, o) in owned.iter().enumerate() {
+                if !o {
+                    index.shards[k] = None;
+                }
+            }
+            Ok(index)
+        };
+
+        let dataset = if uris.is_empty() {
+            None
+        } else {
+            let built = ParquetDataset::builder(DatasetSource::Uris {
+                uris,
+                storage_options: self.storage_options.clone(),
+            })
+            .with_columns([self.id_column.clone()])
+            .with_batch_size(64 * 1024)
+            .build();
+            match built {
+                Ok(d) => Some(d),
+                // A manifest with no data files yet is an empty checkpoint, not an error.
+                Err(ParquetError::NotFound { .. }) if manifest.is_some() => None,
+                Err(e) => return Err(self.read_error(e)),
+            }
+        };
+        let Some(dataset) = dataset else {
+            let m = manifest.expect("no files only accepted with a manifest");
+            return empty_index(m.id_type);
+        };
+
+        let field = dataset.schema().field(0).clone();
+        let shown_files = dataset
+            .files()
+            .first()
+            .map(|f| f.uri().to_string())
+            .unwrap_or_else(|| self.path.clone());
+        let id_type = id_value_type(field.data_type(), &shown_files, &self.id_column)?;
+        let mut index = empty_index(id_type.clone())?;
+        if let Some(m) = &manifest {
+            index.check_family(&id_type, &target.shown(MANIFEST_FILE))?;
+            if m.family != index.family {
+                return Err(CheckpointError::Manifest {
+                    path: target.shown(MANIFEST_FILE),
+                    reason: format!("says {} ids, files hold {id_type}", m.family.name()),
+                });
+            }
+        }
+
+        // Hash in parallel: workers pull decoded batches from one scan and append each id's
+        // local fingerprint to its shard's vector.
+        let expected = dataset.count_rows().map_err(|e| self.read_error(e))?;
+        let per_shard_guess = (expected / num_shards as u64) * 21 / 20 + 1024;
+        let reserve = per_shard_guess.min(expected) as usize;
+        let collected: Vec<Mutex<Vec<u128>>> = owned
+            .iter()
+            .map(|o| Mutex::new(if *o { Vec::with_capacity(reserve) } else { Vec::new() }))
+            .collect();
+        let local_mask = (1u128 << (FINGERPRINT_BITS - shard_bits)) - 1;
+        let stream = Mutex::new(dataset.scan());
+        let failed = AtomicBool::new(false);
+        let first_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..self.threads {
+                scope.spawn(|| {
+                    let run = || -> Result<()> {
+                        let mut fps = Vec::new();
+                        let mut by_shard: Vec<Vec<u128>> = vec![Vec::new(); num_shards];
+                        while !failed.load(Ordering::Relaxed) {
+                            let next = stream.lock().expect("scan lock").next_blocking();
+                            let Some(item) = next else { break };
+                            let item = item.map_err(|e| self.read_error(e))?;
+                            let ids = item.batch.column(0);
+                            fingerprints_into(ids.as_ref(), &mut fps);
+                            let nulls = ids.logical_nulls();
+                            let declared = if layout_matches {
+                                declared_shard(&item.provenance.file)
+                            } else {
+                                None
+                            };
+                            for (row, fp) in fps.iter().enumerate() {
+                                if nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                                    continue;
+                                }
+                                let k = shard_of(*fp, shard_bits);
+                                if declared.is_some_and(|d| d != k) {
+                                    return Err(CheckpointError::ShardMismatch {
+                                        path: item.provenance.file.to_string(),
+                                        declared: declared.expect("some"),
+                                        actual: k,
+                                        num_shards,
+                                    });
+                                }
+                                if owned[k] {
+                                    by_shard[k].push(fp & local_mask);
+                                }
+                            }
+                            for (k, local) in by_shard.iter_mut().enumerate() {
+                                if !local.is_empty() {
+                                    collected[k].lock().expect("shard lock").extend_from_slice(local);
+                                    local.clear();
+                                }
+                            }
+                        }
+                        Ok(())
+                    };
+                    if let Err(e) = run() {
+                        failed.store(true, Ordering::Relaxed);
+                        first_error.lock().expect("error lock").get_or_insert(e);
+                    }
+                });
+            }
+        });
+        if let Some(e) = first_error.into_inner().expect("error lock") {
+            return Err(e);
+        }
+        drop(stream);
+
+        // Build the shard tables in parallel; each frees its input as it finishes.
+        let next = AtomicUsize::new(0);
+        let tables: Vec<Mutex<Option<ShardTable>>> =
+            (0..num_shards).map(|_| Mutex::new(None)).collect();
+        let build_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..self.threads.min(num_shards) {
+                scope.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    if k >= num_shards {
+                        break;
+                    }
+                    if !owned[k] {
+                        continue;
+                    }
+                    let fps = std::mem::take(&mut *collected[k].lock().expect("shard lock"));
+                    if fps.len() as u64 > MAX_IDS_PER_SHARD {
+                        build_error.lock().expect("lock").get_or_insert(
+                            CheckpointError::ShardTooLarge {
+                                shard: k,
+                                ids: fps.len() as u64,
+                                max: MAX_IDS_PER_SHARD,
+                            },
+                        );
+                        continue;
+                    }
+                    match ShardTable::build(fps, shard_bits, k) {
+                        Ok(t) => *tables[k].lock().expect("lock") = Some(t),
+                        Err(e) => {
+                            build_error.lock().expect("lock").get_or_insert(e);
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = build_error.into_inner().expect("lock") {
+            return Err(e);
+        }
+        for (k, table) in tables.into_iter().enumerate() {
+            if owned[k] {
+                index.shards[k] = table.into_inner().expect("lock");
+            }
+        }
+        Ok(index)
+    }
+}
+
+/// What [`CheckpointIndex::write`] wrote.
+#[derive(Debug, Clone, Default)]
+pub struct WriteSummary {
+    /// Files committed (paths or URIs).
+    pub files: Vec<String>,
+    /// Ids written.
+    pub ids: usize,
+}
+
+fn unique_part_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "part-{nanos:016x}-{:08x}-{:06x}.parquet",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn encode_parquet(batch: &RecordBatch, what: &str) -> Result<Vec<u8>> {
+    let encode = |reason: String| CheckpointError::Encode {
+        what: what.to_string(),
+        reason,
+    };
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props))
+        .map_err(|e| encode(e.to_string()))?;
+    writer.write(batch).map_err(|e| encode(e.to_string()))?;
+    writer.close().map_err(|e| encode(e.to_string()))?;
+    Ok(out)
+}
+
+impl CheckpointIndex {
+    /// Persist the ids inserted since the last write into the checkpoint at `path`, one new
+    /// part file per shard that received ids (`<path>/shard=<k>/part-<id>.parquet`), each
+    /// committed atomically. Creates the manifest on first write and refuses a checkpoint
+    /// whose manifest disagrees (shard count, id family, id column). Ids already loaded from
+    /// files are not rewritten: a checkpoint is an append-only set of parts. On error the ids
+    /// stay pending, so the write can be retried (re-written ids are harmless duplicates).
+    pub fn write(&mut self, path: &str, storage_options: &StorageOptions) -> Result<WriteSummary> {
+        let target = Target::parse(path, storage_options)?;
+        let wanted = Manifest {
+            num_shards: self.num_shards(),
+            family: self.family,
+            id_column: self.id_column.clone(),
+            id_type: self.id_type.clone(),
+        };
+        match target.read_manifest()? {
+            Some(m) => {
+                if m.num_shards != wanted.num_shards
+                    || m.family != wanted.family
+                    || m.id_column != wanted.id_column
+                {
+                    return Err(CheckpointError::Manifest {
+                        path: target.shown(MANIFEST_FILE),
+                        reason: format!(
+                            "checkpoint has {} shards of {} ids in column '{}'; this index has {} shards of {} ids in column '{}'",
+                            m.num_shards, m.family.name(), m.id_column,
+                            wanted.num_shards, wanted.family.name(), wanted.id_column
+                        ),
+                    });
+                }
+            }
+            None => {
+                target.put_atomic(MANIFEST_FILE, wanted.to_text().into_bytes())?;
+            }
+        }
+        if let Target::Local(dir) = &target {
+            clean_stale_temp_files(dir);
+        }
+        let pending = self.take_pending();
+        match self.write_parts(&target, &pending) {
+            Ok(summary) => Ok(summary),
+            Err(e) => {
+                self.restore_pending(pending);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_parts(&self, target: &Target, pending: &[ArrayRef]) -> Result<WriteSummary> {
+        let total: usize = pending.iter().map(|a| a.len()).sum();
+        if total == 0 {
+            return Ok(WriteSummary::default());
+        }
+        let arrow_err = |e: arrow::error::ArrowError| CheckpointError::Encode {
+            what: "checkpoint ids".into(),
+            reason: e.to_string(),
+        };
+        let parts: Vec<&dyn Array> = pending.iter().map(|a| a.as_ref()).collect();
+        let ids = arrow::compute::concat(&parts).map_err(arrow_err)?;
+        let mut fps = Vec::new();
+        fingerprints_into(ids.as_ref(), &mut fps);
+        let mut rows_by_shard: Vec<Vec<u32>> = vec![Vec::new(); self.num_shards()];
+        for (row, fp) in fps.iter().enumerate() {
+            rows_by_shard[shard_of(*fp, self.shard_bits)].push(row as u32);
+        }
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            &self.id_column,
+            self.id_type.clone(),
+            false,
+        )]));
+        let mut summary = WriteSummary::default();
+        for (k, rows) in rows_by_shard.into_iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let shard_ids = arrow::compute::take(&ids, &UInt32Array::from(rows), None)
+                .map_err(arrow_err)?;
+            let batch =
+                RecordBatch::try_new(schema.clone(), vec![shard_ids]).map_err(arrow_err)?;
+            let relative = format!("shard={k}/{}", unique_part_name());
+            let bytes = encode_parquet(&batch, &target.shown(&relative))?;
+            summary.files.push(target.put_atomic(&relative, bytes)?);
+            summary.ids += batch.num_rows();
+        }
+        Ok(summary)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_round_trips() {
+        let m = Manifest {
+            num_shards: 64,
+            family: IdFamily::Bytes,
+            id_column: "request id".into(),
+            id_type: DataType::LargeUtf8,
+        };
+        assert_eq!(Manifest::parse(&m.to_text(), "x").unwrap(), m);
+        assert!(Manifest::parse("format 2\n", "x").is_err());
+    }
+
+    #[test]
+    fn temp_names_parse() {
+        let t = temp_name("part-1.parquet");
+        assert_eq!(temp_writer_pid(&t), Some(std::process::id()));
+        assert_eq!(temp_writer_pid("part-1.parquet"), None);
+        assert_eq!(declared_shard("s3://b/ck/shard=12/part-1.parquet"), Some(12));
+        assert_eq!(declared_shard("/ck/part-1.parquet"), None);
+    }
+}
