@@ -16,8 +16,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from . import _forebay
+from ._checkpoint import CheckpointFilter
 from ._filters import normalize_filter
 from ._forebay import (
+    CheckpointError,
     ColumnNotFoundError,
     CorruptFileError,
     DatasetNotFoundError,
@@ -41,6 +43,8 @@ __all__ = [
     "InvalidFilterError",
     "SchemaMismatchError",
     "StorageError",
+    "CheckpointFilter",
+    "CheckpointError",
 ]
 
 

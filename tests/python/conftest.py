@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -82,3 +87,37 @@ def assert_tables_equal(actual: pa.Table, expected: pa.Table, context: str = "")
         # Arrow's equals() treats NaN != NaN; fall back to value-wise comparison.
         la, le = ca.to_pylist(), ce.to_pylist()
         assert _same_value(la, le), f"{context}: column {name} differs:\n{ca.slice(0, 5)}\nvs\n{ce.slice(0, 5)}"
+
+
+S3_CREDENTIALS = {
+    "aws_allow_http": "true",
+    "aws_access_key_id": "testing",
+    "aws_secret_access_key": "testing",
+    "aws_region": "us-east-1",
+}
+
+
+def start_moto_server(log_path: Path):
+    """Start moto's S3-compatible server on a free 127.0.0.1 port.
+
+    Returns ``(process, endpoint, log file)``; the caller terminates the process.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            return proc, endpoint, log
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail(f"moto server did not start: {log_path.read_text()}")
+            time.sleep(0.2)

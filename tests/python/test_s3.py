@@ -5,13 +5,8 @@ server's access log."""
 from __future__ import annotations
 
 import io
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +15,7 @@ import pytest
 
 import forebay
 
-from conftest import assert_tables_equal
+from conftest import S3_CREDENTIALS, assert_tables_equal, start_moto_server
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -30,32 +25,10 @@ ROW_GROUPS = 4
 ROWS_PER_GROUP = 2_000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    port = free_port()
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
-            break
-        except Exception:  # noqa: BLE001 - not up yet
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail(f"moto server did not start: {log_path.read_text()}")
-            time.sleep(0.2)
+    proc, endpoint, log = start_moto_server(log_path)
     client = boto3.client(
         "s3", endpoint_url=endpoint, region_name="us-east-1",
         aws_access_key_id="testing", aws_secret_access_key="testing",
@@ -70,13 +43,7 @@ def s3(tmp_path_factory):
         pq.write_table(t, buf, row_group_size=ROWS_PER_GROUP)
         client.put_object(Bucket="forebay-test", Key=f"data/part-{k}.parquet", Body=buf.getvalue())
         tables.append(t)
-    options = {
-        "aws_endpoint": endpoint,
-        "aws_allow_http": "true",
-        "aws_access_key_id": "testing",
-        "aws_secret_access_key": "testing",
-        "aws_region": "us-east-1",
-    }
+    options = {"aws_endpoint": endpoint, **S3_CREDENTIALS}
     yield options, pa.concat_tables(tables), log_path
     proc.terminate()
     proc.wait(timeout=10)
