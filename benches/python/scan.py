@@ -23,9 +23,10 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from measure import SystemMemorySampler, peak_rss_mb
 
 COLUMNS_2 = ["l_orderkey", "l_extendedprice"]
 CUTOFF = dt.date(1998, 9, 1)
@@ -133,42 +134,10 @@ def bench_scenario(name, files, columns, with_filter, rounds):
 
 # ---------------------------------------------------------------- memory
 
-def used_memory() -> int:
-    info = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            k, v = line.split(":")
-            info[k] = int(v.split()[0]) * 1024
-    return info["MemTotal"] - info["MemAvailable"]
-
-
 def memory_probe(engine: str, files: list[str]) -> dict:
-    baseline = used_memory()
-    peak = baseline
-    done = threading.Event()
-
-    def sample():
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, used_memory())
-            time.sleep(0.01)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    ENGINES[engine](files, None, False)
-    done.set()
-    t.join()
-    return {"engine": engine, "system_rise_mb": (peak - baseline) / 1e6,
-            "max_rss_mb": peak_rss_mb()}
-
-
-def peak_rss_mb() -> float:
-    # VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child would report its parent's peak.
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    with SystemMemorySampler() as sampler:
+        ENGINES[engine](files, None, False)
+    return {"engine": engine, "system_rise_mb": sampler.rise_mb, "max_rss_mb": peak_rss_mb()}
 
 
 def main() -> int:

@@ -118,6 +118,32 @@ pub fn shard_of(fingerprint: u128, shard_bits: u32) -> usize {
 pub fn fingerprints_into(ids: &dyn Array, out: &mut Vec<u128>) -> Option<()> {
     out.clear();
     out.reserve(ids.len());
+    extend_with_fingerprints(ids, out)
+}
+
+/// Like [`fingerprints_into`], writing into a slice of exactly `ids.len()` entries (so
+/// threads can fill disjoint parts of one buffer).
+pub fn fingerprints_into_slice(ids: &dyn Array, out: &mut [u128]) -> Option<()> {
+    assert_eq!(ids.len(), out.len(), "one fingerprint slot per id");
+    extend_with_fingerprints(ids, &mut SliceFiller { slice: out, next: 0 })
+}
+
+/// Fills a slice front to back through `Extend`.
+struct SliceFiller<'a> {
+    slice: &'a mut [u128],
+    next: usize,
+}
+
+impl Extend<u128> for SliceFiller<'_> {
+    fn extend<I: IntoIterator<Item = u128>>(&mut self, iter: I) {
+        for (slot, fp) in self.slice[self.next..].iter_mut().zip(iter) {
+            *slot = fp;
+            self.next += 1;
+        }
+    }
+}
+
+fn extend_with_fingerprints(ids: &dyn Array, out: &mut impl Extend<u128>) -> Option<()> {
     macro_rules! bytes_by_offsets {
         ($arr:expr) => {{
             let arr = $arr;

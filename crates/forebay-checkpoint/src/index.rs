@@ -10,7 +10,9 @@ use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::DataType;
 
 use crate::error::{CheckpointError, Result};
-use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
+use crate::fingerprint::{
+    fingerprints_into, fingerprints_into_slice, shard_of, IdFamily, FINGERPRINT_BITS,
+};
 use crate::shard::ShardTable;
 
 /// Shard count of a new index when none is given. A checkpoint's manifest records its own.
@@ -179,15 +181,11 @@ impl CheckpointIndex {
         let mut out = Vec::new();
         if ids.len() >= PARALLEL_MIN_ROWS && self.threads > 1 {
             let chunk = ids.len().div_ceil(self.threads);
-            out.resize(ids.len(), 0);
+            out = vec![0u128; ids.len()];
             std::thread::scope(|scope| {
                 for (i, part) in out.chunks_mut(chunk).enumerate() {
                     let slice = ids.slice(i * chunk, part.len());
-                    scope.spawn(move || {
-                        let mut local = Vec::new();
-                        fingerprints_into(slice.as_ref(), &mut local);
-                        part.copy_from_slice(&local);
-                    });
+                    scope.spawn(move || fingerprints_into_slice(slice.as_ref(), part));
                 }
             });
         } else {
@@ -217,16 +215,9 @@ impl CheckpointIndex {
         let bits = if fps.len() < PARALLEL_MIN_ROWS || self.threads <= 1 {
             let mut bits = MutableBuffer::from_len_zeroed(fps.len().div_ceil(8));
             let slice = bits.as_slice_mut();
-            for (row, fp) in fps.iter().enumerate() {
-                if !valid(row) {
-                    continue;
-                }
-                let k = shard_of(*fp, self.shard_bits);
-                let shard = self.shards[k].as_ref().ok_or_else(|| self.not_loaded(k))?;
-                if shard.contains(self.local(*fp)) {
-                    arrow::util::bit_util::set_bit(slice, row);
-                }
-            }
+            self.probe_pipelined(&fps, fps.len(), |j| j, &valid, |row| {
+                arrow::util::bit_util::set_bit(slice, row)
+            })?;
             BooleanBuffer::new(bits.into(), 0, fps.len())
         } else {
             self.contains_grouped(&fps, &valid)?
@@ -234,70 +225,92 @@ impl CheckpointIndex {
         Ok(BooleanArray::new(bits, None))
     }
 
-    /// Parallel probe: rows grouped by shard (counting sort), shards handed to workers.
+    /// Probe `count` rows (`row_at(j)` is the j-th row to probe) and call `on_hit(row)` for
+    /// each id present. Software-pipelined: while probing row j, the directory entry of row
+    /// j + 16 and the bucket of row j + 8 are prefetched, so the two dependent cache misses
+    /// of each probe overlap with other probes instead of stalling one after another.
+    #[inline]
+    fn probe_pipelined(
+        &self,
+        fps: &[u128],
+        count: usize,
+        row_at: impl Fn(usize) -> usize,
+        valid: &(dyn Fn(usize) -> bool + Sync),
+        mut on_hit: impl FnMut(usize),
+    ) -> Result<()> {
+        const DIRECTORY_AHEAD: usize = 16;
+        const BUCKET_AHEAD: usize = 8;
+        let table_of = |fp: u128| self.shards[shard_of(fp, self.shard_bits)].as_ref();
+        for j in 0..count {
+            if j + DIRECTORY_AHEAD < count {
+                let fp = fps[row_at(j + DIRECTORY_AHEAD)];
+                if let Some(t) = table_of(fp) {
+                    t.prefetch_directory(self.local(fp));
+                }
+            }
+            if j + BUCKET_AHEAD < count {
+                let fp = fps[row_at(j + BUCKET_AHEAD)];
+                if let Some(t) = table_of(fp) {
+                    t.prefetch_bucket(self.local(fp));
+                }
+            }
+            let row = row_at(j);
+            if !valid(row) {
+                continue;
+            }
+            let fp = fps[row];
+            let table = table_of(fp)
+                .ok_or_else(|| self.not_loaded(shard_of(fp, self.shard_bits)))?;
+            if table.contains(self.local(fp)) {
+                on_hit(row);
+            }
+        }
+        Ok(())
+    }
+
+    /// Parallel probe, grouped by shard: worker `w` of `t` probes exactly the rows whose
+    /// shard is `w mod t`, so each worker touches only its own shards' memory. Each worker
+    /// sets bits in its own bitmap; the bitmaps are OR-ed at the end.
     fn contains_grouped(
         &self,
         fps: &[u128],
         valid: &(dyn Fn(usize) -> bool + Sync),
     ) -> Result<BooleanBuffer> {
-        let n_shards = self.shards.len();
-        let mut starts = vec![0usize; n_shards + 1];
-        for (row, fp) in fps.iter().enumerate() {
-            if valid(row) {
-                starts[shard_of(*fp, self.shard_bits) + 1] += 1;
-            }
-        }
-        for k in 0..n_shards {
-            starts[k + 1] += starts[k];
-        }
-        let mut order = vec![0u32; starts[n_shards]];
-        let mut cursor = starts.clone();
-        for (row, fp) in fps.iter().enumerate() {
-            if valid(row) {
-                let k = shard_of(*fp, self.shard_bits);
-                order[cursor[k]] = row as u32;
-                cursor[k] += 1;
-            }
-        }
-        for k in 0..n_shards {
-            if starts[k + 1] > starts[k] && self.shards[k].is_none() {
-                return Err(self.not_loaded(k));
-            }
-        }
-        let next_shard = AtomicUsize::new(0);
-        let hit_lists: Vec<Vec<u32>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..self.threads.min(n_shards))
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut hits = Vec::new();
-                        loop {
-                            let k = next_shard.fetch_add(1, Ordering::Relaxed);
-                            if k >= n_shards {
-                                break hits;
-                            }
-                            let Some(shard) = self.shards[k].as_ref() else {
-                                continue;
-                            };
-                            for &row in &order[starts[k]..starts[k + 1]] {
-                                if shard.contains(self.local(fps[row as usize])) {
-                                    hits.push(row);
-                                }
-                            }
+        const BLOCK: usize = 4096;
+        let workers = self.threads.min(self.shards.len()).max(1);
+        let bitmap_len = fps.len().div_ceil(8);
+        let bitmaps: Vec<Result<Vec<u8>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|worker| {
+                    scope.spawn(move || -> Result<Vec<u8>> {
+                        let mut bits = vec![0u8; bitmap_len];
+                        let mut rows = Vec::with_capacity(BLOCK);
+                        for block in (0..fps.len()).step_by(BLOCK) {
+                            rows.clear();
+                            rows.extend((block..(block + BLOCK).min(fps.len())).filter(|&row| {
+                                shard_of(fps[row], self.shard_bits) % workers == worker
+                                    && valid(row)
+                            }));
+                            self.probe_pipelined(fps, rows.len(), |j| rows[j], &|_| true, |row| {
+                                arrow::util::bit_util::set_bit(&mut bits, row)
+                            })?;
                         }
+                        Ok(bits)
                     })
                 })
                 .collect();
-            workers
+            handles
                 .into_iter()
-                .map(|w| w.join().expect("probe worker panicked"))
+                .map(|h| h.join().expect("probe worker panicked"))
                 .collect()
         });
-        let mut bits = MutableBuffer::from_len_zeroed(fps.len().div_ceil(8));
-        let slice = bits.as_slice_mut();
-        for row in hit_lists.iter().flatten() {
-            arrow::util::bit_util::set_bit(slice, *row as usize);
+        let mut merged = MutableBuffer::from_len_zeroed(bitmap_len);
+        for bits in bitmaps {
+            for (m, b) in merged.as_slice_mut().iter_mut().zip(bits?) {
+                *m |= b;
+            }
         }
-        Ok(BooleanBuffer::new(bits.into(), 0, fps.len()))
+        Ok(BooleanBuffer::new(merged.into(), 0, fps.len()))
     }
 
     fn id_column_of(&self, batch: &RecordBatch) -> Result<ArrayRef> {

@@ -673,7 +673,21 @@ impl CheckpointLoader {
                 index.shards[k] = table.into_inner().expect("lock");
             }
         }
+        release_freed_memory();
         Ok(index)
+    }
+}
+
+/// Hand memory freed by a bulk load back to the OS. Loading frees about as much as the index
+/// keeps (per-shard fingerprint vectors, decoded batches); glibc keeps freed blocks below its
+/// (adaptive) mmap threshold in its arenas, where they would stay resident for the life of
+/// the process. One `malloc_trim` after the load returns them.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas and releases free pages; it takes no
+    // pointers from us and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

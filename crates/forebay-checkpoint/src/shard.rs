@@ -1,15 +1,17 @@
 //! One shard of a checkpoint index: a compact, bucketed table of fingerprints.
 //!
-//! # Layout (12 bytes per id plus ≤ 1 byte of directory)
+//! # Layout (10 bytes per id in shards of 2^18+ ids, else 12, plus ≤ 1 byte of directory)
 //!
 //! Within shard `k` of `2^s`, an id's *local fingerprint* is the low `100 - s` bits of its
 //! fingerprint (the top `s` bits are `k` and need not be stored). Its top `b` bits pick one of
-//! `2^b` buckets; the remaining `r = 100 - s - b ≤ 96` bits, the *remainder*, are stored as a
-//! `u64` (high part) and a `u32` (low part) in two parallel arrays, grouped by bucket and
-//! sorted within it. `dir[i]..dir[i + 1]` is bucket `i`'s range. `b` is chosen so that buckets
-//! hold 4 to 8 ids on average, so a probe reads one directory entry and one cache line of
-//! remainders. Because the bucket bits are implied by position, the full local fingerprint
-//! can be rebuilt from the table at any time; a rebuild with more ids picks a larger `b`.
+//! `2^b` buckets; the remaining `r = 100 - s - b ≤ 96` bits, the *remainder*, are stored in
+//! two parallel arrays: the top 64 bits in a `u64`, the rest (the *tail*) in a `u16` when
+//! `r ≤ 80` (any shard of 2^18 ids or more) or a `u32` otherwise. Entries are grouped by
+//! bucket and sorted within it; `dir[i]..dir[i + 1]` is bucket `i`'s range. `b` is chosen so
+//! that buckets hold 4 to 8 ids on average, so a probe reads one directory entry and one
+//! cache line of each array. Because the bucket bits are implied by position, the full local
+//! fingerprint can be rebuilt from the table at any time; a rebuild with more ids picks a
+//! larger `b`.
 //!
 //! # Inserts
 //!
@@ -35,6 +37,23 @@ pub const MAX_IDS_PER_SHARD: u64 = u32::MAX as u64 - 1;
 /// Delta sets smaller than this never trigger a rebuild on their own.
 const DELTA_MIN_REBUILD: usize = 1 << 16;
 
+/// Ask the CPU to start loading the cache line holding `value`. A probe touches two or
+/// three random cache lines of a table far larger than the caches; issuing those loads a few
+/// probes ahead overlaps their latency instead of paying it one after another.
+#[inline(always)]
+fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and has no visible effect on memory;
+    // the pointer comes from a live reference anyway.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (value as *const T).cast::<i8>(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 /// Local fingerprints are uniformly random bits: their low 64 bits are a perfect hash.
 #[derive(Default)]
 pub(crate) struct FingerprintHasher(u64);
@@ -54,6 +73,62 @@ impl Hasher for FingerprintHasher {
     }
 }
 
+/// The low bits of the remainders: 16 bits when they fit (big shards), else 32.
+enum Tails {
+    Narrow(Vec<u16>),
+    Wide(Vec<u32>),
+}
+
+impl Tails {
+    fn with_capacity(tail_bits: u32, n: usize) -> Tails {
+        if tail_bits <= 16 {
+            Tails::Narrow(Vec::with_capacity(n))
+        } else {
+            Tails::Wide(Vec::with_capacity(n))
+        }
+    }
+    /// Append the low bits of `rem` (the caller stores the high bits).
+    fn push(&mut self, rem: u128) {
+        match self {
+            Tails::Narrow(v) => v.push(rem as u16),
+            Tails::Wide(v) => v.push(rem as u32),
+        }
+    }
+    #[inline]
+    fn matches(&self, i: usize, rem: u128) -> bool {
+        match self {
+            Tails::Narrow(v) => v[i] == rem as u16,
+            Tails::Wide(v) => v[i] == rem as u32,
+        }
+    }
+    #[inline]
+    fn get(&self, i: usize) -> u128 {
+        match self {
+            Tails::Narrow(v) => v[i] as u128,
+            Tails::Wide(v) => v[i] as u128,
+        }
+    }
+    #[inline]
+    fn prefetch(&self, i: usize) {
+        match self {
+            Tails::Narrow(v) => v.get(i).map(prefetch),
+            Tails::Wide(v) => v.get(i).map(prefetch),
+        };
+    }
+    fn shrink_to_fit(&mut self) {
+        match self {
+            Tails::Narrow(v) => v.shrink_to_fit(),
+            Tails::Wide(v) => v.shrink_to_fit(),
+        }
+    }
+    fn capacity_bytes(&self) -> usize {
+        match self {
+            Tails::Narrow(v) => v.capacity() * 2,
+            Tails::Wide(v) => v.capacity() * 4,
+        }
+    }
+}
+
 type DeltaSet = HashSet<u128, BuildHasherDefault<FingerprintHasher>>;
 
 /// A shard's fingerprints: bucketed static table plus recent inserts.
@@ -65,7 +140,10 @@ pub(crate) struct ShardTable {
     /// Bucket `i` is `dir[i]..dir[i+1]` in the remainder arrays (`2^b + 1` entries).
     dir: Vec<u32>,
     rem_hi: Vec<u64>,
-    rem_lo: Vec<u32>,
+    /// Low `tail_bits` bits of each remainder (the rest is in `rem_hi`).
+    tails: Tails,
+    /// `max(remainder bits - 64, 0)`: 16 or fewer in any shard of 2^18 ids or more.
+    tail_bits: u32,
     /// Local fingerprints inserted since the last rebuild, none of them in the table.
     delta: DeltaSet,
 }
@@ -105,52 +183,68 @@ impl ShardTable {
         let rem_mask = (1u128 << rem_bits) - 1;
         let buckets = 1usize << bucket_bits;
 
-        // Counting sort by bucket: count, prefix-sum, scatter the remainders.
+        // In-place counting sort by bucket (American flag sort): count, prefix-sum, then
+        // cycle every value into its bucket's next free slot. No second buffer.
+        let bucket_of = |f: u128| (f >> rem_bits) as usize;
+        let mut fps = fps;
         let mut starts = vec![0u32; buckets + 1];
         for f in &fps {
-            starts[(f >> rem_bits) as usize + 1] += 1;
+            starts[bucket_of(*f) + 1] += 1;
         }
         for i in 0..buckets {
             starts[i + 1] += starts[i];
         }
-        let mut cursor = starts.clone();
-        let mut scattered = vec![0u128; fps.len()];
-        for f in fps {
-            let bucket = (f >> rem_bits) as usize;
-            scattered[cursor[bucket] as usize] = f & rem_mask;
-            cursor[bucket] += 1;
+        let mut next: Vec<u32> = starts[..buckets].to_vec();
+        for bucket in 0..buckets {
+            let end = starts[bucket + 1];
+            while next[bucket] < end {
+                let mut value = fps[next[bucket] as usize];
+                loop {
+                    let home = bucket_of(value);
+                    if home == bucket {
+                        break;
+                    }
+                    std::mem::swap(&mut value, &mut fps[next[home] as usize]);
+                    next[home] += 1;
+                }
+                fps[next[bucket] as usize] = value;
+                next[bucket] += 1;
+            }
         }
-        drop(cursor);
+        drop(next);
 
-        // Sort each bucket, drop duplicates, split into the two remainder arrays.
-        let mut rem_hi = Vec::with_capacity(scattered.len());
-        let mut rem_lo = Vec::with_capacity(scattered.len());
+        // Sort each bucket, drop duplicates, split remainders into the two arrays.
+        let mut rem_hi = Vec::with_capacity(fps.len());
+        let tail_bits = rem_bits.saturating_sub(64);
+        let mut tails = Tails::with_capacity(tail_bits, fps.len());
         let mut dir = starts;
         let mut start = 0usize;
         for i in 0..buckets {
             let end = dir[i + 1] as usize;
-            let bucket = &mut scattered[start..end];
+            let bucket = &mut fps[start..end];
             bucket.sort_unstable();
             let mut last = None;
-            for &rem in bucket.iter() {
+            for &f in bucket.iter() {
+                let rem = f & rem_mask;
                 if last != Some(rem) {
-                    rem_hi.push((rem >> 32) as u64);
-                    rem_lo.push(rem as u32);
+                    rem_hi.push((rem >> tail_bits) as u64);
+                    tails.push(rem);
                     last = Some(rem);
                 }
             }
             start = end;
             dir[i + 1] = rem_hi.len() as u32;
         }
-        drop(scattered);
+        drop(fps);
         rem_hi.shrink_to_fit();
-        rem_lo.shrink_to_fit();
+        tails.shrink_to_fit();
         Ok(ShardTable {
             local_bits,
             bucket_bits,
             dir,
             rem_hi,
-            rem_lo,
+            tails,
+            tail_bits,
             delta: DeltaSet::default(),
         })
     }
@@ -160,7 +254,7 @@ impl ShardTable {
         let rem_bits = self.local_bits - self.bucket_bits;
         let bucket = (local >> rem_bits) as usize;
         let rem = local & ((1u128 << rem_bits) - 1);
-        let (hi, lo) = ((rem >> 32) as u64, rem as u32);
+        let hi = (rem >> self.tail_bits) as u64;
         let (start, end) = (self.dir[bucket] as usize, self.dir[bucket + 1] as usize);
         for i in start..end {
             let h = self.rem_hi[i];
@@ -168,12 +262,35 @@ impl ShardTable {
                 if h > hi {
                     return false;
                 }
-                if self.rem_lo[i] == lo {
+                if self.tails.matches(i, rem) {
                     return true;
                 }
             }
         }
         false
+    }
+
+    /// The bucket of a local fingerprint (index into `dir`).
+    #[inline]
+    pub(crate) fn bucket_of(&self, local: u128) -> usize {
+        (local >> (self.local_bits - self.bucket_bits)) as usize
+    }
+
+    /// Hint the CPU to fetch the directory entry a probe of `local` will read first.
+    #[inline]
+    pub(crate) fn prefetch_directory(&self, local: u128) {
+        prefetch(&self.dir[self.bucket_of(local)]);
+    }
+
+    /// Hint the CPU to fetch the remainders a probe of `local` will scan. Reads the
+    /// directory, so call it after [`ShardTable::prefetch_directory`] had time to land.
+    #[inline]
+    pub(crate) fn prefetch_bucket(&self, local: u128) {
+        let start = self.dir[self.bucket_of(local)] as usize;
+        if let Some(hi) = self.rem_hi.get(start) {
+            prefetch(hi);
+            self.tails.prefetch(start);
+        }
     }
 
     /// Whether the shard holds this local fingerprint.
@@ -210,8 +327,8 @@ impl ShardTable {
             let range = self.dir[bucket] as usize..self.dir[bucket + 1] as usize;
             range.map(move |i| {
                 ((bucket as u128) << rem_bits)
-                    | ((self.rem_hi[i] as u128) << 32)
-                    | self.rem_lo[i] as u128
+                    | ((self.rem_hi[i] as u128) << self.tail_bits)
+                    | self.tails.get(i)
             })
         })
     }
@@ -230,7 +347,7 @@ impl ShardTable {
     pub(crate) fn memory_bytes(&self) -> usize {
         self.dir.capacity() * 4
             + self.rem_hi.capacity() * 8
-            + self.rem_lo.capacity() * 4
+            + self.tails.capacity_bytes()
             // hashbrown: one 16-byte slot and one control byte per bucket.
             + self.delta.capacity() * 17
     }
@@ -273,6 +390,26 @@ mod tests {
         assert_eq!(back, want);
         // Rebuilt with a bigger directory after growing 200x.
         assert!(table.bucket_bits >= 15, "bucket bits {}", table.bucket_bits);
+    }
+
+    #[test]
+    fn big_shards_use_narrow_tails_losslessly() {
+        let mut seed = 7;
+        let ids: Vec<u128> = (0..600_000).map(|_| random(&mut seed)).collect();
+        let table = ShardTable::build(ids.clone(), 4, 0).unwrap();
+        assert!(matches!(table.tails, Tails::Narrow(_)), "tail bits {}", table.tail_bits);
+        assert!(ids.iter().all(|id| table.contains(*id)));
+        let mut absent_hits = 0;
+        for _ in 0..100_000 {
+            absent_hits += table.contains(random(&mut seed)) as usize;
+        }
+        assert_eq!(absent_hits, 0);
+        let mut back: Vec<u128> = table.fingerprints().collect();
+        back.sort_unstable();
+        let mut want = ids;
+        want.sort_unstable();
+        assert_eq!(back, want);
+        assert!(table.memory_bytes() < 600_000 * 11, "{}", table.memory_bytes());
     }
 
     #[test]

@@ -1,0 +1,72 @@
+"""Memory probes shared by the peer benchmarks (DESIGN.md: system-wide used memory rise,
+sampled, so helper processes count; plus the process's own max RSS)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+def used_memory() -> int:
+    """System-wide used memory in bytes: MemTotal - MemAvailable."""
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":")
+            info[k] = int(v.split()[0]) * 1024
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def _status_kb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return float("nan")
+
+
+def peak_rss_mb() -> float:
+    # VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child would report its parent's peak.
+    return _status_kb("VmHWM") / 1024
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's VmHWM to its current RSS (Linux: write 5 to clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_bytes() -> int:
+    return int(_status_kb("VmHWM") * 1024)
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    return int(_status_kb("VmRSS") * 1024)
+
+
+class SystemMemorySampler:
+    """Samples system used memory every 10 ms between start() and stop(); reports the rise."""
+
+    def __init__(self):
+        self.baseline = used_memory()
+        self.peak = self.baseline
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._done.is_set():
+            self.peak = max(self.peak, used_memory())
+            time.sleep(0.01)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+    @property
+    def rise_mb(self) -> float:
+        return (self.peak - self.baseline) / 1e6
