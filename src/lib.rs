@@ -1,2 +1,3 @@
 pub use forebay_checkpoint as checkpoint;
 pub use forebay_parquet as parquet;
+pub use forebay_spill as spill;

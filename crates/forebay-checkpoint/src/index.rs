@@ -20,7 +20,7 @@ pub const DEFAULT_NUM_SHARDS: usize = 16;
 /// Largest shard count (2^16).
 pub const MAX_NUM_SHARDS: usize = 1 << 16;
 /// Below this many rows a probe runs on the caller's thread: spawning workers costs more.
-const PARALLEL_MIN_ROWS: usize = 1 << 16;
+const PARALLEL_MIN_ROWS: usize = 8 * 1024;
 
 /// The number of worker threads used for parallel probes, loads and builds.
 pub(crate) fn default_threads() -> usize {
