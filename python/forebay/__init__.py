@@ -17,10 +17,12 @@ import pyarrow as pa
 
 from . import _forebay
 from ._checkpoint import CheckpointFilter
+from ._spill import SpillArea
 from ._filters import normalize_filter
 from ._forebay import (
     CheckpointError,
     ColumnNotFoundError,
+    SpillError,
     CorruptFileError,
     DatasetNotFoundError,
     ForebayError,
@@ -45,6 +47,8 @@ __all__ = [
     "StorageError",
     "CheckpointFilter",
     "CheckpointError",
+    "SpillArea",
+    "SpillError",
 ]
 
 

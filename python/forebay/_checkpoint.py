@@ -99,12 +99,19 @@ class CheckpointFilter:
             )
         return self._inner.contains(_arrays(ids)[0])
 
-    def filter(self, data: "pa.Table | pa.RecordBatch") -> "pa.Table | pa.RecordBatch":
+    def filter(self, data):
         """``data`` without the rows whose id (column :attr:`id_column`) is in the index.
 
-        The schema is unchanged; rows with a null id are kept. When no row is removed the
-        input object itself is returned (no copy). A Table's batches are filtered in parallel.
+        ``data`` is a ``pyarrow.RecordBatch`` or ``Table`` (same type back), or a
+        :class:`forebay.Dataset`: then an iterator of ``RecordBatch`` in scan order, read and
+        filtered on several threads while you consume it. The schema is unchanged; rows with
+        a null id are kept. When no row of a batch or table is removed, that input object
+        itself is returned (no copy). A Table's batches are filtered in parallel.
         """
+        from . import Dataset
+
+        if isinstance(data, Dataset):
+            return self._inner.filter_scan(data._inner)
         if isinstance(data, pa.RecordBatch):
             out = self._inner.filter_batch(data)
             return data if out is None else out

@@ -9,7 +9,10 @@ use arrow::array::{make_array, Array, ArrayData, RecordBatch};
 use arrow::datatypes::DataType;
 use arrow::ffi_stream::FFI_ArrowArrayStream;
 use arrow_pyarrow::{FromPyArrow, ToPyArrow};
-use forebay_checkpoint::{CheckpointError as RsCheckpointError, CheckpointIndex};
+use forebay_checkpoint::{
+    filter_in_parallel, CheckpointError as RsCheckpointError, CheckpointIndex, FilteredBatches,
+    SharedCheckpointIndex,
+};
 use forebay_parquet::{
     CompareOp, DatasetSource, ErrorKind, Literal, ParquetDataset, ParquetError as RsParquetError,
     Predicate, ProvenancedBatch, RecordBatchIter, ScanStream,
@@ -74,6 +77,17 @@ create_exception!(
     ForebayError,
     "Loading, probing or writing a checkpoint failed."
 );
+
+create_exception!(
+    _forebay,
+    SpillError,
+    ForebayError,
+    "Writing or restoring spilled objects failed (I/O error, corruption, truncation)."
+);
+
+fn spill_err(err: forebay_spill::SpillError) -> PyErr {
+    SpillError::new_err(err.to_string())
+}
 
 fn checkpoint_err(err: RsCheckpointError) -> PyErr {
     CheckpointError::new_err(err.to_string())
@@ -379,7 +393,7 @@ impl RsBatchIter {
 /// lock, so many Python threads can filter at once; inserts and writes take the write lock.
 #[pyclass(module = "forebay._forebay", frozen)]
 struct RsCheckpointIndex {
-    index: std::sync::RwLock<CheckpointIndex>,
+    index: SharedCheckpointIndex,
 }
 
 fn array_from_py(obj: &Bound<'_, PyAny>) -> PyResult<arrow::array::ArrayRef> {
@@ -416,7 +430,7 @@ impl RsCheckpointIndex {
             index = index.with_threads(n);
         }
         Ok(RsCheckpointIndex {
-            index: std::sync::RwLock::new(index),
+            index: std::sync::Arc::new(std::sync::RwLock::new(index)),
         })
     }
 
@@ -444,7 +458,7 @@ impl RsCheckpointIndex {
         }
         let index = detached_py(py, move || loader.load().map_err(checkpoint_err))?;
         Ok(RsCheckpointIndex {
-            index: std::sync::RwLock::new(index),
+            index: std::sync::Arc::new(std::sync::RwLock::new(index)),
         })
     }
 
@@ -480,6 +494,23 @@ impl RsCheckpointIndex {
                 .map_err(checkpoint_err)
         })?;
         out.map(|b| b.to_pyarrow(py)).transpose()
+    }
+
+    /// Filter a dataset's scan on several threads, in scan order.
+    #[pyo3(signature = (dataset, num_threads=None))]
+    fn filter_scan(&self, dataset: &RsDataset, num_threads: Option<usize>) -> PyResult<RsFilteredIter> {
+        let threads = match num_threads {
+            Some(n) => n,
+            None => self.read()?.threads(),
+        };
+        let input = dataset.dataset.scan().map(|item| item.map(|b| b.batch));
+        Ok(RsFilteredIter {
+            batches: std::sync::Mutex::new(Some(filter_in_parallel(
+                self.index.clone(),
+                input,
+                threads,
+            ))),
+        })
     }
 
     /// Filter many batches in parallel; None for each batch left unchanged.
@@ -574,6 +605,202 @@ impl RsCheckpointIndex {
     }
 }
 
+/// Batches of a scan with checkpointed rows removed (the Rust half of
+/// `CheckpointFilter.filter(dataset)`).
+#[pyclass(module = "forebay._forebay")]
+struct RsFilteredIter {
+    batches: std::sync::Mutex<Option<FilteredBatches>>,
+}
+
+#[pymethods]
+impl RsFilteredIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let next = detached_py(py, || {
+            let mut guard = self
+                .batches
+                .lock()
+                .map_err(|_| CheckpointError::new_err("filter state poisoned"))?;
+            let Some(batches) = guard.as_mut() else {
+                return Ok(None);
+            };
+            match batches.next() {
+                None => {
+                    *guard = None;
+                    Ok(None)
+                }
+                Some(r) => r.map(Some).map_err(checkpoint_err),
+            }
+        })?;
+        next.map(|b| b.to_pyarrow(py)).transpose()
+    }
+
+    fn close(&self) {
+        if let Ok(mut guard) = self.batches.lock() {
+            *guard = None;
+        }
+    }
+}
+
+/// Spill directories and their I/O threads (the Rust half of `forebay.SpillArea`).
+/// Python hands buffers over as bytes-like objects, copied once into Rust at this boundary;
+/// the spill path itself copies nothing (see forebay-spill's tests).
+#[pyclass(module = "forebay._forebay", frozen)]
+struct RsSpillArea {
+    area: forebay_spill::SpillArea,
+}
+
+/// Where one spilled object lives; `free()` (or garbage collection) releases it.
+#[pyclass(module = "forebay._forebay", frozen)]
+struct RsSpillLocation {
+    location: std::sync::Mutex<Option<forebay_spill::SpillLocation>>,
+}
+
+impl RsSpillLocation {
+    fn get(&self) -> PyResult<forebay_spill::SpillLocation> {
+        self.location
+            .lock()
+            .map_err(|_| SpillError::new_err("location poisoned"))?
+            .clone()
+            .ok_or_else(|| SpillError::new_err("spilled object was already freed"))
+    }
+}
+
+#[pymethods]
+impl RsSpillLocation {
+    fn path(&self) -> PyResult<String> {
+        Ok(self.get()?.path().display().to_string())
+    }
+    fn offset(&self) -> PyResult<u64> {
+        Ok(self.get()?.offset())
+    }
+    fn object_id(&self) -> PyResult<u64> {
+        Ok(self.get()?.object_id())
+    }
+    fn buffer_lens(&self) -> PyResult<Vec<u64>> {
+        Ok(self.get()?.buffer_lens().to_vec())
+    }
+    fn free(&self) {
+        if let Ok(mut guard) = self.location.lock() {
+            *guard = None;
+        }
+    }
+}
+
+#[pymethods]
+impl RsSpillArea {
+    #[new]
+    #[pyo3(signature = (directories, sync, io_threads, queue_depth, most_free_space))]
+    fn new(
+        directories: Vec<String>,
+        sync: &str,
+        io_threads: usize,
+        queue_depth: usize,
+        most_free_space: bool,
+    ) -> PyResult<Self> {
+        use forebay_spill::{DirectoryChoice, SpillConfig, SyncPolicy};
+        let sync = match sync {
+            "none" => SyncPolicy::None,
+            "file" => SyncPolicy::PerFile,
+            "object" => SyncPolicy::PerObject,
+            other => {
+                return Err(SpillError::new_err(format!(
+                    "sync must be 'none', 'file' or 'object', not {other:?}"
+                )))
+            }
+        };
+        let config = SpillConfig::new(directories)
+            .with_sync(sync)
+            .with_io_threads(io_threads)
+            .with_queue_depth(queue_depth)
+            .with_directory_choice(if most_free_space {
+                DirectoryChoice::MostFreeSpace
+            } else {
+                DirectoryChoice::RoundRobin
+            });
+        Ok(RsSpillArea {
+            area: forebay_spill::SpillArea::open(config).map_err(spill_err)?,
+        })
+    }
+
+    /// Spill one round: `objects` is a list of `(id, [bytes-like, ...])`.
+    fn spill(
+        &self,
+        py: Python<'_>,
+        objects: Vec<(u64, Vec<Vec<u8>>)>,
+    ) -> PyResult<Vec<RsSpillLocation>> {
+        let objects = objects
+            .into_iter()
+            .map(|(id, buffers)| forebay_spill::SpillObject {
+                id,
+                buffers: buffers.into_iter().map(bytes::Bytes::from).collect(),
+            })
+            .collect();
+        let locations = detached_py(py, || self.area.spill(objects).map_err(spill_err))?;
+        Ok(locations
+            .into_iter()
+            .map(|l| RsSpillLocation {
+                location: std::sync::Mutex::new(Some(l)),
+            })
+            .collect())
+    }
+
+    /// Restore with preadv into fresh buffers; returns a list of `bytes`.
+    fn restore<'py>(
+        &self,
+        py: Python<'py>,
+        location: &RsSpillLocation,
+    ) -> PyResult<Vec<Bound<'py, pyo3::types::PyBytes>>> {
+        let loc = location.get()?;
+        let buffers = detached_py(py, || self.area.restore(&loc).map_err(spill_err))?;
+        Ok(buffers
+            .iter()
+            .map(|b| pyo3::types::PyBytes::new(py, b))
+            .collect())
+    }
+
+    /// Map read-only and verify; returns each buffer as a pyarrow UInt8Array over the mapping.
+    fn restore_mapped<'py>(
+        &self,
+        py: Python<'py>,
+        location: &RsSpillLocation,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let loc = location.get()?;
+        let mapped = detached_py(py, || self.area.map(&loc).map_err(spill_err))?;
+        mapped
+            .buffers()
+            .into_iter()
+            .map(|b| {
+                let len = b.len();
+                let buffer = arrow::buffer::Buffer::from(b);
+                let array = arrow::array::UInt8Array::new(
+                    arrow::buffer::ScalarBuffer::new(buffer, 0, len),
+                    None,
+                );
+                array.to_data().to_pyarrow(py)
+            })
+            .collect()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.area.stats();
+        let d = PyDict::new(py);
+        d.set_item("rounds", s.rounds)?;
+        d.set_item("failed_rounds", s.failed_rounds)?;
+        d.set_item("objects_spilled", s.objects_spilled)?;
+        d.set_item("bytes_spilled", s.bytes_spilled)?;
+        d.set_item("files_created", s.files_created)?;
+        d.set_item("files_deleted", s.files_deleted)?;
+        d.set_item("stale_files_removed", s.stale_files_removed)?;
+        d.set_item("objects_restored", s.objects_restored)?;
+        d.set_item("bytes_restored", s.bytes_restored)?;
+        Ok(d)
+    }
+}
+
 /// Store bytes under a `memory://` URI (the process-wide in-memory object store).
 #[pyfunction]
 fn memory_put(py: Python<'_>, uri: String, data: Vec<u8>) -> PyResult<()> {
@@ -588,6 +815,9 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RsDataset>()?;
     m.add_class::<RsBatchIter>()?;
     m.add_class::<RsCheckpointIndex>()?;
+    m.add_class::<RsFilteredIter>()?;
+    m.add_class::<RsSpillArea>()?;
+    m.add_class::<RsSpillLocation>()?;
     m.add_function(wrap_pyfunction!(memory_put, m)?)?;
     m.add("ForebayError", py.get_type::<ForebayError>())?;
     m.add("ParquetError", py.get_type::<ParquetError>())?;
@@ -601,6 +831,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SchemaMismatchError", py.get_type::<SchemaMismatchError>())?;
     m.add("StorageError", py.get_type::<StorageError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
+    m.add("SpillError", py.get_type::<SpillError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -252,3 +252,23 @@ def test_s3_write_and_load(s3_endpoint):
     assert len(back) == 500 and back.num_shards == 16
     part = forebay.CheckpointFilter.load("s3://ckpt/forebay", "id", shards=[3], storage_options=options)
     assert len(part) == sum(1 for i in range(500) if reference_shard(f"run-{i}", 16) == 3)
+
+
+def test_filter_dataset_streams_in_order_on_threads(tmp_path):
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for k in range(30):
+        ids = [f"{k}-{i}" for i in range(1000)]
+        pq.write_table(pa.table({"id": ids, "n": list(range(k * 1000, (k + 1) * 1000))}),
+                       inputs / f"part-{k:02d}.parquet")
+    ckpt = forebay.CheckpointFilter("string")
+    ckpt.insert(pa.array([f"{k}-{i}" for k in range(30) for i in range(1000) if (k + i) % 3 == 0]))
+    out = list(ckpt.filter(forebay.read_parquet(str(inputs))))
+    kept = [n for b in out for n in b.column("n").to_pylist()]
+    expected = [k * 1000 + i for k in range(30) for i in range(1000) if (k + i) % 3 != 0]
+    assert kept == expected, "filtered in parallel, delivered in scan order"
+    assert all(b.schema.names == ["id", "n"] for b in out)
+    # A read error mid-stream surfaces as CheckpointError naming the file.
+    (inputs / "part-99.parquet").write_bytes(b"PAR1garbagePAR1")
+    with pytest.raises(forebay.ForebayError, match="part-99"):
+        list(ckpt.filter(forebay.read_parquet(str(inputs))))

@@ -84,6 +84,10 @@ pub enum CheckpointError {
     #[error("shard {shard} would hold {ids} ids, more than {max} per shard; use more shards (num_shards)")]
     ShardTooLarge { shard: usize, ids: u64, max: u64 },
 
+    /// The input stream being filtered failed (its message names the file).
+    #[error("input to filter: {0}")]
+    Input(String),
+
     /// A configuration value is not usable.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -1,7 +1,6 @@
 //! [`CheckpointIndex`]: the set of finished ids, split into hash shards.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow::buffer::{BooleanBuffer, MutableBuffer};
@@ -20,7 +19,7 @@ pub const DEFAULT_NUM_SHARDS: usize = 16;
 /// Largest shard count (2^16).
 pub const MAX_NUM_SHARDS: usize = 1 << 16;
 /// Below this many rows a probe runs on the caller's thread: spawning workers costs more.
-const PARALLEL_MIN_ROWS: usize = 8 * 1024;
+const PARALLEL_MIN_ROWS: usize = 1 << 16;
 
 /// The number of worker threads used for parallel probes, loads and builds.
 pub(crate) fn default_threads() -> usize {
@@ -105,6 +104,11 @@ impl CheckpointIndex {
     pub fn with_threads(mut self, threads: usize) -> Self {
         self.threads = threads.max(1);
         self
+    }
+
+    /// Worker threads used for large probes and parallel filters.
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// Number of shards (a power of two).
@@ -488,6 +492,3 @@ impl CheckpointIndex {
         self.pending = pending;
     }
 }
-
-/// Shared handle for embedding: probes take `&self`, so one index can serve many threads.
-pub type SharedCheckpointIndex = Arc<CheckpointIndex>;

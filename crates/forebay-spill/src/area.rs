@@ -662,12 +662,17 @@ impl Shared {
             .open(path)
             .map_err(io_error(path, "create spill file"))?;
         // Headers and length tables are the only bytes we produce; buffers go out as given.
-        let mut headers = Vec::with_capacity(objects.len());
+        // The payload checksums are computed on a helper thread *while* the payloads are
+        // written (headers go out first with a placeholder checksum and are rewritten in
+        // place afterwards), so checksumming costs no time on the write path. A crash before
+        // the rewrite leaves a placeholder that fails verification: never silent bad data.
         let mut tables = Vec::with_capacity(objects.len());
         let mut lens: Vec<Arc<[u64]>> = Vec::with_capacity(objects.len());
+        let mut headers = Vec::with_capacity(objects.len());
+        let mut offsets = Vec::with_capacity(objects.len());
+        let mut offset = 0u64;
         for object in objects {
             let buffer_lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
-            let table = length_table(&buffer_lens);
             let header = Header {
                 buffer_count: u32::try_from(object.buffers.len()).map_err(|_| {
                     SpillError::InvalidArgument(format!(
@@ -677,16 +682,19 @@ impl Shared {
                     ))
                 })?,
                 payload_len: buffer_lens.iter().sum(),
-                checksum: payload_checksum(&table, object.buffers.iter().map(|b| &b[..])),
+                checksum: 0, // placeholder, see above
                 object_id: object.id,
             };
-            headers.push(header.encode());
-            tables.push(table);
+            offsets.push(offset);
+            offset += object_len(&buffer_lens);
+            headers.push(header);
+            tables.push(length_table(&buffer_lens));
             lens.push(buffer_lens.into());
         }
+        let placeholders: Vec<[u8; HEADER_LEN]> = headers.iter().map(Header::encode).collect();
         let slices_of = |i: usize| -> Vec<IoSlice<'_>> {
             let mut s = Vec::with_capacity(3 + 2 * objects[i].buffers.len());
-            s.push(IoSlice::new(&headers[i]));
+            s.push(IoSlice::new(&placeholders[i]));
             s.push(IoSlice::new(&tables[i]));
             s.push(IoSlice::new(&ZEROS[..padding((HEADER_LEN + tables[i].len()) as u64)]));
             for b in &objects[i].buffers {
@@ -695,18 +703,38 @@ impl Shared {
             }
             s
         };
+        let checksum_of = |i: usize| payload_checksum(&tables[i], objects[i].buffers.iter().map(|b| &b[..]));
+        let finish_headers = |file: &File, range: Range<usize>, sums: Vec<u64>| -> Result<()> {
+            for (i, sum) in range.zip(sums) {
+                let header = Header {
+                    checksum: sum,
+                    ..headers[i].clone()
+                };
+                file.write_all_at(&header.encode(), offsets[i])
+                    .map_err(io_error(path, "write spill file"))?;
+            }
+            Ok(())
+        };
+        let write_overlapped = |file: &mut File, range: Range<usize>| -> Result<()> {
+            std::thread::scope(|scope| {
+                let to_sum = range.clone();
+                let sums = scope.spawn(move || to_sum.map(checksum_of).collect::<Vec<u64>>());
+                let mut slices: Vec<IoSlice<'_>> = range.clone().flat_map(slices_of).collect();
+                let written = write_all_vectored(file, &mut slices);
+                let sums = sums.join().expect("checksum thread panicked");
+                written.map_err(io_error(path, "write spill file"))?;
+                finish_headers(file, range, sums)
+            })
+        };
         match self.sync {
             SyncPolicy::PerObject => {
                 for i in 0..objects.len() {
-                    write_all_vectored(&mut file, &mut slices_of(i))
-                        .map_err(io_error(path, "write spill file"))?;
+                    write_overlapped(&mut file, i..i + 1)?;
                     file.sync_data().map_err(io_error(path, "fdatasync spill file"))?;
                 }
             }
             SyncPolicy::None | SyncPolicy::PerFile => {
-                let mut all: Vec<IoSlice<'_>> = (0..objects.len()).flat_map(slices_of).collect();
-                write_all_vectored(&mut file, &mut all)
-                    .map_err(io_error(path, "write spill file"))?;
+                write_overlapped(&mut file, 0..objects.len())?;
                 if self.sync == SyncPolicy::PerFile {
                     file.sync_data().map_err(io_error(path, "fdatasync spill file"))?;
                 }
@@ -720,21 +748,16 @@ impl Shared {
             size,
             counters: self.counters.clone(),
         });
-        let mut offset = 0;
         Ok(objects
             .iter()
             .zip(lens)
-            .map(|(object, buffer_lens)| {
-                let len = object_len(&buffer_lens);
-                let loc = SpillLocation {
-                    file: spill_file.clone(),
-                    offset,
-                    len,
-                    object_id: object.id,
-                    buffer_lens,
-                };
-                offset += len;
-                loc
+            .zip(offsets)
+            .map(|((object, buffer_lens), offset)| SpillLocation {
+                file: spill_file.clone(),
+                offset,
+                len: object_len(&buffer_lens),
+                object_id: object.id,
+                buffer_lens,
             })
             .collect())
     }

@@ -1,0 +1,54 @@
+"""``forebay.SpillArea``: the Python face of forebay-spill, for tests and benchmarks.
+
+Spill rounds of objects (lists of bytes-like buffers) into checksummed spill files and
+restore them (copied back, or mapped read-only as pyarrow arrays over the file).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from . import _forebay
+
+
+class SpillArea:
+    """Spill directories plus a small pool of I/O threads.
+
+    ``sync`` is ``"none"`` (page cache only), ``"file"`` (fdatasync per spill file) or
+    ``"object"`` (fdatasync per object). Files left by crashed processes in the directories
+    are removed when the area opens. A spill file is deleted once all its objects are freed.
+    """
+
+    def __init__(
+        self,
+        directories: "str | Sequence[str]",
+        *,
+        sync: str = "none",
+        io_threads: int = 2,
+        queue_depth: int = 4,
+        choose_by_free_space: bool = False,
+    ):
+        if isinstance(directories, (str, bytes)) or hasattr(directories, "__fspath__"):
+            directories = [directories]
+        self._inner = _forebay.RsSpillArea(
+            [str(d) for d in directories], sync, io_threads, queue_depth, choose_by_free_space
+        )
+
+    def spill(self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None) -> list:
+        """Spill a round of objects (each a list of bytes-like buffers) into one new file.
+
+        Returns one location per object; keep it to restore, call ``.free()`` to release."""
+        objects = [[bytes(b) for b in obj] for obj in objects]
+        ids = list(ids) if ids is not None else list(range(len(objects)))
+        return self._inner.spill(list(zip(ids, objects)))
+
+    def restore(self, location) -> list:
+        """The object's buffers as ``bytes`` (read with preadv, checksum verified)."""
+        return self._inner.restore(location)
+
+    def restore_mapped(self, location) -> list:
+        """The object's buffers as pyarrow UInt8Arrays over a read-only mapping (zero copy)."""
+        return self._inner.restore_mapped(location)
+
+    def stats(self) -> dict:
+        return self._inner.stats()
