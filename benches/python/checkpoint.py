@@ -5,8 +5,8 @@ ids each (ids 0..9,999,999; the checkpoint holds the first 80 %). Ids are decima
 ("0".."9999999") or, with --ids uuid, 36-character UUID strings. Methods, each in a fresh
 subprocess (so memory is its own), alternating A B A B ... over --rounds rounds:
 
-  forebay         CheckpointFilter.load + stream the inputs with forebay.read_parquet,
-                  filtering each batch (what the engine does)
+  forebay         CheckpointFilter.load + ckpt.filter(forebay.read_parquet(inputs)): the
+                  scan streamed and filtered on all cores, in order (what the engine does)
   forebay_table   CheckpointFilter.load + read all inputs into one Table, filter it
   ray_numpy       Ray Data's method: checkpoint ids -> numpy array, np.sort; per input file
                   np.searchsorted + equality check, Table.filter
@@ -87,8 +87,8 @@ def run_forebay(data: Path, whole_table: bool) -> dict:
     if whole_table:
         kept = ckpt.filter(forebay.read_parquet(str(data / "inputs")).to_arrow()).num_rows
     else:
-        for batch in forebay.read_parquet(str(data / "inputs")):
-            kept += ckpt.filter(batch).num_rows
+        for batch in ckpt.filter(forebay.read_parquet(str(data / "inputs"))):
+            kept += batch.num_rows
     t2 = time.perf_counter()
     return {"load_s": t1 - t0, "filter_s": t2 - t1, "kept": kept, "ids": len(ckpt),
             "rss_load_bytes": after - before, "index_bytes": ckpt.memory_bytes,
