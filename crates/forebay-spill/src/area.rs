@@ -491,21 +491,28 @@ impl SpillArea {
                 },
             })?;
         drop(slices);
-        if pad_sink.iter().any(|b| *b != 0) {
-            return Err(SpillError::Corrupt {
-                path: path.to_path_buf(),
-                offset: loc.offset,
-                reason: "non-zero padding between buffers".into(),
-            });
+        let padding_clean = pad_sink.iter().all(|b| *b == 0);
+        self.verify_payload(loc, padding_clean, destinations.iter().map(|d| &**d))
+    }
+
+    /// Check a restored object's padding and payload checksum, then count the restore.
+    fn verify_payload<'a>(
+        &self,
+        loc: &SpillLocation,
+        padding_clean: bool,
+        buffers: impl Iterator<Item = &'a [u8]>,
+    ) -> Result<()> {
+        let corrupt = |reason: &str| SpillError::Corrupt {
+            path: loc.path().to_path_buf(),
+            offset: loc.offset,
+            reason: reason.into(),
+        };
+        if !padding_clean {
+            return Err(corrupt("non-zero padding between buffers"));
         }
         let table = length_table(&loc.buffer_lens);
-        let actual = payload_checksum(&table, destinations.iter().map(|d| &**d));
-        if actual != self.checksum_of(loc)? {
-            return Err(SpillError::Corrupt {
-                path: path.to_path_buf(),
-                offset: loc.offset,
-                reason: "payload checksum mismatch".into(),
-            });
+        if payload_checksum(&table, buffers) != self.checksum_of(loc)? {
+            return Err(corrupt("payload checksum mismatch"));
         }
         let c = &self.shared.counters;
         c.objects_restored.fetch_add(1, Ordering::Relaxed);
@@ -546,29 +553,11 @@ impl SpillArea {
             ranges.push(at..at + *len as usize);
             at += align_up(*len) as usize;
         }
-        let padding_dirty = ranges.iter().any(|r| {
+        let padding_clean = ranges.iter().all(|r| {
             let pad_end = r.start + align_up((r.end - r.start) as u64) as usize;
-            mapping[r.end..pad_end].iter().any(|b| *b != 0)
+            mapping[r.end..pad_end].iter().all(|b| *b == 0)
         });
-        if padding_dirty {
-            return Err(SpillError::Corrupt {
-                path: path.to_path_buf(),
-                offset: loc.offset,
-                reason: "non-zero padding between buffers".into(),
-            });
-        }
-        let table = length_table(&loc.buffer_lens);
-        let actual = payload_checksum(&table, ranges.iter().map(|r| &mapping[r.clone()]));
-        if actual != self.checksum_of(loc)? {
-            return Err(SpillError::Corrupt {
-                path: path.to_path_buf(),
-                offset: loc.offset,
-                reason: "payload checksum mismatch".into(),
-            });
-        }
-        let c = &self.shared.counters;
-        c.objects_restored.fetch_add(1, Ordering::Relaxed);
-        c.bytes_restored.fetch_add(loc.payload_len(), Ordering::Relaxed);
+        self.verify_payload(loc, padding_clean, ranges.iter().map(|r| &mapping[r.clone()]))?;
         Ok(MappedObject { mapping, ranges })
     }
 
