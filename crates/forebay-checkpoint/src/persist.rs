@@ -530,6 +530,10 @@ impl CheckpointLoader {
             })
             .with_columns([self.id_column.clone()])
             .with_batch_size(64 * 1024)
+            // One decoded row group per hashing worker in flight: long ids (UUIDs) make a
+            // row group of 1 M ids ~40 MB, and more in flight would push the load's peak
+            // memory past twice the finished index.
+            .with_prefetch(self.threads)
             .build();
             match built {
                 Ok(d) => Some(d),
