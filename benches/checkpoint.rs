@@ -56,10 +56,13 @@ fn bench_load(c: &mut Criterion) {
 
 fn bench_probe(c: &mut Criterion) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut index = CheckpointIndex::new(DataType::Utf8, "id", 16).unwrap();
-    for start in (0..IDS).step_by(1 << 20) {
-        index.insert(&numbered(start..(start + (1 << 20)).min(IDS))).unwrap();
-    }
+    // An index as a resumed job has it: loaded from the checkpoint file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.parquet");
+    write_checkpoint(&path);
+    let mut index = CheckpointIndex::loader(path.to_str().unwrap(), "id")
+        .load()
+        .unwrap();
     // Half of the probes are present, half absent.
     let probes = numbered(IDS - PROBES / 2..IDS + PROBES / 2);
     let mut group = c.benchmark_group("checkpoint_probe_8M_index");
