@@ -194,6 +194,12 @@ fn extend_with_fingerprints(ids: &dyn Array, out: &mut impl Extend<u128>) -> Opt
         DataType::Dictionary(_, _) => {
             // Hash each distinct value once, then gather by key.
             let dict = ids.as_any_dictionary();
+            if dict.values().is_empty() {
+                // No values: every key is null (or there are no rows). `normalized_keys`
+                // would panic on an empty dictionary.
+                out.extend(std::iter::repeat_n(0, ids.len()));
+                return Some(());
+            }
             let mut values = Vec::new();
             fingerprints_into(dict.values().as_ref(), &mut values)?;
             let keys = dict.normalized_keys();
@@ -232,6 +238,15 @@ mod tests {
         assert_eq!(fingerprint_bytes(b""), 0x99aa06d3014798d86001c324468d497f >> 28);
         assert_eq!(shard_of(fingerprint_bytes(b""), 4), 0x9);
         assert_eq!(shard_of(fingerprint_bytes(b"anything"), 0), 0);
+    }
+
+    #[test]
+    fn all_null_dictionary_has_no_values_and_does_not_panic() {
+        let all_null: DictionaryArray<K> = vec![None::<&str>, None].into_iter().collect();
+        assert_eq!(all_null.values().len(), 0);
+        let mut out = Vec::new();
+        fingerprints_into(&all_null, &mut out).unwrap();
+        assert_eq!(out.len(), 2);
     }
 
     #[test]

@@ -44,7 +44,7 @@ use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS
 use crate::index::{
     default_threads, id_value_type, shard_bits_for, CheckpointIndex, DEFAULT_NUM_SHARDS,
 };
-use crate::shard::{ShardTable, MAX_IDS_PER_SHARD};
+use crate::shard::ShardTable;
 
 /// Name of the manifest file at the root of a checkpoint written by forebay.
 pub const MANIFEST_FILE: &str = "_forebay_checkpoint";
@@ -650,16 +650,7 @@ impl CheckpointLoader {
                         continue;
                     }
                     let fps = std::mem::take(&mut *collected[k].lock().expect("shard lock"));
-                    if fps.len() as u64 > MAX_IDS_PER_SHARD {
-                        build_error.lock().expect("lock").get_or_insert(
-                            CheckpointError::ShardTooLarge {
-                                shard: k,
-                                ids: fps.len() as u64,
-                                max: MAX_IDS_PER_SHARD,
-                            },
-                        );
-                        continue;
-                    }
+                    // ShardTable::build refuses shards over its capacity (ShardTooLarge).
                     match ShardTable::build(fps, shard_bits, k) {
                         Ok(t) => *tables[k].lock().expect("lock") = Some(t),
                         Err(e) => {
