@@ -18,11 +18,15 @@ import pyarrow as pa
 from . import _forebay
 from ._checkpoint import CheckpointFilter
 from ._spill import SpillArea
+from ._store import ObjectRef, ObjectStore, ObjectWriter
 from ._filters import normalize_filter
 from ._forebay import (
     CheckpointError,
     ColumnNotFoundError,
     SpillError,
+    StoreError,
+    StoreFullError,
+    ObjectNotFoundError,
     CorruptFileError,
     DatasetNotFoundError,
     ForebayError,
@@ -49,6 +53,12 @@ __all__ = [
     "CheckpointError",
     "SpillArea",
     "SpillError",
+    "ObjectStore",
+    "ObjectRef",
+    "ObjectWriter",
+    "StoreError",
+    "StoreFullError",
+    "ObjectNotFoundError",
 ]
 
 

@@ -2,6 +2,8 @@
 //! hierarchy, zero-copy hand-off of Arrow data, and releasing the GIL around Rust work.
 //! No engine logic lives here; the Python-facing API is shaped in `forebay/__init__.py`.
 
+mod store;
+
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -832,6 +834,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StorageError", py.get_type::<StorageError>())?;
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     m.add("SpillError", py.get_type::<SpillError>())?;
+    store::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

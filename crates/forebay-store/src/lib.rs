@@ -425,6 +425,10 @@ impl ObjectWriter {
         self.header.id
     }
 
+    pub fn header(&self) -> &ObjectHeader {
+        &self.header
+    }
+
     /// The data region to fill (its initial contents are unspecified).
     pub fn data_mut(&mut self) -> &mut [u8] {
         let (start, len) = (self.offset + self.header.data_offset(), self.header.data_len);
