@@ -9,7 +9,7 @@ PY      := $(VENV)/bin/python
 WHEELS  := target/wheels
 CARGO   ?= cargo
 
-.PHONY: demo test venv wheel-dev wheel-release cargo-test pytest bench bench-python clean
+.PHONY: demo test venv wheel-dev wheel-release cargo-test pytest bench bench-python bench-store clean
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench: wheel-release
 SF ?= 1
 bench-python: wheel-release
 	$(PY) benches/python/scan.py --scale-factor $(SF)
+
+# Object store vs pickle 5 / Arrow IPC / Ray (Ray is installed for this benchmark only).
+bench-store: wheel-release
+	$(PY) -m pip install --quiet "ray>=2.40"
+	$(PY) benches/python/store.py --cold
 
 clean:
 	rm -rf target $(VENV)

@@ -177,6 +177,21 @@ fn eviction_and_restore_under_a_cap_ten_times_smaller() {
     let s = store.stats().unwrap();
     assert!(s.restored_objects > 0, "{s:?}");
 
+    // Eviction writes many objects per spill round (one file), not a file per object.
+    let small_spill = tempfile::tempdir().unwrap();
+    let small = ObjectStore::new(config(1 << 20, &small_spill)).unwrap();
+    for i in 0..200u64 {
+        small.put_bytes(&[], &[&pattern(i, 20_000)]).unwrap();
+    }
+    let on_disk = small.stats().unwrap().objects_on_disk;
+    let files = std::fs::read_dir(small_spill.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".spill"))
+        .count();
+    assert!(on_disk >= 100 && files > 0, "{on_disk} objects on disk");
+    assert!((files as u64) < on_disk / 4, "{files} spill files for {on_disk} evicted objects");
+    drop(small);
+
     // Arrow values are evicted and restored too.
     let batch = sample_batch(20_000, 7);
     let id = store.put_arrow(&batch.schema(), std::slice::from_ref(&batch), &[]).unwrap();

@@ -302,29 +302,31 @@ impl RsObjectStore {
         self.store.nonce()
     }
 
-    /// Copy a bytes-like object into the store. Small puts keep the GIL (releasing it costs
-    /// more than the copy); large ones release it while copying.
+    /// Copy a bytes-like object into the store. The GIL is released: a put may wait for
+    /// room, and the views whose release would make room may belong to other Python threads.
     fn put_buffer(&self, py: Python<'_>, meta: &[u8], data: &Bound<'_, PyAny>) -> PyResult<u128> {
         let bytes = ContiguousBytes::get(data)?;
-        let put = || self.store.put_bytes(meta, &[bytes.as_slice()]).map(|id| id.0).map_err(store_err);
-        if bytes.as_slice().len() < (1 << 20) {
-            put()
-        } else {
-            detached_py(py, put)
-        }
+        detached_py(py, || {
+            self.store
+                .put_bytes(meta, &[bytes.as_slice()])
+                .map(|id| id.0)
+                .map_err(store_err)
+        })
     }
 
-    /// Put record batches of one schema as one Arrow object.
+    /// Put record batches of one schema as one Arrow object (GIL released, as above).
     fn put_arrow(&self, py: Python<'_>, meta: &[u8], schema: &Bound<'_, PyAny>, batches: &Bound<'_, PyList>) -> PyResult<u128> {
         let schema = Schema::from_pyarrow_bound(schema)?;
-        let batches: Vec<RecordBatch> = batches.iter().map(|b| RecordBatch::from_pyarrow_bound(&b)).collect::<PyResult<_>>()?;
-        let big = batches.iter().map(|b| b.get_array_memory_size()).sum::<usize>() >= (1 << 20);
-        let put = || self.store.put_arrow(&schema, &batches, meta).map(|id| id.0).map_err(store_err);
-        if big {
-            detached_py(py, put)
-        } else {
-            put()
-        }
+        let batches: Vec<RecordBatch> = batches
+            .iter()
+            .map(|b| RecordBatch::from_pyarrow_bound(&b))
+            .collect::<PyResult<_>>()?;
+        detached_py(py, || {
+            self.store
+                .put_arrow(&schema, &batches, meta)
+                .map(|id| id.0)
+                .map_err(store_err)
+        })
     }
 
     /// Allocate an object to be written in place.
@@ -339,14 +341,20 @@ impl RsObjectStore {
     /// `(format, meta, payload)`: payload is a PinnedBuffer for bytes, or
     /// `(schema, [RecordBatch])` for Arrow objects (buffers in the mapping).
     fn get<'py>(&self, py: Python<'py>, id: u128) -> PyResult<(u8, Bound<'py, PyBytes>, Bound<'py, PyAny>)> {
-        // A resident object is pinned in a few hundred ns; only a restore from disk is slow,
-        // but we cannot know which before asking, so keep the GIL for the common case.
-        let object = self.store.get(id_of(id)).map_err(store_err)?;
+        // GIL released: the object may have to be restored from disk, or wait for another
+        // thread's restore of it.
+        let (object, arrow) = detached_py(py, || {
+            let object = self.store.get(id_of(id)).map_err(store_err)?;
+            let arrow = match object.format() {
+                Format::Bytes => None,
+                Format::ArrowIpc => Some(object.record_batches().map_err(store_err)?),
+            };
+            Ok((object, arrow))
+        })?;
         let meta = PyBytes::new(py, object.meta());
-        match object.format() {
-            Format::Bytes => Ok((0, meta, Bound::new(py, PinnedBuffer { object })?.into_any())),
-            Format::ArrowIpc => {
-                let (schema, batches) = object.record_batches().map_err(store_err)?;
+        match arrow {
+            None => Ok((0, meta, Bound::new(py, PinnedBuffer { object })?.into_any())),
+            Some((schema, batches)) => {
                 let schema = schema.as_ref().to_pyarrow(py)?;
                 let list = PyList::empty(py);
                 for b in batches {
@@ -361,12 +369,12 @@ impl RsObjectStore {
         detached_py(py, || self.store.delete(id_of(id)).map_err(store_err))
     }
 
-    fn contains(&self, id: u128) -> PyResult<bool> {
-        self.store.contains(id_of(id)).map_err(store_err)
+    fn contains(&self, py: Python<'_>, id: u128) -> PyResult<bool> {
+        detached_py(py, || self.store.contains(id_of(id)).map_err(store_err))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.store.stats().map_err(store_err)?;
+        let s = detached_py(py, || self.store.stats().map_err(store_err))?;
         let d = PyDict::new(py);
         for (k, v) in s.fields() {
             d.set_item(k, v)?;

@@ -197,6 +197,34 @@ def test_pinned_objects_stay_and_full_store_raises_after_timeout(tmp_path):
             store.put(b"x" * (5 << 20))
 
 
+def test_a_put_waiting_for_room_lets_other_threads_release_views(tmp_path):
+    import threading
+
+    with ObjectStore(capacity="2MiB", spill=False, put_timeout=10) as store:
+        big = store.put(np.zeros(400_000, dtype=np.int32))  # 1.6 MB
+        holder = [store.get(big)]  # pinned by a view
+
+        def release_later():
+            time.sleep(0.2)
+            store.delete(big)
+            holder.clear()  # drops the last view: Python code, so it needs the GIL
+
+        t = threading.Thread(target=release_later)
+        t.start()
+        start = time.monotonic()
+        # No spill: the only way to room is the other thread's delete + release, so the put
+        # must wait with the GIL released for that thread to run.
+        ref = store.put(np.ones(300_000, dtype=np.int32))
+        t.join()
+        assert 0.15 < time.monotonic() - start < 5
+        assert store.get(ref).sum() == 300_000
+    # Unpinned objects but no spill: a clear error after the timeout, not a wait forever.
+    with ObjectStore(capacity="1MiB", spill=False, put_timeout=0.2) as store:
+        store.put(np.zeros(200_000, dtype=np.int32))
+        with pytest.raises(forebay.StoreFullError):
+            store.put(np.zeros(200_000, dtype=np.int32))
+
+
 def test_errors_are_clear(store, tmp_path):
     other = ObjectStore(capacity="1MiB", spill_dir=str(tmp_path / "spill2"))
     ref = other.put(b"elsewhere")

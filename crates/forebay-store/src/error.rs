@@ -18,8 +18,9 @@ pub enum StoreError {
 
     #[error(
         "object store {path} is full: {requested} bytes requested, {free} of {capacity} free and \
-         nothing more can be evicted within {waited_ms} ms (every resident object is pinned); \
-         release views of objects, delete objects or create the store with a larger capacity"
+         nothing more could be evicted within {waited_ms} ms (every resident object is pinned, \
+         or spilling is off); release views of objects, delete objects or create the store \
+         with a larger capacity"
     )]
     Full {
         path: PathBuf,

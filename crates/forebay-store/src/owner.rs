@@ -33,6 +33,10 @@ use crate::error::{Result, StoreError};
 use crate::layout::{Format, ObjectHeader, ObjectId};
 use crate::StoreStats;
 
+/// Eviction writes at least this many bytes per spill round (bounded by 1/8 of the
+/// capacity), so that many small objects go to disk in one file.
+const EVICT_ROUND_MIN: usize = 4 << 20;
+
 /// Who is writing an object that is not sealed yet: the owner process itself or an attached
 /// connection (whose unsealed objects are freed when it disconnects).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,104 +238,128 @@ impl OwnerCore {
             if let Some(offset) = table.alloc.allocate(len) {
                 return Ok((table, offset));
             }
-            let victim = table.lru.iter().next().map(|(_, &id)| id);
-            match victim {
-                Some(id) if self.spill.is_some() => table = self.evict(table, id)?,
-                _ => {
-                    let (t, timed_out) = self.wait_until(table, Some(deadline));
-                    table = t;
-                    if timed_out && table.evicting == 0 {
-                        if let Some(offset) = table.alloc.allocate(len) {
-                            return Ok((table, offset));
-                        }
-                        return Err(StoreError::Full {
-                            path: self.dir.clone(),
-                            requested: len as u64,
-                            free: table.alloc.free_bytes() as u64,
-                            capacity: table.alloc.capacity() as u64,
-                            waited_ms: start.elapsed().as_millis() as u64,
-                        });
-                    }
+            if !table.lru.is_empty() && self.spill.is_some() {
+                table = self.evict(table, len)?;
+                continue;
+            }
+            // Nothing evictable now: wait for an unpin, a delete or another eviction.
+            let (t, timed_out) = self.wait_until(table, Some(deadline));
+            table = t;
+            let evictable = self.spill.is_some() && !table.lru.is_empty();
+            if timed_out && table.evicting == 0 && !evictable {
+                if let Some(offset) = table.alloc.allocate(len) {
+                    return Ok((table, offset));
                 }
+                return Err(StoreError::Full {
+                    path: self.dir.clone(),
+                    requested: len as u64,
+                    free: table.alloc.free_bytes() as u64,
+                    capacity: table.alloc.capacity() as u64,
+                    waited_ms: start.elapsed().as_millis() as u64,
+                });
             }
         }
     }
 
-    /// Move one unpinned resident object out of memory.
+    /// Move least recently used unpinned objects out of memory: at least `needed` bytes
+    /// of them (and at least a few MiB, so that many small objects leave in one spill round,
+    /// one file) unless the LRU list runs out first.
     fn evict<'a>(
         &'a self,
         mut table: MutexGuard<'a, Table>,
-        id: ObjectId,
+        needed: usize,
     ) -> Result<MutexGuard<'a, Table>> {
-        table.lru_remove(id);
-        let (offset, region_len, has_copy) = {
+        let target = needed.max(EVICT_ROUND_MIN.min(table.alloc.capacity() / 8));
+        // (id, offset, region_len); each victim is pinned by the evictor while it is written.
+        let mut victims: Vec<(ObjectId, usize, usize)> = Vec::new();
+        let mut to_write = Vec::new();
+        let mut chosen = 0usize;
+        while chosen < target {
+            let Some((&key, &id)) = table.lru.iter().next() else {
+                break;
+            };
+            table.lru.remove(&key);
             let e = table.objects.get_mut(&id).expect("LRU entries are in the table");
+            e.lru_key = None;
             let Place::Resident { offset } = e.place else {
                 unreachable!("only resident objects are in the LRU list")
             };
-            e.pins += 1; // the evictor's pin: the region stays while we write it
-            (offset, e.header.region_len(), e.spilled.is_some())
-        };
-        let mut copy = None;
+            e.pins += 1;
+            chosen += e.alloc_len();
+            let region_len = e.header.region_len();
+            if e.spilled.is_none() {
+                to_write.push(victims.len());
+            }
+            victims.push((id, offset, region_len));
+        }
+        let mut copies: Vec<Option<SpillLocation>> = vec![None; victims.len()];
         let mut spill_error = None;
-        if !has_copy {
+        if !to_write.is_empty() {
             table.evicting += 1;
             drop(table);
             let spill = self.spill.as_ref().expect("evict is only called with a spill area");
-            let region = Bytes::from_owner(RegionBytes {
-                arena: self.arena.clone(),
-                offset,
-                len: region_len,
-            });
-            let object = SpillObject {
-                id: id.0 as u64,
-                buffers: vec![region],
-            };
-            match spill.spill(vec![object]) {
-                Ok(mut locs) => copy = locs.pop(),
+            let objects = to_write
+                .iter()
+                .map(|&v| {
+                    let (id, offset, len) = victims[v];
+                    SpillObject {
+                        id: id.0 as u64,
+                        buffers: vec![Bytes::from_owner(RegionBytes {
+                            arena: self.arena.clone(),
+                            offset,
+                            len,
+                        })],
+                    }
+                })
+                .collect();
+            match spill.spill(objects) {
+                Ok(locs) => {
+                    for (&v, loc) in to_write.iter().zip(locs) {
+                        copies[v] = Some(loc);
+                    }
+                }
                 Err(e) => spill_error = Some(e),
             }
             table = self.lock();
             table.evicting -= 1;
-            if copy.is_some() {
-                table.counters.spilled_objects += 1;
-                table.counters.spilled_bytes += region_len as u64;
+            if spill_error.is_none() {
+                table.counters.spilled_objects += to_write.len() as u64;
+                table.counters.spilled_bytes +=
+                    to_write.iter().map(|&v| victims[v].2 as u64).sum::<u64>();
             }
         }
         let t = &mut *table;
-        let e = t.objects.get_mut(&id).expect("pinned entries stay in the table");
-        e.pins -= 1;
-        if copy.is_some() {
-            e.spilled = copy;
-        }
-        if let Some(source) = spill_error {
-            // Leave the object resident (and evictable again later); the put that needed
-            // room reports why it could not get it.
-            if e.pins == 0 && !e.deleted {
+        for ((id, offset, _), copy) in victims.into_iter().zip(copies) {
+            let e = t.objects.get_mut(&id).expect("pinned entries stay in the table");
+            e.pins -= 1;
+            if copy.is_some() {
+                e.spilled = copy;
+            }
+            if e.pins > 0 {
+                continue; // pinned while we wrote it: stays resident (with a copy on disk)
+            }
+            let alloc_len = e.alloc_len();
+            if e.deleted {
+                t.objects.remove(&id);
+                t.alloc.free(offset, alloc_len);
+            } else if e.spilled.is_some() {
+                e.place = Place::Spilled;
+                t.alloc.free(offset, alloc_len);
+                t.counters.evictions += 1;
+            } else {
+                // Its spill failed: it stays resident and evictable.
                 t.lru_insert(id);
             }
-            self.changed.notify_all();
-            return Err(StoreError::Spill {
-                path: self.dir.clone(),
-                id,
-                source,
-            });
         }
-        if e.pins == 0 {
-            if e.deleted {
-                let len = e.alloc_len();
-                t.objects.remove(&id);
-                t.alloc.free(offset, len);
-            } else {
-                e.place = Place::Spilled;
-                let len = e.alloc_len();
-                t.alloc.free(offset, len);
-                t.counters.evictions += 1;
-            }
-        }
-        // else: pinned while we wrote it; it stays resident with a copy on disk.
         self.changed.notify_all();
-        Ok(table)
+        match spill_error {
+            Some(source) => Err(StoreError::Spill {
+                path: self.dir.clone(),
+                id: ObjectId(0),
+                source,
+            }),
+            None => Ok(table),
+        }
     }
 
     pub fn create(
