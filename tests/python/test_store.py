@@ -350,6 +350,39 @@ def test_owner_gone_gives_errors_not_hangs(tmp_path):
     assert bytes(view) == b"abc"  # views already held stay readable
 
 
+def test_a_forked_child_cannot_release_the_parents_pins(store):
+    import gc
+
+    ref = store.put(np.arange(1000))
+    view = store.get(ref)
+    attached = ObjectStore.attach(store.path)
+    remote_view = attached.get(ref)
+    writer = store.create(1 << 20)
+    used = store.stats()["bytes_used"]
+    pid = os.fork()
+    if pid == 0:  # child: drop the inherited views and writer, run finalizers, exit
+        code = 0
+        try:
+            with pytest.raises(forebay.StoreError, match="forked child"):
+                store.get(ref)
+            del view, remote_view, writer
+            gc.collect()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    time.sleep(0.1)
+    s = store.stats()
+    assert s["pinned_objects"] == 1 and s["bytes_used"] == used
+    assert np.array_equal(view, np.arange(1000)) and np.array_equal(remote_view, np.arange(1000))
+    del view  # the attached view's pin must still be there (the child did not send an unpin)
+    assert store.stats()["pinned_objects"] == 1
+    del remote_view
+    assert _wait_for(lambda: store.stats()["pinned_objects"] == 0)
+    writer.abort()
+
+
 def test_store_is_private_and_foreign_stores_are_refused(tmp_path):
     path = tmp_path / "store"
     with ObjectStore(str(path), capacity="1MiB", spill_dir=str(tmp_path / "spill")) as store:

@@ -301,6 +301,9 @@ struct Pin {
     id: ObjectId,
     offset: usize,
     header: ObjectHeader,
+    /// Process that took the pin: a forked child that inherited the view must not release
+    /// the parent's pin (it would share the parent's socket to the owner).
+    pid: u32,
 }
 
 // A pin is only ever dropped or read (its fields are immutable after creation); a panic
@@ -309,7 +312,9 @@ impl std::panic::RefUnwindSafe for Pin {}
 
 impl Drop for Pin {
     fn drop(&mut self) {
-        self.backend.unpin(self.id);
+        if std::process::id() == self.pid {
+            self.backend.unpin(self.id);
+        }
     }
 }
 
@@ -418,6 +423,8 @@ pub struct ObjectWriter {
     header: ObjectHeader,
     offset: usize,
     sealed: bool,
+    /// Process that created it (see `Pin::pid`).
+    pid: u32,
 }
 
 impl ObjectWriter {
@@ -453,7 +460,7 @@ impl ObjectWriter {
 
 impl Drop for ObjectWriter {
     fn drop(&mut self) {
-        if !self.sealed {
+        if !self.sealed && std::process::id() == self.pid {
             self.backend.abort(self.header.id);
         }
     }
@@ -671,6 +678,7 @@ impl ObjectStore {
             },
             offset,
             sealed: false,
+            pid: self.pid,
         };
         writer.meta_mut().copy_from_slice(meta);
         Ok(writer)
@@ -724,6 +732,7 @@ impl ObjectStore {
                     id,
                     offset,
                     header: h,
+                    pid: self.pid,
                 }),
             }),
             other => {
@@ -777,15 +786,20 @@ impl ObjectStore {
 
 impl Drop for ObjectStore {
     fn drop(&mut self) {
-        if let Some(server) = self.server.take() {
-            drop(server);
-            if std::process::id() == self.pid {
-                // The owner closes the store: its files go (mappings held by pins or other
-                // processes stay valid until unmapped).
-                let _ = fs::remove_file(self.dir.join(SOCKET_FILE));
-                let _ = fs::remove_file(self.dir.join(ARENA_FILE));
-                let _ = fs::remove_dir(&self.dir);
-            }
+        let Some(server) = self.server.take() else {
+            return;
+        };
+        if std::process::id() != self.pid {
+            // A forked child's copy of the owner: its server threads do not exist here and
+            // its sockets are the parent's. Touch nothing.
+            std::mem::forget(server);
+            return;
         }
+        drop(server);
+        // The owner closes the store: its files go (mappings held by pins or other
+        // processes stay valid until unmapped).
+        let _ = fs::remove_file(self.dir.join(SOCKET_FILE));
+        let _ = fs::remove_file(self.dir.join(ARENA_FILE));
+        let _ = fs::remove_dir(&self.dir);
     }
 }
