@@ -78,6 +78,41 @@ impl Drop for ContiguousBytes {
     }
 }
 
+/// Fill a `Py_buffer` describing `len` bytes at `buf` as a 1-d array of unsigned bytes,
+/// owned by `owner` (a new reference the view keeps until it is released).
+///
+/// # Safety
+/// `view` must be the non-null Py_buffer CPython passed to `__getbuffer__`, and the bytes
+/// must stay valid (and, if writable, exclusively ours) while `owner` is alive.
+unsafe fn fill_byte_view(view: *mut ffi::Py_buffer, owner: *mut ffi::PyObject, buf: *mut u8, len: usize, readonly: bool, flags: c_int) {
+    // SAFETY: the caller's contract: `view` is valid for writes.
+    unsafe {
+        (*view).obj = owner;
+        (*view).buf = buf as *mut c_void;
+        (*view).len = len as isize;
+        (*view).readonly = readonly as c_int;
+        (*view).itemsize = 1;
+        (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+            c"B".as_ptr() as *mut _
+        } else {
+            ptr::null_mut()
+        };
+        (*view).ndim = 1;
+        (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+            &mut (*view).len
+        } else {
+            ptr::null_mut()
+        };
+        (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+            &mut (*view).itemsize
+        } else {
+            ptr::null_mut()
+        };
+        (*view).suboffsets = ptr::null_mut();
+        (*view).internal = ptr::null_mut();
+    }
+}
+
 /// A pinned object's data, exported read-only through the buffer protocol; the pin lives
 /// as long as this object (and so as long as any memoryview or ndarray over it).
 #[pyclass(module = "forebay._forebay", frozen)]
@@ -96,33 +131,9 @@ impl PinnedBuffer {
         }
         let data = slf.get().object.data();
         let (buf, len) = (data.as_ptr(), data.len());
-        // SAFETY: `view` is a valid Py_buffer to fill (checked non-null); the data stays
-        // pinned and immutable while `obj` (a new reference to self) is held by the view.
-        unsafe {
-            (*view).obj = slf.into_any().into_ptr();
-            (*view).buf = buf as *mut c_void;
-            (*view).len = len as isize;
-            (*view).readonly = 1;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr() as *mut _
-            } else {
-                ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                &mut (*view).len
-            } else {
-                ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                &mut (*view).itemsize
-            } else {
-                ptr::null_mut()
-            };
-            (*view).suboffsets = ptr::null_mut();
-            (*view).internal = ptr::null_mut();
-        }
+        // SAFETY: `view` is CPython's (checked non-null); the data stays pinned and
+        // immutable while the view holds its new reference to `slf`.
+        unsafe { fill_byte_view(view, slf.into_any().into_ptr(), buf as *mut u8, len, true, flags) };
         Ok(())
     }
 
@@ -164,31 +175,7 @@ impl RsObjectWriter {
         slf.get().exports.fetch_add(1, Ordering::SeqCst);
         // SAFETY: as in PinnedBuffer::__getbuffer__; the region belongs to this writer
         // until seal/abort, which refuse while views are exported.
-        unsafe {
-            (*view).obj = slf.into_any().into_ptr();
-            (*view).buf = buf as *mut c_void;
-            (*view).len = len as isize;
-            (*view).readonly = 0;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr() as *mut _
-            } else {
-                ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                &mut (*view).len
-            } else {
-                ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                &mut (*view).itemsize
-            } else {
-                ptr::null_mut()
-            };
-            (*view).suboffsets = ptr::null_mut();
-            (*view).internal = ptr::null_mut();
-        }
+        unsafe { fill_byte_view(view, slf.into_any().into_ptr(), buf, len, false, flags) };
         Ok(())
     }
 

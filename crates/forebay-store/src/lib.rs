@@ -686,15 +686,7 @@ impl ObjectStore {
 
     /// Put bytes: the concatenation of `parts`, copied once into the arena.
     pub fn put_bytes(&self, meta: &[u8], parts: &[&[u8]]) -> Result<ObjectId> {
-        let len = parts.iter().map(|p| p.len()).sum();
-        let mut w = self.create_with(Format::Bytes, meta, len)?;
-        let data = w.data_mut();
-        let mut at = 0;
-        for p in parts {
-            data[at..at + p.len()].copy_from_slice(p);
-            at += p.len();
-        }
-        w.seal()
+        self.put_parts(Format::Bytes, meta, parts)
     }
 
     /// Put Arrow record batches (all of `schema`) as one object: an Arrow IPC stream whose
@@ -706,13 +698,18 @@ impl ObjectStore {
             source,
         })?;
         let parts: Vec<&[u8]> = buffers.iter().map(|b| b.as_slice()).collect();
+        self.put_parts(Format::ArrowIpc, meta, &parts)
+    }
+
+    /// Allocate, copy the parts back to back, seal.
+    fn put_parts(&self, format: Format, meta: &[u8], parts: &[&[u8]]) -> Result<ObjectId> {
         let len = parts.iter().map(|p| p.len()).sum();
-        let mut w = self.create_with(Format::ArrowIpc, meta, len)?;
-        let data = w.data_mut();
-        let mut at = 0;
+        let mut w = self.create_with(format, meta, len)?;
+        let mut rest = w.data_mut();
         for p in parts {
-            data[at..at + p.len()].copy_from_slice(p);
-            at += p.len();
+            let (dst, tail) = rest.split_at_mut(p.len());
+            dst.copy_from_slice(p);
+            rest = tail;
         }
         w.seal()
     }
