@@ -816,17 +816,24 @@ fn memory_put(py: Python<'_>, uri: String, data: Vec<u8>) -> PyResult<()> {
 /// Scanning allocates and frees ~0.5-2 MB Arrow buffers per batch. With glibc's defaults the
 /// top of a thread's heap is trimmed as soon as 2x the (dynamic) mmap threshold is free, so
 /// the next batch faults the same pages in again, zeroed: ~10 % of a 2-column scan was page
-/// faults and memset (BENCHMARKS.md). A fixed trim threshold of 256 MB keeps that memory for
-/// reuse; blocks of 32 MB and more are still mapped and unmapped on their own, and the
-/// checkpoint loader's explicit `malloc_trim` still returns everything free after a load.
-/// (mimalloc as the global allocator was tried: scans were as fast, but the checkpoint
-/// loader got 2x slower and kept 2x the memory.)
+/// faults and memset, and the scan got 1.6x faster without it (BENCHMARKS.md). Settings:
+/// trim only beyond 32 MB free at the top of a heap; blocks of 4 MB and more get their own
+/// mapping, returned when freed (the checkpoint loader's big per-shard vectors: keeping
+/// those in the heaps raised the load's peak from 1.55x to 2.1x the index). The loader's
+/// explicit `malloc_trim` still returns everything free. (mimalloc as the global allocator
+/// was tried: scans as fast, the checkpoint load 2x slower and 2x the memory.)
+/// A user's own `MALLOC_TRIM_THRESHOLD_` / `MALLOC_MMAP_THRESHOLD_` (glibc's environment
+/// tunables) win over these defaults.
 fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets allocator parameters; it is safe to call at any time.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+    for (env, param, value) in [
+        ("MALLOC_TRIM_THRESHOLD_", libc::M_TRIM_THRESHOLD, 32 << 20),
+        ("MALLOC_MMAP_THRESHOLD_", libc::M_MMAP_THRESHOLD, 4 << 20),
+    ] {
+        if std::env::var_os(env).is_none() {
+            // SAFETY: mallopt only sets allocator parameters; it is safe to call any time.
+            unsafe { libc::mallopt(param, value) };
+        }
     }
 }
 

@@ -633,6 +633,10 @@ impl CheckpointLoader {
             return Err(e);
         }
         drop(stream);
+        // The decoded batches are gone; return their memory before the tables are built, so
+        // it does not add to the load's peak (an allocator told to keep freed memory, as the
+        // Python extension tells glibc, would otherwise hold it through the build).
+        release_freed_memory();
 
         // Build the shard tables in parallel; each frees its input as it finishes.
         let next = AtomicUsize::new(0);
