@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::error::{Result, StoreError};
+use crate::error::Result;
+use crate::io_err;
 
 /// Alignment of every region, and of every object's data within its region.
 pub const ALIGN: usize = 64;
@@ -44,20 +45,15 @@ impl Arena {
     /// Create the arena file (0600, must not exist) of `capacity` bytes and map it.
     /// `prefault` touches every page now (MAP_POPULATE) so first puts run at memcpy speed.
     pub fn create(path: &Path, capacity: usize, prefault: bool) -> Result<Arena> {
-        let io = |context, source| StoreError::Io {
-            path: path.to_path_buf(),
-            context,
-            source,
-        };
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(|e| io("creating the arena file", e))?;
+            .map_err(io_err(path, "creating the arena file"))?;
         file.set_len(capacity as u64)
-            .map_err(|e| io("sizing the arena file", e))?;
+            .map_err(io_err(path, "sizing the arena file"))?;
         let mut options = MmapOptions::new();
         options.len(capacity);
         if prefault {
@@ -65,7 +61,7 @@ impl Arena {
         }
         let map = options
             .map_raw(&file)
-            .map_err(|e| io("mapping the arena file", e))?;
+            .map_err(io_err(path, "mapping the arena file"))?;
         Ok(Arena {
             map,
             path: path.to_path_buf(),
@@ -75,17 +71,12 @@ impl Arena {
 
     /// Map an existing arena file (an attaching process).
     pub fn open(path: &Path) -> Result<Arena> {
-        let io = |context, source| StoreError::Io {
-            path: path.to_path_buf(),
-            context,
-            source,
-        };
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .open(path)
-            .map_err(|e| io("opening the arena file", e))?;
-        let map = MmapRaw::map_raw(&file).map_err(|e| io("mapping the arena file", e))?;
+            .map_err(io_err(path, "opening the arena file"))?;
+        let map = MmapRaw::map_raw(&file).map_err(io_err(path, "mapping the arena file"))?;
         Ok(Arena {
             map,
             path: path.to_path_buf(),
