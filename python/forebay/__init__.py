@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from . import _forebay
 from ._checkpoint import CheckpointFilter
-from ._spill import SpillArea
+from ._spill import RemoteSpillTarget, SpillArea
 from ._store import ObjectRef, ObjectStore, ObjectWriter
 from ._filters import normalize_filter
 from ._forebay import (
@@ -51,6 +51,7 @@ __all__ = [
     "StorageError",
     "CheckpointFilter",
     "CheckpointError",
+    "RemoteSpillTarget",
     "SpillArea",
     "SpillError",
     "ObjectStore",

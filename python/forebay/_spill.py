@@ -52,3 +52,53 @@ class SpillArea:
 
     def stats(self) -> dict:
         return self._inner.stats()
+
+
+class RemoteSpillTarget:
+    """Spill rounds to S3-like storage (``s3://``, ``gs://``, ``az://``, ``file://``,
+    ``memory://``) with the same checksummed object format as :class:`SpillArea`.
+
+    One remote object per round: a single PUT up to ``part_size`` bytes, otherwise a
+    multipart upload of ``part_size`` parts (S3 needs at least 5 MiB), ``parts_in_flight`` at
+    a time; a failed upload is aborted. ``spill`` blocks while ``rounds_in_flight`` rounds
+    are uploading. A round's remote object is deleted once all its locations are freed; the
+    directories of dead processes of this host under ``uri`` are removed when a target opens.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        storage_options: dict | None = None,
+        part_size: int = 16 << 20,
+        parts_in_flight: int = 4,
+        rounds_in_flight: int = 2,
+    ):
+        options = {str(k): str(v) for k, v in (storage_options or {}).items()}
+        self._inner = _forebay.RsRemoteSpillTarget(
+            str(uri), options, int(part_size), int(parts_in_flight), int(rounds_in_flight)
+        )
+
+    @property
+    def root_uri(self) -> str:
+        """The directory this target's rounds go to: ``<uri>/<pid>-<nonce>-<host>``."""
+        return self._inner.root_uri()
+
+    def spill(self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None) -> list:
+        """Upload a round of objects (each a list of bytes-like buffers) as one remote object.
+
+        Returns one location per object; keep it to restore, call ``.free()`` to release."""
+        objects = [[bytes(b) for b in obj] for obj in objects]
+        ids = list(ids) if ids is not None else list(range(len(objects)))
+        return self._inner.spill(list(zip(ids, objects)))
+
+    def restore(self, location) -> list:
+        """The object's buffers as ``bytes`` (one ranged GET, checksum verified)."""
+        return self._inner.restore(location)
+
+    def wait_for_deletes(self, timeout: float = 30.0) -> bool:
+        """Wait until the remote objects of freed rounds are deleted."""
+        return self._inner.wait_for_deletes(float(timeout))
+
+    def stats(self) -> dict:
+        return self._inner.stats()

@@ -2,6 +2,7 @@
 //! hierarchy, zero-copy hand-off of Arrow data, and releasing the GIL around Rust work.
 //! No engine logic lives here; the Python-facing API is shaped in `forebay/__init__.py`.
 
+mod remote_spill;
 mod store;
 
 use std::collections::HashMap;
@@ -87,7 +88,7 @@ create_exception!(
     "Writing or restoring spilled objects failed (I/O error, corruption, truncation)."
 );
 
-fn spill_err(err: forebay_spill::SpillError) -> PyErr {
+pub(crate) fn spill_err(err: forebay_spill::SpillError) -> PyErr {
     SpillError::new_err(err.to_string())
 }
 
@@ -862,6 +863,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CheckpointError", py.get_type::<CheckpointError>())?;
     m.add("SpillError", py.get_type::<SpillError>())?;
     store::register(m)?;
+    remote_spill::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

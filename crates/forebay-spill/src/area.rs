@@ -15,7 +15,8 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{Result, SpillError};
 use crate::format::{
-    align_up, length_table, object_len, padding, payload_checksum, Header, HEADER_LEN, ZEROS,
+    align_up, check_head, head_len, length_table, object_len, padding, payload_checksum, Header,
+    HEADER_LEN, ZEROS,
 };
 use crate::vectored::{read_exact_vectored_at, write_all_vectored};
 
@@ -195,7 +196,7 @@ impl SpillLocation {
         self.buffer_lens.iter().sum()
     }
     fn table_region(&self) -> u64 {
-        align_up(HEADER_LEN as u64 + 8 * self.buffer_lens.len() as u64)
+        head_len(self.buffer_lens.len())
     }
 }
 
@@ -312,7 +313,9 @@ impl SpillArea {
     /// processes, and start the I/O threads.
     pub fn open(config: SpillConfig) -> Result<SpillArea> {
         if config.directories.is_empty() {
-            return Err(SpillError::InvalidArgument("no spill directory given".into()));
+            return Err(SpillError::InvalidArgument(
+                "no spill directory given".into(),
+            ));
         }
         if config.io_threads == 0 || config.queue_depth == 0 {
             return Err(SpillError::InvalidArgument(
@@ -356,14 +359,15 @@ impl SpillArea {
                     .name(format!("forebay-spill-{i}"))
                     .spawn(move || {
                         for job in rx {
-                            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                                || shared.write_round(&job.objects),
-                            ))
-                            .unwrap_or_else(|_| {
-                                Err(SpillError::InvalidArgument(
-                                    "internal error: spill writer panicked".into(),
-                                ))
-                            });
+                            let result =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    shared.write_round(&job.objects)
+                                }))
+                                .unwrap_or_else(|_| {
+                                    Err(SpillError::InvalidArgument(
+                                        "internal error: spill writer panicked".into(),
+                                    ))
+                                });
                             let _ = job.reply.send(result);
                         }
                     })
@@ -418,25 +422,13 @@ impl SpillArea {
             .file
             .read_exact_at(&mut head, loc.offset)
             .map_err(io_error(path, "read spilled object header"))?;
-        let corrupt = |reason: String| SpillError::Corrupt {
-            path: path.to_path_buf(),
-            offset: loc.offset,
-            reason,
-        };
-        let header = Header::decode(head[..HEADER_LEN].try_into().expect("64 bytes"))
-            .map_err(corrupt)?;
-        let table_end = HEADER_LEN + 8 * loc.buffer_lens.len();
-        let table = &head[HEADER_LEN..table_end];
-        if head[table_end..].iter().any(|b| *b != 0) {
-            return Err(corrupt("non-zero padding after the length table".into()));
-        }
-        if header.buffer_count as usize != loc.buffer_lens.len()
-            || table != length_table(&loc.buffer_lens).as_slice()
-            || header.payload_len != loc.payload_len()
-            || header.object_id != loc.object_id
-        {
-            return Err(corrupt("header disagrees with the object's location".into()));
-        }
+        check_head(&head, &loc.buffer_lens, loc.object_id).map_err(|reason| {
+            SpillError::Corrupt {
+                path: path.to_path_buf(),
+                offset: loc.offset,
+                reason,
+            }
+        })?;
         Ok(())
     }
 
@@ -460,7 +452,10 @@ impl SpillArea {
             return Err(SpillError::DestinationMismatch {
                 path: path.to_path_buf(),
                 offset: loc.offset,
-                reason: format!("buffers are {:?} bytes, destinations {lens:?}", loc.buffer_lens),
+                reason: format!(
+                    "buffers are {:?} bytes, destinations {lens:?}",
+                    loc.buffer_lens
+                ),
             });
         }
         self.verify_header(loc)?;
@@ -516,13 +511,18 @@ impl SpillArea {
         }
         let c = &self.shared.counters;
         c.objects_restored.fetch_add(1, Ordering::Relaxed);
-        c.bytes_restored.fetch_add(loc.payload_len(), Ordering::Relaxed);
+        c.bytes_restored
+            .fetch_add(loc.payload_len(), Ordering::Relaxed);
         Ok(())
     }
 
     /// Restore into freshly allocated buffers (convenience over [`SpillArea::restore_into`]).
     pub fn restore(&self, loc: &SpillLocation) -> Result<Vec<Vec<u8>>> {
-        let mut out: Vec<Vec<u8>> = loc.buffer_lens.iter().map(|l| vec![0u8; *l as usize]).collect();
+        let mut out: Vec<Vec<u8>> = loc
+            .buffer_lens
+            .iter()
+            .map(|l| vec![0u8; *l as usize])
+            .collect();
         let mut dests: Vec<&mut [u8]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
         self.restore_into(loc, &mut dests)?;
         Ok(out)
@@ -557,7 +557,11 @@ impl SpillArea {
             let pad_end = r.start + align_up((r.end - r.start) as u64) as usize;
             mapping[r.end..pad_end].iter().all(|b| *b == 0)
         });
-        self.verify_payload(loc, padding_clean, ranges.iter().map(|r| &mapping[r.clone()]))?;
+        self.verify_payload(
+            loc,
+            padding_clean,
+            ranges.iter().map(|r| &mapping[r.clone()]),
+        )?;
         Ok(MappedObject { mapping, ranges })
     }
 
@@ -685,14 +689,17 @@ impl Shared {
             let mut s = Vec::with_capacity(3 + 2 * objects[i].buffers.len());
             s.push(IoSlice::new(&placeholders[i]));
             s.push(IoSlice::new(&tables[i]));
-            s.push(IoSlice::new(&ZEROS[..padding((HEADER_LEN + tables[i].len()) as u64)]));
+            s.push(IoSlice::new(
+                &ZEROS[..padding((HEADER_LEN + tables[i].len()) as u64)],
+            ));
             for b in &objects[i].buffers {
                 s.push(IoSlice::new(b));
                 s.push(IoSlice::new(&ZEROS[..padding(b.len() as u64)]));
             }
             s
         };
-        let checksum_of = |i: usize| payload_checksum(&tables[i], objects[i].buffers.iter().map(|b| &b[..]));
+        let checksum_of =
+            |i: usize| payload_checksum(&tables[i], objects[i].buffers.iter().map(|b| &b[..]));
         let finish_headers = |file: &File, range: Range<usize>, sums: Vec<u64>| -> Result<()> {
             for (i, sum) in range.zip(sums) {
                 let header = Header {
@@ -719,13 +726,15 @@ impl Shared {
             SyncPolicy::PerObject => {
                 for i in 0..objects.len() {
                     write_overlapped(&mut file, i..i + 1)?;
-                    file.sync_data().map_err(io_error(path, "fdatasync spill file"))?;
+                    file.sync_data()
+                        .map_err(io_error(path, "fdatasync spill file"))?;
                 }
             }
             SyncPolicy::None | SyncPolicy::PerFile => {
                 write_overlapped(&mut file, 0..objects.len())?;
                 if self.sync == SyncPolicy::PerFile {
-                    file.sync_data().map_err(io_error(path, "fdatasync spill file"))?;
+                    file.sync_data()
+                        .map_err(io_error(path, "fdatasync spill file"))?;
                 }
             }
         }
@@ -758,7 +767,10 @@ mod tests {
 
     #[test]
     fn names_parse() {
-        assert_eq!(spill_file_pid(&spill_file_name(3)), Some(std::process::id()));
+        assert_eq!(
+            spill_file_pid(&spill_file_name(3)),
+            Some(std::process::id())
+        );
         assert_eq!(spill_file_pid("other.spill"), None);
     }
 }

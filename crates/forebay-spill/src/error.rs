@@ -44,6 +44,17 @@ pub enum SpillError {
         reason: String,
     },
 
+    /// A request to a remote spill target failed (network, credentials, permissions, a
+    /// missing object, ...). A failed round leaves nothing behind (multipart uploads are
+    /// aborted) and returns no locations.
+    #[error("{uri}: {action}: {source}")]
+    Remote {
+        uri: String,
+        action: String,
+        #[source]
+        source: object_store::Error,
+    },
+
     /// The spill area was shut down, or its I/O threads are gone.
     #[error("spill area is closed")]
     Closed,

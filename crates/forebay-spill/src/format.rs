@@ -53,6 +53,11 @@ pub fn object_len(buffer_lens: &[u64]) -> u64 {
     align_up(table) + buffer_lens.iter().map(|l| align_up(*l)).sum::<u64>()
 }
 
+/// Bytes before an object's first buffer: the header and the length table, padded to 64.
+pub fn head_len(buffer_count: usize) -> u64 {
+    align_up(HEADER_LEN as u64 + 8 * buffer_count as u64)
+}
+
 /// The length table as bytes.
 pub fn length_table(buffer_lens: &[u64]) -> Vec<u8> {
     buffer_lens.iter().flat_map(|l| l.to_le_bytes()).collect()
@@ -112,6 +117,32 @@ impl Header {
             object_id: u64_at(32),
         })
     }
+}
+
+/// Check an object's head (header, length table, padding; `head_len` bytes read back from
+/// storage) against what its location says. Returns the decoded header, whose checksum the
+/// caller then compares with the payload's.
+pub fn check_head(head: &[u8], buffer_lens: &[u64], object_id: u64) -> Result<Header, String> {
+    if head.len() as u64 != head_len(buffer_lens.len()) {
+        return Err(format!(
+            "object head is {} bytes, expected {}",
+            head.len(),
+            head_len(buffer_lens.len())
+        ));
+    }
+    let header = Header::decode(head[..HEADER_LEN].try_into().expect("64 bytes"))?;
+    let table_end = HEADER_LEN + 8 * buffer_lens.len();
+    if head[table_end..].iter().any(|b| *b != 0) {
+        return Err("non-zero padding after the length table".into());
+    }
+    if header.buffer_count as usize != buffer_lens.len()
+        || head[HEADER_LEN..table_end] != *length_table(buffer_lens)
+        || header.payload_len != buffer_lens.iter().sum::<u64>()
+        || header.object_id != object_id
+    {
+        return Err("header disagrees with the object's location".into());
+    }
+    Ok(header)
 }
 
 #[cfg(test)]

@@ -21,6 +21,11 @@
 //!
 //! Format: see [`format`]. Durability: [`SyncPolicy`]. Errors name the file and offset.
 //!
+//! [`RemoteSpillTarget`] spills the same object format to S3-like storage through
+//! `object_store`: one remote object per round, one PUT or a multipart upload of fixed-size
+//! parts that are slices of the caller's buffers (no copy), ranged GETs to restore, deletion
+//! when the last location is dropped. See its module docs.
+//!
 //! ```no_run
 //! use bytes::Bytes;
 //! use forebay_spill::{SpillArea, SpillConfig, SpillObject, SyncPolicy};
@@ -38,10 +43,15 @@
 mod area;
 pub mod error;
 pub mod format;
+mod remote;
 pub mod vectored;
 
 pub use area::{
-    DirectoryChoice, MappedObject, PendingSpill, SpillArea, SpillConfig, SpillFile,
-    SpillLocation, SpillObject, SpillStats, SyncPolicy,
+    DirectoryChoice, MappedObject, PendingSpill, SpillArea, SpillConfig, SpillFile, SpillLocation,
+    SpillObject, SpillStats, SyncPolicy,
 };
 pub use error::{Result, SpillError};
+pub use remote::{
+    PendingRemoteSpill, RemoteSpillConfig, RemoteSpillFile, RemoteSpillLocation, RemoteSpillStats,
+    RemoteSpillTarget,
+};

@@ -11,7 +11,10 @@ pub const IOV_MAX: usize = 1024;
 /// Write every byte of `slices` in order with vectored writes. Short writes resume where they
 /// stopped (the slices are advanced in place), `Interrupted` is retried, and at most
 /// [`IOV_MAX`] slices go to one call. Returns the number of write calls made.
-pub fn write_all_vectored<W: Write>(out: &mut W, mut slices: &mut [IoSlice<'_>]) -> io::Result<usize> {
+pub fn write_all_vectored<W: Write>(
+    out: &mut W,
+    mut slices: &mut [IoSlice<'_>],
+) -> io::Result<usize> {
     let mut calls = 0;
     // Skip leading empty slices so a list of only empty buffers writes nothing.
     IoSlice::advance_slices(&mut slices, 0);
@@ -136,8 +139,12 @@ mod tests {
         let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
         f.write_all(&data).unwrap();
         let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 5000]);
-        read_exact_vectored_at(&f, &mut [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)], 7)
-            .unwrap();
+        read_exact_vectored_at(
+            &f,
+            &mut [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)],
+            7,
+        )
+        .unwrap();
         assert_eq!(a, data[7..107]);
         assert_eq!(b, data[107..5107]);
         let mut c = vec![0u8; 100];

@@ -1,0 +1,970 @@
+//! [`RemoteSpillTarget`]: spill rounds to S3-like storage through `object_store`.
+//!
+//! For machines whose local disk is small or slow, or for spilled objects another machine
+//! should restore. The objects are laid out exactly as in local spill files
+//! ([`crate::format`]: header, length table, 64-byte aligned buffers, XXH3-64 checksum), so a
+//! restore verifies the same header and checksum and reports corruption or truncation naming
+//! the object's URI and offset.
+//!
+//! ```text
+//!  submit(round) ─► (blocks while `rounds_in_flight` rounds are uploading: backpressure)
+//!      │  runtime task: checksums (blocking pool) ─► Bytes chunks: [head][buf 0][pad][buf 1]…
+//!      ├─ ≤ part_size bytes: one PUT
+//!      └─ > part_size: multipart upload, parts of exactly part_size bytes (the last shorter),
+//!         `parts_in_flight` at a time; any failure aborts the upload (no location returned)
+//!  RemoteSpillLocation (object, offset, lengths)
+//!      ├─ restore_into(&mut [dest buffers]) ── ranged GET streamed into the destinations
+//!      ├─ restore() ── ranged GET, buffers as slices of the downloaded bytes
+//!      └─ drop (last object of the round) ── DELETE in the background
+//! ```
+//!
+//! **No copy of the payload on our side.** A part is a [`PutPayload`]: a list of [`Bytes`]
+//! handles, i.e. slices of the caller's buffers, our small heads, and static zero padding.
+//! Parts are cut at fixed offsets by slicing handles, never by assembling a part buffer (what
+//! `object_store`'s own `WriteMultipart` does). Every part but the last has the same size,
+//! which S3 (≥ 5 MiB per part) and R2 (equal part sizes) both require.
+//!
+//! **Names.** Round `n` of a target is `<prefix>/<pid>-<nonce>-<host>/<n>.spill`. When a target
+//! opens it deletes the directories under its prefix that belong to dead processes of the same
+//! host (crashed runs); directories of other hosts are left alone, since their liveness cannot
+//! be known from here. Multipart uploads that a crash left unfinished are invisible to listing:
+//! give the bucket a lifecycle rule (S3 `AbortIncompleteMultipartUpload`) for those.
+//!
+//! **Threads.** The target runs its own small tokio runtime, so callers need none. `spill`
+//! only waits on a channel and works from any thread; the blocking restores drive the
+//! runtime from the caller's thread and refuse to run inside an async runtime (tokio would
+//! panic); async embedders use the `_async` methods there. The runtime lives until the
+//! target and every location are dropped, then waits (bounded) for pending deletes.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use futures::stream::FuturesUnordered;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    GetOptions, GetRange, MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload,
+};
+
+use crate::area::SpillObject;
+use crate::error::{Result, SpillError};
+use crate::format::{
+    align_up, check_head, head_len, length_table, object_len, padding, payload_checksum, Header,
+    HEADER_LEN, ZEROS,
+};
+
+/// How a [`RemoteSpillTarget`] uploads.
+#[derive(Debug, Clone)]
+pub struct RemoteSpillConfig {
+    /// Size of every multipart part but the last; rounds up to this size go up as one PUT.
+    /// S3 and GCS need at least 5 MiB. Default 16 MiB.
+    pub part_size: usize,
+    /// Parts of one round uploading at the same time. Default 4.
+    pub parts_in_flight: usize,
+    /// Rounds uploading at the same time; `submit` blocks beyond that. Default 2.
+    pub rounds_in_flight: usize,
+    /// Threads of the target's runtime. Default 2.
+    pub io_threads: usize,
+}
+
+impl Default for RemoteSpillConfig {
+    fn default() -> Self {
+        RemoteSpillConfig {
+            part_size: 16 << 20,
+            parts_in_flight: 4,
+            rounds_in_flight: 2,
+            io_threads: 2,
+        }
+    }
+}
+
+impl RemoteSpillConfig {
+    pub fn with_part_size(mut self, bytes: usize) -> Self {
+        self.part_size = bytes;
+        self
+    }
+    pub fn with_parts_in_flight(mut self, parts: usize) -> Self {
+        self.parts_in_flight = parts;
+        self
+    }
+    pub fn with_rounds_in_flight(mut self, rounds: usize) -> Self {
+        self.rounds_in_flight = rounds;
+        self
+    }
+    pub fn with_io_threads(mut self, threads: usize) -> Self {
+        self.io_threads = threads;
+        self
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    rounds: AtomicU64,
+    failed_rounds: AtomicU64,
+    objects_spilled: AtomicU64,
+    bytes_spilled: AtomicU64,
+    single_puts: AtomicU64,
+    multipart_uploads: AtomicU64,
+    parts_uploaded: AtomicU64,
+    aborted_uploads: AtomicU64,
+    remote_objects_deleted: AtomicU64,
+    stale_objects_removed: AtomicU64,
+    objects_restored: AtomicU64,
+    bytes_restored: AtomicU64,
+    get_requests: AtomicU64,
+}
+
+/// Counters of a remote spill target since it opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoteSpillStats {
+    pub rounds: u64,
+    pub failed_rounds: u64,
+    pub objects_spilled: u64,
+    /// Payload bytes (buffers only, no heads or padding).
+    pub bytes_spilled: u64,
+    /// Rounds uploaded with one PUT.
+    pub single_puts: u64,
+    /// Rounds uploaded as multipart uploads, and their parts.
+    pub multipart_uploads: u64,
+    pub parts_uploaded: u64,
+    /// Multipart uploads aborted after a failure.
+    pub aborted_uploads: u64,
+    /// Remote round objects deleted after their last location was dropped.
+    pub remote_objects_deleted: u64,
+    /// Objects of dead processes (same host) removed when the target opened.
+    pub stale_objects_removed: u64,
+    pub objects_restored: u64,
+    pub bytes_restored: u64,
+    pub get_requests: u64,
+}
+
+/// What the target, its tasks and its remote objects share. Holds the runtime, so it is
+/// dropped only when nothing can issue requests any more.
+struct Shared {
+    store: Arc<dyn ObjectStore>,
+    /// `<prefix>/<pid>-<nonce>-<host>`: this target's directory.
+    root: ObjectPath,
+    /// Prepended to object paths in messages (`s3://bucket/`).
+    display_prefix: String,
+    config: RemoteSpillConfig,
+    counters: Arc<Counters>,
+    next_round: AtomicU64,
+    pending_deletes: Arc<AtomicUsize>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Shared {
+    fn uri_of(&self, path: &ObjectPath) -> String {
+        format!("{}{}", self.display_prefix, path)
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime
+            .as_ref()
+            .expect("runtime lives as long as Shared")
+    }
+}
+
+/// How long dropping a target waits for background deletes of its objects.
+const DELETE_GRACE: Duration = Duration::from_secs(30);
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let pending = self.pending_deletes.clone();
+        let wait_and_stop = move || {
+            runtime.block_on(async {
+                let deadline = Instant::now() + DELETE_GRACE;
+                while pending.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            });
+            drop(runtime);
+        };
+        // A runtime cannot be blocked on or dropped from inside an async context (the last
+        // handle may go away in one of our own tasks): do it on a thread of its own then.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::Builder::new()
+                .name("forebay-remote-spill-stop".into())
+                .spawn(wait_and_stop);
+        } else {
+            wait_and_stop();
+        }
+    }
+}
+
+/// One remote object holding a spill round. Deleted in the background when the last
+/// [`RemoteSpillLocation`] in it is dropped.
+pub struct RemoteSpillFile {
+    shared: Arc<Shared>,
+    path: ObjectPath,
+    size: u64,
+}
+
+impl RemoteSpillFile {
+    /// The object's URI (`s3://bucket/prefix/…/3.spill`).
+    pub fn uri(&self) -> String {
+        self.shared.uri_of(&self.path)
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Drop for RemoteSpillFile {
+    fn drop(&mut self) {
+        let store = self.shared.store.clone();
+        let path = std::mem::replace(&mut self.path, ObjectPath::from(""));
+        let counters = self.shared.counters.clone();
+        let pending = self.shared.pending_deletes.clone();
+        pending.fetch_add(1, Ordering::AcqRel);
+        // The task holds the store, the counters and the pending count, not `Shared`: the
+        // runtime must never own the last handle to itself.
+        self.shared.runtime().spawn(async move {
+            if store.delete(&path).await.is_ok() {
+                counters
+                    .remote_objects_deleted
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            pending.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
+
+impl std::fmt::Debug for RemoteSpillFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RemoteSpillFile({}, {} bytes)", self.uri(), self.size)
+    }
+}
+
+/// Where a remotely spilled object lives. Cloning is cheap; the round's remote object is
+/// deleted once the last location in it is dropped.
+#[derive(Debug, Clone)]
+pub struct RemoteSpillLocation {
+    file: Arc<RemoteSpillFile>,
+    offset: u64,
+    len: u64,
+    object_id: u64,
+    buffer_lens: Arc<[u64]>,
+}
+
+impl RemoteSpillLocation {
+    /// URI of the remote object holding this spilled object.
+    pub fn uri(&self) -> String {
+        self.file.uri()
+    }
+    /// Offset of the object's header in the remote object (a multiple of 64).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// Bytes the object occupies (header, table, buffers, padding).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.buffer_lens.is_empty()
+    }
+    pub fn object_id(&self) -> u64 {
+        self.object_id
+    }
+    pub fn buffer_lens(&self) -> &[u64] {
+        &self.buffer_lens
+    }
+    pub fn payload_len(&self) -> u64 {
+        self.buffer_lens.iter().sum()
+    }
+    fn range(&self) -> std::ops::Range<u64> {
+        self.offset..self.offset + self.len
+    }
+    fn corrupt(&self, reason: impl Into<String>) -> SpillError {
+        SpillError::Corrupt {
+            path: PathBuf::from(self.uri()),
+            offset: self.offset,
+            reason: reason.into(),
+        }
+    }
+    fn truncated(&self) -> SpillError {
+        SpillError::Truncated {
+            path: PathBuf::from(self.uri()),
+            offset: self.offset,
+            needed: self.len,
+        }
+    }
+}
+
+/// A round submitted to a [`RemoteSpillTarget`].
+pub struct PendingRemoteSpill {
+    reply: Receiver<Result<Vec<RemoteSpillLocation>>>,
+}
+
+impl PendingRemoteSpill {
+    /// Wait for the round: one location per object, in order, or the error that stopped it
+    /// (then nothing of the round remains: a multipart upload is aborted).
+    pub fn wait(self) -> Result<Vec<RemoteSpillLocation>> {
+        self.reply.recv().map_err(|_| SpillError::Closed)?
+    }
+}
+
+/// Spills rounds of objects to an object store (S3, GCS, Azure, a local directory through
+/// `object_store`, memory). See the module docs for the protocol.
+pub struct RemoteSpillTarget {
+    shared: Arc<Shared>,
+    /// One token per round uploading; `submit` blocks while all are taken.
+    round_slots: Sender<()>,
+    round_done: Receiver<()>,
+}
+
+fn remote_error(uri: &str, action: String, source: object_store::Error) -> SpillError {
+    SpillError::Remote {
+        uri: uri.to_string(),
+        action,
+        source,
+    }
+}
+
+/// A path segment naming this process: `<pid>-<nonce>-<host>`.
+fn process_dir_name() -> String {
+    let nonce = {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        xxhash_rust::xxh3::xxh3_64(&[now.to_le_bytes().as_slice(), &seq.to_le_bytes()].concat())
+    };
+    format!("{}-{nonce:016x}-{}", std::process::id(), host_name())
+}
+
+/// This machine's host name, reduced to characters safe in any object store key.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length; gethostname writes at most that
+    // many bytes and we only read up to the first NUL (or the end).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let raw = if rc == 0 {
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::new()
+    };
+    let safe: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe.is_empty() {
+        "unknown-host".into()
+    } else {
+        safe
+    }
+}
+
+/// The pid and host of a directory name written by [`process_dir_name`].
+fn parse_process_dir(name: &str) -> Option<(u32, &str)> {
+    let (pid, rest) = name.split_once('-')?;
+    let (nonce, host) = rest.split_once('-')?;
+    if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((pid.parse().ok()?, host))
+}
+
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        std::path::Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
+}
+
+impl RemoteSpillTarget {
+    /// Open a target under `prefix` of `store`. `display_prefix` is prepended to object paths
+    /// in messages and URIs (for example `s3://bucket/`). Directories left under `prefix` by
+    /// dead processes of this host are deleted first.
+    pub fn open(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        display_prefix: &str,
+        config: RemoteSpillConfig,
+    ) -> Result<RemoteSpillTarget> {
+        if config.part_size == 0 || config.parts_in_flight == 0 || config.rounds_in_flight == 0 {
+            return Err(SpillError::InvalidArgument(
+                "part_size, parts_in_flight and rounds_in_flight must be at least 1".into(),
+            ));
+        }
+        let prefix = ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| {
+            SpillError::InvalidArgument(format!(
+                "{display_prefix}{prefix}: not a valid object path: {e}"
+            ))
+        })?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.io_threads.max(1))
+            .thread_name("forebay-remote-spill")
+            .enable_all()
+            .build()
+            .map_err(|e| SpillError::Io {
+                path: PathBuf::from("<thread>"),
+                action: "start remote spill runtime",
+                source: e,
+            })?;
+        let (round_slots, round_done) = crossbeam_channel::bounded(config.rounds_in_flight);
+        let shared = Arc::new(Shared {
+            store,
+            root: prefix.clone().join(process_dir_name()),
+            display_prefix: display_prefix.to_string(),
+            config,
+            counters: Arc::new(Counters::default()),
+            next_round: AtomicU64::new(0),
+            pending_deletes: Arc::new(AtomicUsize::new(0)),
+            runtime: Some(runtime),
+        });
+        let target = RemoteSpillTarget {
+            shared,
+            round_slots,
+            round_done,
+        };
+        target.block_on(target.remove_stale(prefix))??;
+        Ok(target)
+    }
+
+    /// Delete the directories under `prefix` that dead processes of this host left behind.
+    fn remove_stale(&self, prefix: ObjectPath) -> impl Future<Output = Result<()>> + 'static {
+        let shared = self.shared.clone();
+        async move {
+            let store = &shared.store;
+            let uri = shared.uri_of(&prefix);
+            let listing = store
+                .list_with_delimiter(Some(&prefix))
+                .await
+                .map_err(|e| remote_error(&uri, "list spill prefix".into(), e))?;
+            let host = host_name();
+            for dir in listing.common_prefixes {
+                let Some(name) = dir.filename() else { continue };
+                let Some((pid, dir_host)) = parse_process_dir(name) else {
+                    continue;
+                };
+                if dir_host != host || pid == std::process::id() || process_alive(pid) {
+                    continue;
+                }
+                let dir_uri = shared.uri_of(&dir);
+                let objects: Vec<_> = store
+                    .list(Some(&dir))
+                    .map_ok(|meta| meta.location)
+                    .try_collect()
+                    .await
+                    .map_err(|e| remote_error(&dir_uri, "list stale spill objects".into(), e))?;
+                for object in objects {
+                    match store.delete(&object).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                            shared
+                                .counters
+                                .stale_objects_removed
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            return Err(remote_error(
+                                &shared.uri_of(&object),
+                                "delete stale spill object".into(),
+                                e,
+                            ))
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Run `fut` to completion on the target's runtime from a plain thread.
+    fn block_on<F: Future>(&self, fut: F) -> Result<F::Output> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(SpillError::InvalidArgument(
+                "blocking remote spill call from inside an async runtime; use the _async methods"
+                    .into(),
+            ));
+        }
+        Ok(self.shared.runtime().block_on(fut))
+    }
+
+    /// The directory this target writes its rounds under (`s3://bucket/prefix/<pid>-…`).
+    pub fn root_uri(&self) -> String {
+        self.shared.uri_of(&self.shared.root)
+    }
+
+    /// Queue a round for upload. Blocks while `rounds_in_flight` rounds are uploading.
+    pub fn submit(&self, objects: Vec<SpillObject>) -> Result<PendingRemoteSpill> {
+        self.round_slots.send(()).map_err(|_| SpillError::Closed)?;
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        let shared = self.shared.clone();
+        let done = self.round_done.clone();
+        self.shared.runtime().spawn(async move {
+            let result = write_round(&shared, objects).await;
+            let _ = done.try_recv(); // free the slot before the caller sees the result
+            drop(shared); // before replying: the reply may let the caller drop the target
+            let _ = reply.send(result);
+        });
+        Ok(PendingRemoteSpill { reply: rx })
+    }
+
+    /// Upload a round and wait for it.
+    pub fn spill(&self, objects: Vec<SpillObject>) -> Result<Vec<RemoteSpillLocation>> {
+        self.submit(objects)?.wait()
+    }
+
+    /// Upload a round from async code (no backpressure slot: the caller awaits it).
+    pub async fn spill_async(&self, objects: Vec<SpillObject>) -> Result<Vec<RemoteSpillLocation>> {
+        let shared = self.shared.clone();
+        self.shared
+            .runtime()
+            .spawn(async move { write_round(&shared, objects).await })
+            .await
+            .map_err(|_| SpillError::InvalidArgument("internal error: spill task failed".into()))?
+    }
+
+    /// Restore into memory the caller provides: `destinations[i]` receives buffer `i` and must
+    /// have exactly its length. One ranged GET is streamed into them (the only copy: out of the
+    /// network buffers); the head and checksum are then verified, so on error the
+    /// destinations' contents are unspecified but never silently wrong.
+    pub fn restore_into(
+        &self,
+        loc: &RemoteSpillLocation,
+        destinations: &mut [&mut [u8]],
+    ) -> Result<()> {
+        self.block_on(self.restore_into_async(loc, destinations))?
+    }
+
+    /// [`RemoteSpillTarget::restore_into`] for async callers.
+    pub async fn restore_into_async(
+        &self,
+        loc: &RemoteSpillLocation,
+        destinations: &mut [&mut [u8]],
+    ) -> Result<()> {
+        let lens: Vec<u64> = destinations.iter().map(|d| d.len() as u64).collect();
+        if lens.as_slice() != loc.buffer_lens() {
+            return Err(SpillError::DestinationMismatch {
+                path: PathBuf::from(loc.uri()),
+                offset: loc.offset,
+                reason: format!(
+                    "buffers are {:?} bytes, destinations {lens:?}",
+                    loc.buffer_lens
+                ),
+            });
+        }
+        let mut head = vec![0u8; head_len(loc.buffer_lens.len()) as usize];
+        let pads: usize = loc.buffer_lens.iter().map(|l| padding(*l)).sum();
+        let mut pad_sink = vec![0u8; pads];
+        {
+            let mut segments: Vec<&mut [u8]> = Vec::with_capacity(1 + 2 * destinations.len());
+            segments.push(&mut head);
+            let mut pad_rest: &mut [u8] = &mut pad_sink;
+            for dest in destinations.iter_mut() {
+                let pad = padding(dest.len() as u64);
+                segments.push(&mut **dest);
+                let (this_pad, rest) = std::mem::take(&mut pad_rest).split_at_mut(pad);
+                pad_rest = rest;
+                segments.push(this_pad);
+            }
+            let mut stream = self.get_stream(loc).await?;
+            let mut filler = SegmentFiller::new(segments);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.read_error(loc, e))?;
+                if !filler.fill(&chunk) {
+                    return Err(loc.corrupt("the store returned more bytes than the object has"));
+                }
+            }
+            if !filler.is_full() {
+                return Err(loc.truncated());
+            }
+        }
+        let header =
+            check_head(&head, &loc.buffer_lens, loc.object_id).map_err(|r| loc.corrupt(r))?;
+        if pad_sink.iter().any(|b| *b != 0) {
+            return Err(loc.corrupt("non-zero padding between buffers"));
+        }
+        let table = length_table(&loc.buffer_lens);
+        if payload_checksum(&table, destinations.iter().map(|d| &**d)) != header.checksum {
+            return Err(loc.corrupt("payload checksum mismatch"));
+        }
+        self.count_restore(loc);
+        Ok(())
+    }
+
+    /// Restore into the downloaded bytes: each buffer is a slice of the one ranged GET's
+    /// response (64-byte aligned within it), checksum verified.
+    pub fn restore(&self, loc: &RemoteSpillLocation) -> Result<Vec<Bytes>> {
+        self.block_on(self.restore_async(loc))?
+    }
+
+    /// [`RemoteSpillTarget::restore`] for async callers.
+    pub async fn restore_async(&self, loc: &RemoteSpillLocation) -> Result<Vec<Bytes>> {
+        let stream = self.get_stream(loc).await?;
+        let chunks: Vec<Bytes> = stream
+            .try_collect()
+            .await
+            .map_err(|e| self.read_error(loc, e))?;
+        let bytes = if chunks.len() == 1 {
+            chunks.into_iter().next().expect("one chunk")
+        } else {
+            // Several network chunks: one contiguous copy, so buffers can be slices.
+            let mut all = Vec::with_capacity(loc.len as usize);
+            chunks.iter().for_each(|c| all.extend_from_slice(c));
+            Bytes::from(all)
+        };
+        if (bytes.len() as u64) < loc.len {
+            return Err(loc.truncated());
+        }
+        if bytes.len() as u64 > loc.len {
+            return Err(loc.corrupt("the store returned more bytes than the object has"));
+        }
+        let head_end = head_len(loc.buffer_lens.len()) as usize;
+        let header = check_head(&bytes[..head_end], &loc.buffer_lens, loc.object_id)
+            .map_err(|r| loc.corrupt(r))?;
+        let mut buffers = Vec::with_capacity(loc.buffer_lens.len());
+        let mut at = head_end;
+        for len in loc.buffer_lens.iter() {
+            let len = *len as usize;
+            let padded = align_up(len as u64) as usize;
+            if bytes[at + len..at + padded].iter().any(|b| *b != 0) {
+                return Err(loc.corrupt("non-zero padding between buffers"));
+            }
+            buffers.push(bytes.slice(at..at + len));
+            at += padded;
+        }
+        let table = length_table(&loc.buffer_lens);
+        if payload_checksum(&table, buffers.iter().map(|b| &b[..])) != header.checksum {
+            return Err(loc.corrupt("payload checksum mismatch"));
+        }
+        self.count_restore(loc);
+        Ok(buffers)
+    }
+
+    async fn get_stream(
+        &self,
+        loc: &RemoteSpillLocation,
+    ) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>> {
+        self.shared
+            .counters
+            .get_requests
+            .fetch_add(1, Ordering::Relaxed);
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(loc.range())),
+            ..Default::default()
+        };
+        let result = self
+            .shared
+            .store
+            .get_opts(&loc.file.path, options)
+            .await
+            .map_err(|e| self.read_error(loc, e))?;
+        Ok(result.into_stream())
+    }
+
+    fn read_error(&self, loc: &RemoteSpillLocation, source: object_store::Error) -> SpillError {
+        remote_error(
+            &loc.uri(),
+            format!(
+                "read spilled object at offset {} ({} bytes)",
+                loc.offset, loc.len
+            ),
+            source,
+        )
+    }
+
+    fn count_restore(&self, loc: &RemoteSpillLocation) {
+        let c = &self.shared.counters;
+        c.objects_restored.fetch_add(1, Ordering::Relaxed);
+        c.bytes_restored
+            .fetch_add(loc.payload_len(), Ordering::Relaxed);
+    }
+
+    pub fn stats(&self) -> RemoteSpillStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RemoteSpillStats {
+            rounds: get(&c.rounds),
+            failed_rounds: get(&c.failed_rounds),
+            objects_spilled: get(&c.objects_spilled),
+            bytes_spilled: get(&c.bytes_spilled),
+            single_puts: get(&c.single_puts),
+            multipart_uploads: get(&c.multipart_uploads),
+            parts_uploaded: get(&c.parts_uploaded),
+            aborted_uploads: get(&c.aborted_uploads),
+            remote_objects_deleted: get(&c.remote_objects_deleted),
+            stale_objects_removed: get(&c.stale_objects_removed),
+            objects_restored: get(&c.objects_restored),
+            bytes_restored: get(&c.bytes_restored),
+            get_requests: get(&c.get_requests),
+        }
+    }
+
+    /// Wait until every remote object whose locations were all dropped has been deleted (or
+    /// `timeout` passed). Returns whether none is pending.
+    pub fn wait_for_deletes(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.shared.pending_deletes.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+/// Copies a stream of chunks into consecutive segments of caller memory.
+struct SegmentFiller<'a> {
+    segments: Vec<&'a mut [u8]>,
+    index: usize,
+    at: usize,
+}
+
+impl<'a> SegmentFiller<'a> {
+    fn new(segments: Vec<&'a mut [u8]>) -> Self {
+        let mut filler = SegmentFiller {
+            segments,
+            index: 0,
+            at: 0,
+        };
+        filler.skip_full();
+        filler
+    }
+
+    fn skip_full(&mut self) {
+        while self.index < self.segments.len() && self.at == self.segments[self.index].len() {
+            self.index += 1;
+            self.at = 0;
+        }
+    }
+
+    /// Copy `data` in; false if it does not fit (more bytes than expected).
+    fn fill(&mut self, mut data: &[u8]) -> bool {
+        while !data.is_empty() {
+            if self.index == self.segments.len() {
+                return false;
+            }
+            let segment = &mut self.segments[self.index][self.at..];
+            let n = segment.len().min(data.len());
+            segment[..n].copy_from_slice(&data[..n]);
+            data = &data[n..];
+            self.at += n;
+            self.skip_full();
+        }
+        true
+    }
+
+    fn is_full(&self) -> bool {
+        self.index == self.segments.len()
+    }
+}
+
+/// Upload one round as one remote object; on error nothing of it remains.
+async fn write_round(
+    shared: &Arc<Shared>,
+    objects: Vec<SpillObject>,
+) -> Result<Vec<RemoteSpillLocation>> {
+    let round = shared.next_round.fetch_add(1, Ordering::Relaxed);
+    let path = shared.root.clone().join(format!("{round}.spill"));
+    let uri = shared.uri_of(&path);
+    let c = &shared.counters;
+    let result = async {
+        // Checksums are CPU work over every payload byte: off the runtime's I/O threads.
+        let (objects, heads) = tokio::task::spawn_blocking(move || {
+            let heads: Result<Vec<Bytes>> = objects.iter().map(encode_head).collect();
+            (objects, heads)
+        })
+        .await
+        .map_err(|_| SpillError::InvalidArgument("internal error: checksum task failed".into()))?;
+        let heads = heads?;
+        let mut chunks = Vec::new();
+        let mut layout = Vec::with_capacity(objects.len());
+        let mut offset = 0u64;
+        for (object, head) in objects.iter().zip(heads) {
+            let lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
+            let len = object_len(&lens);
+            chunks.push(head);
+            for buffer in &object.buffers {
+                if !buffer.is_empty() {
+                    chunks.push(buffer.clone()); // a handle, not a copy
+                }
+                let pad = padding(buffer.len() as u64);
+                if pad > 0 {
+                    chunks.push(Bytes::from_static(&ZEROS[..pad]));
+                }
+            }
+            layout.push((object.id, offset, len, Arc::<[u64]>::from(lens)));
+            offset += len;
+        }
+        upload(shared, &path, &uri, chunks, offset).await?;
+        Ok::<_, SpillError>((layout, offset))
+    }
+    .await;
+    match result {
+        Ok((layout, size)) => {
+            c.rounds.fetch_add(1, Ordering::Relaxed);
+            c.objects_spilled
+                .fetch_add(layout.len() as u64, Ordering::Relaxed);
+            let payload: u64 = layout.iter().map(|l| l.3.iter().sum::<u64>()).sum();
+            c.bytes_spilled.fetch_add(payload, Ordering::Relaxed);
+            let file = Arc::new(RemoteSpillFile {
+                shared: shared.clone(),
+                path,
+                size,
+            });
+            Ok(layout
+                .into_iter()
+                .map(
+                    |(object_id, offset, len, buffer_lens)| RemoteSpillLocation {
+                        file: file.clone(),
+                        offset,
+                        len,
+                        object_id,
+                        buffer_lens,
+                    },
+                )
+                .collect())
+        }
+        Err(e) => {
+            c.failed_rounds.fetch_add(1, Ordering::Relaxed);
+            Err(e)
+        }
+    }
+}
+
+/// An object's head (header with its checksum, length table, padding) as bytes.
+fn encode_head(object: &SpillObject) -> Result<Bytes> {
+    let lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
+    let table = length_table(&lens);
+    let header = Header {
+        buffer_count: u32::try_from(lens.len()).map_err(|_| {
+            SpillError::InvalidArgument(format!(
+                "object {} has {} buffers, more than 2^32",
+                object.id,
+                lens.len()
+            ))
+        })?,
+        payload_len: lens.iter().sum(),
+        checksum: payload_checksum(&table, object.buffers.iter().map(|b| &b[..])),
+        object_id: object.id,
+    };
+    let mut head = Vec::with_capacity(head_len(lens.len()) as usize);
+    head.extend_from_slice(&header.encode());
+    head.extend_from_slice(&table);
+    head.resize(head_len(lens.len()) as usize, 0);
+    debug_assert_eq!(head.len() % HEADER_LEN, 0);
+    Ok(Bytes::from(head))
+}
+
+/// Upload `chunks` (`total` bytes) to `path`: one PUT, or a multipart upload of fixed-size
+/// parts that is aborted on any failure.
+async fn upload(
+    shared: &Shared,
+    path: &ObjectPath,
+    uri: &str,
+    chunks: Vec<Bytes>,
+    total: u64,
+) -> Result<()> {
+    let c = &shared.counters;
+    let part_size = shared.config.part_size;
+    if total <= part_size as u64 {
+        shared
+            .store
+            .put(path, chunks.into_iter().collect::<PutPayload>())
+            .await
+            .map_err(|e| remote_error(uri, "upload spill object".into(), e))?;
+        c.single_puts.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
+    let mut upload = shared
+        .store
+        .put_multipart(path)
+        .await
+        .map_err(|e| remote_error(uri, "start multipart upload".into(), e))?;
+    c.multipart_uploads.fetch_add(1, Ordering::Relaxed);
+    let parts = PartSplitter {
+        chunks: chunks.into_iter(),
+        carry: None,
+        part_size,
+    };
+    let outcome = match upload_parts(&mut *upload, parts, shared.config.parts_in_flight, c).await {
+        Ok(()) => upload
+            .complete()
+            .await
+            .map(|_| ())
+            .map_err(|e| remote_error(uri, "complete multipart upload".into(), e)),
+        Err((part, e)) => Err(remote_error(uri, format!("upload part {part}"), e)),
+    };
+    if outcome.is_err() {
+        // Best effort: the upload's parts would otherwise linger (and cost) until a bucket
+        // lifecycle rule removes them.
+        let _ = upload.abort().await;
+        c.aborted_uploads.fetch_add(1, Ordering::Relaxed);
+    }
+    outcome
+}
+
+async fn upload_parts(
+    upload: &mut dyn MultipartUpload,
+    mut parts: PartSplitter,
+    parts_in_flight: usize,
+    counters: &Counters,
+) -> std::result::Result<(), (usize, object_store::Error)> {
+    let mut in_flight = FuturesUnordered::new();
+    let mut started = 0usize;
+    loop {
+        while in_flight.len() < parts_in_flight {
+            let Some(part) = parts.next() else { break };
+            let number = started;
+            started += 1;
+            let put = upload.put_part(part);
+            in_flight.push(async move { put.await.map_err(|e| (number, e)) });
+        }
+        match in_flight.next().await {
+            Some(done) => {
+                done?;
+                counters.parts_uploaded.fetch_add(1, Ordering::Relaxed);
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Cuts a list of chunks into payloads of exactly `part_size` bytes (the last may be
+/// shorter) by slicing the chunks' handles: no bytes are copied.
+struct PartSplitter {
+    chunks: std::vec::IntoIter<Bytes>,
+    carry: Option<Bytes>,
+    part_size: usize,
+}
+
+impl Iterator for PartSplitter {
+    type Item = PutPayload;
+
+    fn next(&mut self) -> Option<PutPayload> {
+        let mut part = Vec::new();
+        let mut room = self.part_size;
+        while room > 0 {
+            let Some(mut chunk) = self.carry.take().or_else(|| self.chunks.next()) else {
+                break;
+            };
+            if chunk.len() > room {
+                self.carry = Some(chunk.split_off(room));
+            }
+            room -= chunk.len();
+            part.push(chunk);
+        }
+        (!part.is_empty()).then(|| part.into_iter().collect())
+    }
+}
