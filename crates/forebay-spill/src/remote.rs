@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use futures::stream::FuturesUnordered;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{
     GetOptions, GetRange, MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload,
@@ -170,8 +170,11 @@ impl Shared {
     }
 }
 
-/// How long dropping a target waits for background deletes of its objects.
-const DELETE_GRACE: Duration = Duration::from_secs(30);
+/// How long dropping a target (with its last location) waits for the background deletes of
+/// its remote objects. Deletes take milliseconds; an unreachable store would otherwise hold
+/// the dropping thread for object_store's whole retry budget. Objects left behind are
+/// removed by the first target opened on the same prefix and host after this process exits.
+const DELETE_GRACE: Duration = Duration::from_secs(5);
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -511,7 +514,14 @@ impl RemoteSpillTarget {
         let shared = self.shared.clone();
         let done = self.round_done.clone();
         self.shared.runtime().spawn(async move {
-            let result = write_round(&shared, objects).await;
+            let result = std::panic::AssertUnwindSafe(write_round(&shared, objects))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SpillError::InvalidArgument(
+                        "internal error: remote spill task panicked".into(),
+                    ))
+                });
             let _ = done.try_recv(); // free the slot before the caller sees the result
             drop(shared); // before replying: the reply may let the caller drop the target
             let _ = reply.send(result);
