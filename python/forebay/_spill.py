@@ -11,6 +11,16 @@ from typing import Iterable, Sequence
 from . import _forebay
 
 
+def _round(objects: Iterable[Sequence[bytes]], ids: Iterable[int] | None) -> list:
+    """A spill round as the binding takes it: ``[(id, [bytes, ...]), ...]``; ids default to
+    the objects' positions."""
+    objects = [[bytes(b) for b in obj] for obj in objects]
+    ids = list(ids) if ids is not None else list(range(len(objects)))
+    if len(ids) != len(objects):
+        raise ValueError(f"{len(ids)} ids for {len(objects)} objects")
+    return list(zip(ids, objects))
+
+
 class SpillArea:
     """Spill directories plus a small pool of I/O threads.
 
@@ -38,9 +48,7 @@ class SpillArea:
         """Spill a round of objects (each a list of bytes-like buffers) into one new file.
 
         Returns one location per object; keep it to restore, call ``.free()`` to release."""
-        objects = [[bytes(b) for b in obj] for obj in objects]
-        ids = list(ids) if ids is not None else list(range(len(objects)))
-        return self._inner.spill(list(zip(ids, objects)))
+        return self._inner.spill(_round(objects, ids))
 
     def restore(self, location) -> list:
         """The object's buffers as ``bytes`` (read with preadv, checksum verified)."""
@@ -88,9 +96,7 @@ class RemoteSpillTarget:
         """Upload a round of objects (each a list of bytes-like buffers) as one remote object.
 
         Returns one location per object; keep it to restore, call ``.free()`` to release."""
-        objects = [[bytes(b) for b in obj] for obj in objects]
-        ids = list(ids) if ids is not None else list(range(len(objects)))
-        return self._inner.spill(list(zip(ids, objects)))
+        return self._inner.spill(_round(objects, ids))
 
     def restore(self, location) -> list:
         """The object's buffers as ``bytes`` (one ranged GET, checksum verified)."""

@@ -656,19 +656,47 @@ struct RsSpillArea {
     area: forebay_spill::SpillArea,
 }
 
-/// Where one spilled object lives; `free()` (or garbage collection) releases it.
-#[pyclass(module = "forebay._forebay", frozen)]
-struct RsSpillLocation {
-    location: std::sync::Mutex<Option<forebay_spill::SpillLocation>>,
-}
+/// A spill location held for Python until `free()` (or garbage collection) releases it.
+pub(crate) struct FreeableLocation<T: Clone>(std::sync::Mutex<Option<T>>);
 
-impl RsSpillLocation {
-    fn get(&self) -> PyResult<forebay_spill::SpillLocation> {
-        self.location
+impl<T: Clone> FreeableLocation<T> {
+    pub(crate) fn new(location: T) -> Self {
+        FreeableLocation(std::sync::Mutex::new(Some(location)))
+    }
+    pub(crate) fn get(&self) -> PyResult<T> {
+        self.0
             .lock()
             .map_err(|_| SpillError::new_err("location poisoned"))?
             .clone()
             .ok_or_else(|| SpillError::new_err("spilled object was already freed"))
+    }
+    pub(crate) fn free(&self) {
+        if let Ok(mut guard) = self.0.lock() {
+            *guard = None;
+        }
+    }
+}
+
+/// A spill round as Python hands it over: `(id, [bytes-like, ...])` per object.
+pub(crate) fn spill_objects(objects: Vec<(u64, Vec<Vec<u8>>)>) -> Vec<forebay_spill::SpillObject> {
+    objects
+        .into_iter()
+        .map(|(id, buffers)| forebay_spill::SpillObject {
+            id,
+            buffers: buffers.into_iter().map(bytes::Bytes::from).collect(),
+        })
+        .collect()
+}
+
+/// Where one spilled object lives; `free()` (or garbage collection) releases it.
+#[pyclass(module = "forebay._forebay", frozen)]
+struct RsSpillLocation {
+    location: FreeableLocation<forebay_spill::SpillLocation>,
+}
+
+impl RsSpillLocation {
+    fn get(&self) -> PyResult<forebay_spill::SpillLocation> {
+        self.location.get()
     }
 }
 
@@ -687,9 +715,7 @@ impl RsSpillLocation {
         Ok(self.get()?.buffer_lens().to_vec())
     }
     fn free(&self) {
-        if let Ok(mut guard) = self.location.lock() {
-            *guard = None;
-        }
+        self.location.free()
     }
 }
 
@@ -735,18 +761,12 @@ impl RsSpillArea {
         py: Python<'_>,
         objects: Vec<(u64, Vec<Vec<u8>>)>,
     ) -> PyResult<Vec<RsSpillLocation>> {
-        let objects = objects
-            .into_iter()
-            .map(|(id, buffers)| forebay_spill::SpillObject {
-                id,
-                buffers: buffers.into_iter().map(bytes::Bytes::from).collect(),
-            })
-            .collect();
+        let objects = spill_objects(objects);
         let locations = detached_py(py, || self.area.spill(objects).map_err(spill_err))?;
         Ok(locations
             .into_iter()
             .map(|l| RsSpillLocation {
-                location: std::sync::Mutex::new(Some(l)),
+                location: FreeableLocation::new(l),
             })
             .collect())
     }

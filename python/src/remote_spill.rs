@@ -4,14 +4,13 @@
 //! once into Rust at this boundary); the upload itself sends slices of them.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use forebay_spill::{RemoteSpillConfig, RemoteSpillLocation, RemoteSpillTarget, SpillObject};
+use forebay_spill::{RemoteSpillConfig, RemoteSpillLocation, RemoteSpillTarget};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::{detached_py, spill_err, SpillError};
+use crate::{detached_py, spill_err, spill_objects, FreeableLocation, SpillError};
 
 #[pyclass(module = "forebay._forebay", frozen)]
 struct RsRemoteSpillTarget {
@@ -21,16 +20,12 @@ struct RsRemoteSpillTarget {
 /// Where one remotely spilled object lives; `free()` (or garbage collection) releases it.
 #[pyclass(module = "forebay._forebay", frozen)]
 struct RsRemoteSpillLocation {
-    location: Mutex<Option<RemoteSpillLocation>>,
+    location: FreeableLocation<RemoteSpillLocation>,
 }
 
 impl RsRemoteSpillLocation {
     fn get(&self) -> PyResult<RemoteSpillLocation> {
-        self.location
-            .lock()
-            .map_err(|_| SpillError::new_err("location poisoned"))?
-            .clone()
-            .ok_or_else(|| SpillError::new_err("spilled object was already freed"))
+        self.location.get()
     }
 }
 
@@ -49,9 +44,7 @@ impl RsRemoteSpillLocation {
         Ok(self.get()?.buffer_lens().to_vec())
     }
     fn free(&self) {
-        if let Ok(mut guard) = self.location.lock() {
-            *guard = None;
-        }
+        self.location.free()
     }
 }
 
@@ -90,18 +83,12 @@ impl RsRemoteSpillTarget {
         py: Python<'_>,
         objects: Vec<(u64, Vec<Vec<u8>>)>,
     ) -> PyResult<Vec<RsRemoteSpillLocation>> {
-        let objects = objects
-            .into_iter()
-            .map(|(id, buffers)| SpillObject {
-                id,
-                buffers: buffers.into_iter().map(bytes::Bytes::from).collect(),
-            })
-            .collect();
+        let objects = spill_objects(objects);
         let locations = detached_py(py, || self.target.spill(objects).map_err(spill_err))?;
         Ok(locations
             .into_iter()
             .map(|l| RsRemoteSpillLocation {
-                location: Mutex::new(Some(l)),
+                location: FreeableLocation::new(l),
             })
             .collect())
     }
