@@ -34,7 +34,9 @@ async fn upload(store: &Arc<dyn ObjectStore>, path: &Path, parts: Vec<PutPayload
     for part in parts {
         pending.push(upload.put_part(part));
         if pending.len() == 4 {
-            futures::future::try_join_all(pending.drain(..)).await.unwrap();
+            futures::future::try_join_all(pending.drain(..))
+                .await
+                .unwrap();
         }
     }
     futures::future::try_join_all(pending).await.unwrap();

@@ -72,7 +72,8 @@ impl RsRemoteSpillTarget {
                 .with_part_size(part_size)
                 .with_parts_in_flight(parts_in_flight)
                 .with_rounds_in_flight(rounds_in_flight);
-            RemoteSpillTarget::open(store, path.as_ref(), &display_prefix, config).map_err(spill_err)
+            RemoteSpillTarget::open(store, path.as_ref(), &display_prefix, config)
+                .map_err(spill_err)
         })?;
         Ok(RsRemoteSpillTarget { target })
     }
