@@ -15,7 +15,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{Result, SpillError};
 use crate::format::{
-    align_up, check_head, head_len, length_table, object_len, padding, payload_checksum, Header,
+    align_up, check_head, check_payload, head_len, length_table, object_len, padding, payload_checksum, Header,
     HEADER_LEN, ZEROS,
 };
 use crate::vectored::{read_exact_vectored_at, write_all_vectored};
@@ -497,18 +497,13 @@ impl SpillArea {
         padding_clean: bool,
         buffers: impl Iterator<Item = &'a [u8]>,
     ) -> Result<()> {
-        let corrupt = |reason: &str| SpillError::Corrupt {
-            path: loc.path().to_path_buf(),
-            offset: loc.offset,
-            reason: reason.into(),
-        };
-        if !padding_clean {
-            return Err(corrupt("non-zero padding between buffers"));
-        }
-        let table = length_table(&loc.buffer_lens);
-        if payload_checksum(&table, buffers) != self.checksum_of(loc)? {
-            return Err(corrupt("payload checksum mismatch"));
-        }
+        check_payload(&loc.buffer_lens, self.checksum_of(loc)?, padding_clean, buffers).map_err(
+            |reason| SpillError::Corrupt {
+                path: loc.path().to_path_buf(),
+                offset: loc.offset,
+                reason,
+            },
+        )?;
         let c = &self.shared.counters;
         c.objects_restored.fetch_add(1, Ordering::Relaxed);
         c.bytes_restored

@@ -145,6 +145,23 @@ pub fn check_head(head: &[u8], buffer_lens: &[u64], object_id: u64) -> Result<He
     Ok(header)
 }
 
+/// Check a restored payload: the padding between buffers read back as zeros and the
+/// buffers hash to the checksum its header carries.
+pub fn check_payload<'a>(
+    buffer_lens: &[u64],
+    checksum: u64,
+    padding_clean: bool,
+    buffers: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<(), String> {
+    if !padding_clean {
+        return Err("non-zero padding between buffers".into());
+    }
+    if payload_checksum(&length_table(buffer_lens), buffers) != checksum {
+        return Err("payload checksum mismatch".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

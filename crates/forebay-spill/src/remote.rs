@@ -54,7 +54,8 @@ use object_store::{
 use crate::area::SpillObject;
 use crate::error::{Result, SpillError};
 use crate::format::{
-    align_up, check_head, head_len, length_table, object_len, padding, payload_checksum, Header,
+    align_up, check_head, check_payload, head_len, length_table, object_len, padding,
+    payload_checksum, Header,
     HEADER_LEN, ZEROS,
 };
 
@@ -601,13 +602,14 @@ impl RemoteSpillTarget {
         }
         let header =
             check_head(&head, &loc.buffer_lens, loc.object_id).map_err(|r| loc.corrupt(r))?;
-        if pad_sink.iter().any(|b| *b != 0) {
-            return Err(loc.corrupt("non-zero padding between buffers"));
-        }
-        let table = length_table(&loc.buffer_lens);
-        if payload_checksum(&table, destinations.iter().map(|d| &**d)) != header.checksum {
-            return Err(loc.corrupt("payload checksum mismatch"));
-        }
+        let padding_clean = pad_sink.iter().all(|b| *b == 0);
+        check_payload(
+            &loc.buffer_lens,
+            header.checksum,
+            padding_clean,
+            destinations.iter().map(|d| &**d),
+        )
+        .map_err(|r| loc.corrupt(r))?;
         self.count_restore(loc);
         Ok(())
     }
@@ -644,19 +646,21 @@ impl RemoteSpillTarget {
             .map_err(|r| loc.corrupt(r))?;
         let mut buffers = Vec::with_capacity(loc.buffer_lens.len());
         let mut at = head_end;
+        let mut padding_clean = true;
         for len in loc.buffer_lens.iter() {
             let len = *len as usize;
             let padded = align_up(len as u64) as usize;
-            if bytes[at + len..at + padded].iter().any(|b| *b != 0) {
-                return Err(loc.corrupt("non-zero padding between buffers"));
-            }
+            padding_clean &= bytes[at + len..at + padded].iter().all(|b| *b == 0);
             buffers.push(bytes.slice(at..at + len));
             at += padded;
         }
-        let table = length_table(&loc.buffer_lens);
-        if payload_checksum(&table, buffers.iter().map(|b| &b[..])) != header.checksum {
-            return Err(loc.corrupt("payload checksum mismatch"));
-        }
+        check_payload(
+            &loc.buffer_lens,
+            header.checksum,
+            padding_clean,
+            buffers.iter().map(|b| &b[..]),
+        )
+        .map_err(|r| loc.corrupt(r))?;
         self.count_restore(loc);
         Ok(buffers)
     }
