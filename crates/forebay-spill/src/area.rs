@@ -2,7 +2,7 @@
 //! the lifetime of spill files.
 
 use std::fs::{self, File};
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSliceMut;
 use std::ops::Range;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -15,10 +15,10 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{Result, SpillError};
 use crate::format::{
-    align_up, check_head, check_payload, head_len, length_table, object_len, padding, payload_checksum, Header,
-    HEADER_LEN, ZEROS,
+    align_up, check_head, check_payload, head_len, length_table, object_len, padding, Header,
 };
-use crate::vectored::{read_exact_vectored_at, write_all_vectored};
+use crate::round_file::{write_objects, PlannedObject};
+use crate::vectored::read_exact_vectored_at;
 
 /// When spilled bytes are forced to stable storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -642,22 +642,17 @@ impl Shared {
     }
 
     fn write_file(&self, path: &Path, objects: &[SpillObject]) -> Result<Vec<SpillLocation>> {
-        let mut file = fs::OpenOptions::new()
+        let file = fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(path)
             .map_err(io_error(path, "create spill file"))?;
-        // Headers and length tables are the only bytes we produce; buffers go out as given.
-        // The payload checksums are computed on a helper thread *while* the payloads are
-        // written (headers go out first with a placeholder checksum and are rewritten in
-        // place afterwards), so checksumming costs no time on the write path. A crash before
-        // the rewrite leaves a placeholder that fails verification: never silent bad data.
-        let mut tables = Vec::with_capacity(objects.len());
+        // Plan the file (each object's offset, header and length table), then write it; see
+        // `round_file` for how the checksum and the device's writeback overlap the write.
+        let mut planned = Vec::with_capacity(objects.len());
         let mut lens: Vec<Arc<[u64]>> = Vec::with_capacity(objects.len());
-        let mut headers = Vec::with_capacity(objects.len());
-        let mut offsets = Vec::with_capacity(objects.len());
         let mut offset = 0u64;
         for object in objects {
             let buffer_lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
@@ -670,69 +665,26 @@ impl Shared {
                     ))
                 })?,
                 payload_len: buffer_lens.iter().sum(),
-                checksum: 0, // placeholder, see above
+                checksum: 0,
                 object_id: object.id,
             };
-            offsets.push(offset);
+            planned.push(PlannedObject {
+                offset,
+                header,
+                table: length_table(&buffer_lens),
+                buffers: &object.buffers,
+            });
             offset += object_len(&buffer_lens);
-            headers.push(header);
-            tables.push(length_table(&buffer_lens));
             lens.push(buffer_lens.into());
         }
-        let placeholders: Vec<[u8; HEADER_LEN]> = headers.iter().map(Header::encode).collect();
-        let slices_of = |i: usize| -> Vec<IoSlice<'_>> {
-            let mut s = Vec::with_capacity(3 + 2 * objects[i].buffers.len());
-            s.push(IoSlice::new(&placeholders[i]));
-            s.push(IoSlice::new(&tables[i]));
-            s.push(IoSlice::new(
-                &ZEROS[..padding((HEADER_LEN + tables[i].len()) as u64)],
-            ));
-            for b in &objects[i].buffers {
-                s.push(IoSlice::new(b));
-                s.push(IoSlice::new(&ZEROS[..padding(b.len() as u64)]));
-            }
-            s
-        };
-        let checksum_of =
-            |i: usize| payload_checksum(&tables[i], objects[i].buffers.iter().map(|b| &b[..]));
-        let finish_headers = |file: &File, range: Range<usize>, sums: Vec<u64>| -> Result<()> {
-            for (i, sum) in range.zip(sums) {
-                let header = Header {
-                    checksum: sum,
-                    ..headers[i].clone()
-                };
-                file.write_all_at(&header.encode(), offsets[i])
-                    .map_err(io_error(path, "write spill file"))?;
-            }
-            Ok(())
-        };
-        let write_overlapped = |file: &mut File, range: Range<usize>| -> Result<()> {
-            std::thread::scope(|scope| {
-                let to_sum = range.clone();
-                let sums = scope.spawn(move || to_sum.map(checksum_of).collect::<Vec<u64>>());
-                let mut slices: Vec<IoSlice<'_>> = range.clone().flat_map(slices_of).collect();
-                let written = write_all_vectored(file, &mut slices);
-                let sums = sums.join().expect("checksum thread panicked");
-                written.map_err(io_error(path, "write spill file"))?;
-                finish_headers(file, range, sums)
-            })
-        };
-        match self.sync {
-            SyncPolicy::PerObject => {
-                for i in 0..objects.len() {
-                    write_overlapped(&mut file, i..i + 1)?;
-                    file.sync_data()
-                        .map_err(io_error(path, "fdatasync spill file"))?;
-                }
-            }
-            SyncPolicy::None | SyncPolicy::PerFile => {
-                write_overlapped(&mut file, 0..objects.len())?;
-                if self.sync == SyncPolicy::PerFile {
-                    file.sync_data()
-                        .map_err(io_error(path, "fdatasync spill file"))?;
-                }
-            }
+        let flush_each = self.sync == SyncPolicy::PerObject;
+        write_objects(&file, &planned, flush_each, self.sync != SyncPolicy::None)
+            .map_err(io_error(path, "write spill file"))?;
+        if self.sync == SyncPolicy::PerFile {
+            file.sync_data()
+                .map_err(io_error(path, "fdatasync spill file"))?;
         }
+        let offsets: Vec<u64> = planned.iter().map(|p| p.offset).collect();
         let size: u64 = lens.iter().map(|l| object_len(l)).sum();
         self.counters.files_created.fetch_add(1, Ordering::Relaxed);
         let spill_file = Arc::new(SpillFile {

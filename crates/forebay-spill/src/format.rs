@@ -16,9 +16,9 @@
 //!      …        buffer 0, zero padding to a multiple of 64, buffer 1, padding, …
 //! ```
 //!
-//! The writer sends the header with a zero checksum first and rewrites it in place once the
-//! payload is out (the checksum is computed alongside the write); a file cut short by a crash
-//! in between fails verification.
+//! A large object's head (header and length table) is written after its payload, once the
+//! checksum is known (see `round_file`); a file cut short by a crash in between has zeros
+//! there and fails verification.
 //!
 //! Objects start at multiples of 64 in their file and every buffer starts 64-byte aligned,
 //! so a read-only mapping of an object hands out buffers Arrow can use in place. Padding is

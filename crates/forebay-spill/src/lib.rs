@@ -10,10 +10,10 @@
 //! the object store's job.
 //!
 //! ```text
-//!  submit(round) ──► bounded queue ──► I/O thread: header+table ─┐
-//!   (blocks when full: backpressure)       buffers as given ─────┴─► writev ─► forebay-<pid>-<n>.spill
-//!                                                                          │
-//!  SpillLocation (file, offset, lengths) ◄─────────────────────────────────┘
+//!  submit(round) ──► bounded queue ──► I/O thread: header+table ─┐   hashed in steps
+//!   (blocks when full: backpressure)       buffers as given ─────┴─► pwritev ─► forebay-<pid>-<n>.spill
+//!                                                                           │
+//!  SpillLocation (file, offset, lengths) ◄──────────────────────────────────┘
 //!     ├─ restore_into(&mut [dest buffers]) ── preadv + checksum
 //!     ├─ map() ── read-only mmap, 64-byte aligned buffers + checksum
 //!     └─ drop (last object of the file) ── file deleted
@@ -44,6 +44,7 @@ mod area;
 pub mod error;
 pub mod format;
 mod remote;
+mod round_file;
 pub mod vectored;
 
 pub use area::{
