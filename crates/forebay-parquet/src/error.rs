@@ -82,6 +82,30 @@ impl ParquetError {
         }
     }
 
+    /// Map an error from reading a local file directly (see `local.rs`): a vanished file is
+    /// not found, a file shorter than its metadata says is corrupt, the rest is I/O.
+    pub(crate) fn from_local_io(path: impl Into<String>, err: std::io::Error) -> Self {
+        let path = path.into();
+        match err.kind() {
+            std::io::ErrorKind::NotFound => ParquetError::NotFound {
+                path,
+                reason: "no such file (removed while being read?)".into(),
+            },
+            std::io::ErrorKind::UnexpectedEof => ParquetError::Corrupt {
+                path,
+                row_group: None,
+                reason: err.to_string(),
+            },
+            _ => ParquetError::Io {
+                source: object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: format!("reading {path}: {err}").into(),
+                },
+                path,
+            },
+        }
+    }
+
     /// Map an error raised by the parquet crate while reading `path`.
     ///
     /// I/O failures surfaced through our own reader keep their I/O identity; everything else

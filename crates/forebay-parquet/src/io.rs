@@ -10,6 +10,9 @@
 //!   ([`coalesce_ranges`]): ranges closer than `coalesce_gap` bytes become one request, so with
 //!   a gap of 0 only the selected column chunks' bytes are ever fetched;
 //! * it hands out metadata from the dataset's cache instead of re-reading the footer.
+//!
+//! Column chunks of local files bypass object_store (see `local.rs`); everything else, and
+//! every footer, is an object_store request.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +94,9 @@ pub struct FileEntry {
     /// What to call the file in messages and provenance: the URI or local path.
     pub(crate) uri: Arc<str>,
     pub(crate) size: u64,
+    /// The file's path when it lives on the local file system: column chunks are then read
+    /// directly (see `local.rs`), footers still through `store`.
+    pub(crate) local_path: Option<Arc<std::path::Path>>,
 }
 
 impl FileEntry {
@@ -177,12 +183,20 @@ impl ObjectFileReader {
             });
         }
         let len = range.end - range.start;
-        let bytes = self
-            .file
-            .store
-            .get_range(&self.file.location, range)
-            .await
-            .map_err(|e| ParquetError::from_store(self.file.uri.to_string(), e))?;
+        let uri = || self.file.uri.to_string();
+        let bytes = match &self.file.local_path {
+            Some(path) if self.purpose == ReadPurpose::Data => {
+                crate::local::read_range(path.clone(), range)
+                    .await
+                    .map_err(|e| ParquetError::from_local_io(uri(), e))?
+            }
+            _ => self
+                .file
+                .store
+                .get_range(&self.file.location, range)
+                .await
+                .map_err(|e| ParquetError::from_store(uri(), e))?,
+        };
         self.metrics.record_get(self.purpose, len);
         Ok(bytes)
     }

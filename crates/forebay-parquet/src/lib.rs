@@ -33,6 +33,7 @@
 
 pub mod error;
 pub mod io;
+mod local;
 pub mod predicate;
 pub mod scan;
 pub mod source;

@@ -1,7 +1,8 @@
 //! Turning what the user typed (paths, directories, globs, URIs) into a list of files.
 //!
-//! * A local path (`/data/x.parquet`, `data/`) or a `file://` URI is read through
-//!   object_store's `LocalFileSystem`.
+//! * A local path (`/data/x.parquet`, `data/`) or a `file://` URI is listed and its footer
+//!   read through object_store's `LocalFileSystem`; its column chunks are read directly
+//!   (`local.rs`: `pread` into uninitialised memory, no thread hand-off when cached).
 //! * `s3://`, `gs://`, `az://`/`abfs://`, `http(s)://` go through `object_store::parse_url_opts`
 //!   with the user's `storage_options` (e.g. `aws_endpoint`, `aws_allow_http`, `aws_region`).
 //! * `memory://` is one process-wide in-memory store ([`global_memory_store`]), handy for
@@ -16,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use futures::TryStreamExt;
+use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -117,6 +119,8 @@ pub fn open_location(
 #[derive(Clone)]
 struct StoreRoot {
     store: Arc<dyn ObjectStore>,
+    /// Set when the store is the local file system: maps object paths to file paths.
+    local: Option<Arc<LocalFileSystem>>,
     /// Prefix prepended to an object path to form its display URI (`s3://bucket/`, `/`).
     display_prefix: String,
 }
@@ -144,6 +148,7 @@ pub(crate) async fn resolve(source: &DatasetSource, metrics: &IoMetrics) -> Resu
             paths,
         } => {
             let root = StoreRoot {
+                local: None,
                 store: store.clone(),
                 display_prefix: display_prefix.clone(),
             };
@@ -189,6 +194,7 @@ fn store_for(
                 format!("{host}/{path}")
             };
             let root = StoreRoot {
+                local: None,
                 store: global_memory_store(),
                 display_prefix: "memory://".to_string(),
             };
@@ -203,6 +209,7 @@ fn store_for(
             let (store, _) = object_store::parse_url_opts(&base_url, options.iter())
                 .map_err(|e| bad(format!("cannot open object store: {e}")))?;
             let root = StoreRoot {
+                local: None,
                 store: Arc::from(store),
                 display_prefix: format!("{base}/"),
             };
@@ -215,9 +222,13 @@ fn store_for(
 fn local_root(stores: &mut HashMap<String, StoreRoot>) -> StoreRoot {
     stores
         .entry("file://".into())
-        .or_insert_with(|| StoreRoot {
-            store: Arc::new(object_store::local::LocalFileSystem::new()),
-            display_prefix: "/".into(),
+        .or_insert_with(|| {
+            let local = Arc::new(LocalFileSystem::new());
+            StoreRoot {
+                store: local.clone(),
+                local: Some(local),
+                display_prefix: "/".into(),
+            }
         })
         .clone()
 }
@@ -259,6 +270,11 @@ async fn expand(
     metrics: &IoMetrics,
 ) -> Result<Vec<FileEntry>> {
     let entry = |meta: object_store::ObjectMeta| FileEntry {
+        local_path: root
+            .local
+            .as_ref()
+            .and_then(|fs| fs.path_to_filesystem(&meta.location).ok())
+            .map(Arc::from),
         store: root.store.clone(),
         uri: Arc::from(format!("{}{}", root.display_prefix, meta.location)),
         location: meta.location,
