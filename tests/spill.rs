@@ -163,6 +163,45 @@ fn every_flipped_byte_and_every_truncation_is_detected() {
     }
 }
 
+/// A streamed object (larger than a write step, head written after its payload) is as
+/// well protected: flips in its head, at and around step boundaries, in padding and at its
+/// last byte are all caught, and its neighbours (batched whole) still restore.
+#[test]
+fn flipped_bytes_in_a_streamed_object_are_detected() {
+    const STEP: u64 = 512 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let area = SpillArea::open(SpillConfig::new([dir.path()]).with_sync(SyncPolicy::PerFile))
+        .unwrap();
+    let objects = vec![
+        object(20, &[100]),
+        object(21, &[STEP as usize + 1000, 700_001]),
+        object(22, &[5]),
+    ];
+    let locations = area.spill(objects).unwrap();
+    let path = locations[0].path().to_path_buf();
+    let pristine = std::fs::read(&path).unwrap();
+    let big = &locations[1];
+    let first = big.offset() + 128; // header (64) + 2-entry table (16), padded to 128
+    let second = first + (STEP + 1000).div_ceil(64) * 64;
+    let mut positions: Vec<u64> = (big.offset()..first).collect(); // the whole head
+    for p in [0, 1, STEP - 1, STEP, STEP + 1, STEP + 999] {
+        positions.push(first + p);
+    }
+    positions.extend([first + STEP + 1000, second - 1]); // padding after buffer 0
+    positions.extend([second, second + 350_000, second + 700_000, big.offset() + big.len() - 1]);
+    for i in positions {
+        let mut bad = pristine.clone();
+        bad[i as usize] ^= 0x10;
+        std::fs::write(&path, &bad).unwrap();
+        for e in [area.restore(big).unwrap_err(), area.map(big).unwrap_err()] {
+            assert!(matches!(e, SpillError::Corrupt { .. }), "byte {i}: {e}");
+            assert!(e.to_string().contains(&format!("offset {}", big.offset())), "{e}");
+        }
+        area.restore(&locations[0]).unwrap();
+        area.restore(&locations[2]).unwrap();
+    }
+}
+
 #[test]
 fn files_are_deleted_when_all_their_objects_are_freed() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,7 @@
 
 use std::fs::{self, File};
 use std::io::IoSliceMut;
-use std::ops::Range;
+use std::ops::{Deref, Range};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 
 use crate::error::{Result, SpillError};
+use crate::location::{ObjectExtent, PendingRound};
 use crate::format::{
-    align_up, check_head, check_payload, head_len, length_table, object_len, padding, Header,
+    align_up, check_head, check_payload, length_table, object_len, padding, Header,
 };
 use crate::round_file::{write_objects, PlannedObject};
 use crate::vectored::read_exact_vectored_at;
@@ -160,43 +161,25 @@ impl std::fmt::Debug for SpillFile {
     }
 }
 
-/// Where a spilled object lives. Cloning is cheap; the object is freed (and its file deleted
-/// once all its objects are) when the last clone is dropped.
+/// Where a spilled object lives: its [`ObjectExtent`] (which it dereferences to) in a spill
+/// file. Cloning is cheap; the object is freed (and its file deleted once all its objects
+/// are) when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct SpillLocation {
     file: Arc<SpillFile>,
-    offset: u64,
-    len: u64,
-    object_id: u64,
-    buffer_lens: Arc<[u64]>,
+    extent: ObjectExtent,
 }
 
 impl SpillLocation {
     pub fn path(&self) -> &Path {
         &self.file.path
     }
-    /// Offset of the object's header in the file (a multiple of 64).
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-    /// Bytes the object occupies in the file (header, table, buffers, padding).
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.buffer_lens.is_empty()
-    }
-    pub fn object_id(&self) -> u64 {
-        self.object_id
-    }
-    pub fn buffer_lens(&self) -> &[u64] {
-        &self.buffer_lens
-    }
-    pub fn payload_len(&self) -> u64 {
-        self.buffer_lens.iter().sum()
-    }
-    fn table_region(&self) -> u64 {
-        head_len(self.buffer_lens.len())
+}
+
+impl Deref for SpillLocation {
+    type Target = ObjectExtent;
+    fn deref(&self) -> &ObjectExtent {
+        &self.extent
     }
 }
 
@@ -234,18 +217,8 @@ struct Shared {
     counters: Arc<Counters>,
 }
 
-/// A spill round submitted to the I/O pool.
-pub struct PendingSpill {
-    reply: Receiver<Result<Vec<SpillLocation>>>,
-}
-
-impl PendingSpill {
-    /// Wait for the round: one location per object, in order, or the error that stopped it
-    /// (then nothing of the round remains on disk).
-    pub fn wait(self) -> Result<Vec<SpillLocation>> {
-        self.reply.recv().map_err(|_| SpillError::Closed)?
-    }
-}
+/// A spill round submitted to a [`SpillArea`]'s I/O threads.
+pub type PendingSpill = PendingRound<SpillLocation>;
 
 /// Spill directories plus the I/O threads that write to them.
 ///
@@ -393,7 +366,7 @@ impl SpillArea {
             .ok_or(SpillError::Closed)?
             .send(Job { objects, reply })
             .map_err(|_| SpillError::Closed)?;
-        Ok(PendingSpill { reply: rx })
+        Ok(PendingRound { reply: rx })
     }
 
     /// Spill a round and wait for it.
@@ -410,14 +383,14 @@ impl SpillArea {
             .metadata()
             .map_err(io_error(path, "stat spill file"))?
             .len();
-        if file_len < loc.offset + loc.len {
+        if file_len < loc.end() {
             return Err(SpillError::Truncated {
                 path: path.to_path_buf(),
                 offset: loc.offset,
                 needed: loc.len,
             });
         }
-        let mut head = vec![0u8; loc.table_region() as usize];
+        let mut head = vec![0u8; loc.head_len() as usize];
         loc.file
             .file
             .read_exact_at(&mut head, loc.offset)
@@ -472,7 +445,7 @@ impl SpillArea {
                 slices.push(IoSliceMut::new(this_pad));
             }
         }
-        read_exact_vectored_at(&loc.file.file, &mut slices, loc.offset + loc.table_region())
+        read_exact_vectored_at(&loc.file.file, &mut slices, loc.offset + loc.head_len())
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::UnexpectedEof => SpillError::Truncated {
                     path: path.to_path_buf(),
@@ -529,7 +502,7 @@ impl SpillArea {
         let path = loc.path();
         let page = page_size();
         let start = loc.offset / page * page;
-        let map_len = (loc.offset + loc.len - start) as usize;
+        let map_len = (loc.end() - start) as usize;
         // SAFETY: the mapping is read-only over a spill file this process created (0600, in
         // a 0700 directory) and never writes again; its length was checked above to cover
         // the whole object, so no access past the end of the file (SIGBUS) can happen unless
@@ -543,7 +516,7 @@ impl SpillArea {
         .map_err(io_error(path, "map spill file"))?;
         let mapping = Bytes::from_owner(mapping);
         let mut ranges = Vec::with_capacity(loc.buffer_lens.len());
-        let mut at = (loc.offset - start + loc.table_region()) as usize;
+        let mut at = (loc.offset - start + loc.head_len()) as usize;
         for len in loc.buffer_lens.iter() {
             ranges.push(at..at + *len as usize);
             at += align_up(*len) as usize;
@@ -699,10 +672,7 @@ impl Shared {
             .zip(offsets)
             .map(|((object, buffer_lens), offset)| SpillLocation {
                 file: spill_file.clone(),
-                offset,
-                len: object_len(&buffer_lens),
-                object_id: object.id,
-                buffer_lens,
+                extent: ObjectExtent::new(offset, object.id, buffer_lens),
             })
             .collect())
     }

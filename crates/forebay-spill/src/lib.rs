@@ -43,6 +43,7 @@
 mod area;
 pub mod error;
 pub mod format;
+mod location;
 mod remote;
 mod round_file;
 pub mod vectored;
@@ -52,6 +53,7 @@ pub use area::{
     SpillObject, SpillStats, SyncPolicy,
 };
 pub use error::{Result, SpillError};
+pub use location::{ObjectExtent, PendingRound};
 pub use remote::{
     PendingRemoteSpill, RemoteSpillConfig, RemoteSpillFile, RemoteSpillLocation, RemoteSpillStats,
     RemoteSpillTarget,

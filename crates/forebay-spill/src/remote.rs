@@ -37,6 +37,7 @@
 //! target and every location are dropped, then waits (bounded) for pending deletes.
 
 use std::future::Future;
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -53,6 +54,7 @@ use object_store::{
 
 use crate::area::SpillObject;
 use crate::error::{Result, SpillError};
+use crate::location::{ObjectExtent, PendingRound};
 use crate::format::{
     align_up, check_head, check_payload, head_len, length_table, object_len, padding,
     payload_checksum, Header,
@@ -248,15 +250,13 @@ impl std::fmt::Debug for RemoteSpillFile {
     }
 }
 
-/// Where a remotely spilled object lives. Cloning is cheap; the round's remote object is
-/// deleted once the last location in it is dropped.
+/// Where a remotely spilled object lives: its [`ObjectExtent`] (which it dereferences to) in
+/// a remote object. Cloning is cheap; the round's remote object is deleted once the last
+/// location in it is dropped.
 #[derive(Debug, Clone)]
 pub struct RemoteSpillLocation {
     file: Arc<RemoteSpillFile>,
-    offset: u64,
-    len: u64,
-    object_id: u64,
-    buffer_lens: Arc<[u64]>,
+    extent: ObjectExtent,
 }
 
 impl RemoteSpillLocation {
@@ -264,28 +264,8 @@ impl RemoteSpillLocation {
     pub fn uri(&self) -> String {
         self.file.uri()
     }
-    /// Offset of the object's header in the remote object (a multiple of 64).
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-    /// Bytes the object occupies (header, table, buffers, padding).
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.buffer_lens.is_empty()
-    }
-    pub fn object_id(&self) -> u64 {
-        self.object_id
-    }
-    pub fn buffer_lens(&self) -> &[u64] {
-        &self.buffer_lens
-    }
-    pub fn payload_len(&self) -> u64 {
-        self.buffer_lens.iter().sum()
-    }
     fn range(&self) -> std::ops::Range<u64> {
-        self.offset..self.offset + self.len
+        self.offset..self.end()
     }
     fn corrupt(&self, reason: impl Into<String>) -> SpillError {
         SpillError::Corrupt {
@@ -303,18 +283,15 @@ impl RemoteSpillLocation {
     }
 }
 
-/// A round submitted to a [`RemoteSpillTarget`].
-pub struct PendingRemoteSpill {
-    reply: Receiver<Result<Vec<RemoteSpillLocation>>>,
-}
-
-impl PendingRemoteSpill {
-    /// Wait for the round: one location per object, in order, or the error that stopped it
-    /// (then nothing of the round remains: a multipart upload is aborted).
-    pub fn wait(self) -> Result<Vec<RemoteSpillLocation>> {
-        self.reply.recv().map_err(|_| SpillError::Closed)?
+impl Deref for RemoteSpillLocation {
+    type Target = ObjectExtent;
+    fn deref(&self) -> &ObjectExtent {
+        &self.extent
     }
 }
+
+/// A round submitted to a [`RemoteSpillTarget`].
+pub type PendingRemoteSpill = PendingRound<RemoteSpillLocation>;
 
 /// Spills rounds of objects to an object store (S3, GCS, Azure, a local directory through
 /// `object_store`, memory). See the module docs for the protocol.
@@ -527,7 +504,7 @@ impl RemoteSpillTarget {
             drop(shared); // before replying: the reply may let the caller drop the target
             let _ = reply.send(result);
         });
-        Ok(PendingRemoteSpill { reply: rx })
+        Ok(PendingRound { reply: rx })
     }
 
     /// Upload a round and wait for it.
@@ -818,7 +795,7 @@ async fn write_round(
                     chunks.push(Bytes::from_static(&ZEROS[..pad]));
                 }
             }
-            layout.push((object.id, offset, len, Arc::<[u64]>::from(lens)));
+            layout.push((object.id, offset, Arc::<[u64]>::from(lens)));
             offset += len;
         }
         upload(shared, &path, &uri, chunks, offset).await?;
@@ -830,7 +807,7 @@ async fn write_round(
             c.rounds.fetch_add(1, Ordering::Relaxed);
             c.objects_spilled
                 .fetch_add(layout.len() as u64, Ordering::Relaxed);
-            let payload: u64 = layout.iter().map(|l| l.3.iter().sum::<u64>()).sum();
+            let payload: u64 = layout.iter().map(|l| l.2.iter().sum::<u64>()).sum();
             c.bytes_spilled.fetch_add(payload, Ordering::Relaxed);
             let file = Arc::new(RemoteSpillFile {
                 shared: shared.clone(),
@@ -840,12 +817,9 @@ async fn write_round(
             Ok(layout
                 .into_iter()
                 .map(
-                    |(object_id, offset, len, buffer_lens)| RemoteSpillLocation {
+                    |(object_id, offset, buffer_lens)| RemoteSpillLocation {
                         file: file.clone(),
-                        offset,
-                        len,
-                        object_id,
-                        buffer_lens,
+                        extent: ObjectExtent::new(offset, object_id, buffer_lens),
                     },
                 )
                 .collect())
