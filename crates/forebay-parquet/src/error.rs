@@ -97,11 +97,11 @@ impl ParquetError {
                 reason: err.to_string(),
             },
             _ => ParquetError::Io {
+                path,
                 source: object_store::Error::Generic {
                     store: "LocalFileSystem",
-                    source: format!("reading {path}: {err}").into(),
+                    source: Box::new(err),
                 },
-                path,
             },
         }
     }

@@ -14,10 +14,10 @@ use bytes::Bytes;
 use crossbeam_channel::Sender;
 
 use crate::error::{Result, SpillError};
-use crate::location::{ObjectExtent, PendingRound};
 use crate::format::{
-    align_up, check_head, check_payload, length_table, object_len, padding, Header,
+    align_up, check_head, check_payload, length_table, padding, Header,
 };
+use crate::location::{ObjectExtent, PendingRound};
 use crate::round_file::{write_objects, PlannedObject};
 use crate::vectored::read_exact_vectored_at;
 
@@ -622,11 +622,11 @@ impl Shared {
             .mode(0o600)
             .open(path)
             .map_err(io_error(path, "create spill file"))?;
-        // Plan the file (each object's offset, header and length table), then write it; see
+        // Plan the file (each object's extent, header and length table), then write it; see
         // `round_file` for how the checksum and the device's writeback overlap the write.
         let mut planned = Vec::with_capacity(objects.len());
-        let mut lens: Vec<Arc<[u64]>> = Vec::with_capacity(objects.len());
-        let mut offset = 0u64;
+        let mut extents = Vec::with_capacity(objects.len());
+        let mut size = 0u64;
         for object in objects {
             let buffer_lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
             let header = Header {
@@ -642,13 +642,14 @@ impl Shared {
                 object_id: object.id,
             };
             planned.push(PlannedObject {
-                offset,
+                offset: size,
                 header,
                 table: length_table(&buffer_lens),
                 buffers: &object.buffers,
             });
-            offset += object_len(&buffer_lens);
-            lens.push(buffer_lens.into());
+            let extent = ObjectExtent::new(size, object.id, buffer_lens.into());
+            size = extent.end();
+            extents.push(extent);
         }
         let flush_each = self.sync == SyncPolicy::PerObject;
         write_objects(&file, &planned, flush_each, self.sync != SyncPolicy::None)
@@ -657,8 +658,6 @@ impl Shared {
             file.sync_data()
                 .map_err(io_error(path, "fdatasync spill file"))?;
         }
-        let offsets: Vec<u64> = planned.iter().map(|p| p.offset).collect();
-        let size: u64 = lens.iter().map(|l| object_len(l)).sum();
         self.counters.files_created.fetch_add(1, Ordering::Relaxed);
         let spill_file = Arc::new(SpillFile {
             path: path.to_path_buf(),
@@ -666,13 +665,11 @@ impl Shared {
             size,
             counters: self.counters.clone(),
         });
-        Ok(objects
-            .iter()
-            .zip(lens)
-            .zip(offsets)
-            .map(|((object, buffer_lens), offset)| SpillLocation {
+        Ok(extents
+            .into_iter()
+            .map(|extent| SpillLocation {
                 file: spill_file.clone(),
-                extent: ObjectExtent::new(offset, object.id, buffer_lens),
+                extent,
             })
             .collect())
     }

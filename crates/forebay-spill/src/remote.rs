@@ -54,12 +54,12 @@ use object_store::{
 
 use crate::area::SpillObject;
 use crate::error::{Result, SpillError};
-use crate::location::{ObjectExtent, PendingRound};
 use crate::format::{
-    align_up, check_head, check_payload, head_len, length_table, object_len, padding,
+    align_up, check_head, check_payload, head_len, length_table, padding,
     payload_checksum, Header,
     HEADER_LEN, ZEROS,
 };
+use crate::location::{ObjectExtent, PendingRound};
 
 /// How a [`RemoteSpillTarget`] uploads.
 #[derive(Debug, Clone)]
@@ -551,7 +551,7 @@ impl RemoteSpillTarget {
                 ),
             });
         }
-        let mut head = vec![0u8; head_len(loc.buffer_lens.len()) as usize];
+        let mut head = vec![0u8; loc.head_len() as usize];
         let pads: usize = loc.buffer_lens.iter().map(|l| padding(*l)).sum();
         let mut pad_sink = vec![0u8; pads];
         {
@@ -618,7 +618,7 @@ impl RemoteSpillTarget {
         if bytes.len() as u64 > loc.len {
             return Err(loc.corrupt("the store returned more bytes than the object has"));
         }
-        let head_end = head_len(loc.buffer_lens.len()) as usize;
+        let head_end = loc.head_len() as usize;
         let header = check_head(&bytes[..head_end], &loc.buffer_lens, loc.object_id)
             .map_err(|r| loc.corrupt(r))?;
         let mut buffers = Vec::with_capacity(loc.buffer_lens.len());
@@ -780,11 +780,13 @@ async fn write_round(
         .map_err(|_| SpillError::InvalidArgument("internal error: checksum task failed".into()))?;
         let heads = heads?;
         let mut chunks = Vec::new();
-        let mut layout = Vec::with_capacity(objects.len());
-        let mut offset = 0u64;
+        let mut extents = Vec::with_capacity(objects.len());
+        let mut size = 0u64;
         for (object, head) in objects.iter().zip(heads) {
             let lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
-            let len = object_len(&lens);
+            let extent = ObjectExtent::new(size, object.id, lens.into());
+            size = extent.end();
+            extents.push(extent);
             chunks.push(head);
             for buffer in &object.buffers {
                 if !buffer.is_empty() {
@@ -795,33 +797,29 @@ async fn write_round(
                     chunks.push(Bytes::from_static(&ZEROS[..pad]));
                 }
             }
-            layout.push((object.id, offset, Arc::<[u64]>::from(lens)));
-            offset += len;
         }
-        upload(shared, &path, &uri, chunks, offset).await?;
-        Ok::<_, SpillError>((layout, offset))
+        upload(shared, &path, &uri, chunks, size).await?;
+        Ok::<_, SpillError>((extents, size))
     }
     .await;
     match result {
-        Ok((layout, size)) => {
+        Ok((extents, size)) => {
             c.rounds.fetch_add(1, Ordering::Relaxed);
             c.objects_spilled
-                .fetch_add(layout.len() as u64, Ordering::Relaxed);
-            let payload: u64 = layout.iter().map(|l| l.2.iter().sum::<u64>()).sum();
+                .fetch_add(extents.len() as u64, Ordering::Relaxed);
+            let payload: u64 = extents.iter().map(|e| e.payload_len()).sum();
             c.bytes_spilled.fetch_add(payload, Ordering::Relaxed);
             let file = Arc::new(RemoteSpillFile {
                 shared: shared.clone(),
                 path,
                 size,
             });
-            Ok(layout
+            Ok(extents
                 .into_iter()
-                .map(
-                    |(object_id, offset, buffer_lens)| RemoteSpillLocation {
-                        file: file.clone(),
-                        extent: ObjectExtent::new(offset, object_id, buffer_lens),
-                    },
-                )
+                .map(|extent| RemoteSpillLocation {
+                    file: file.clone(),
+                    extent,
+                })
                 .collect())
         }
         Err(e) => {
