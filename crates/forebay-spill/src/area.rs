@@ -21,7 +21,9 @@ use crate::location::{ObjectExtent, PendingRound};
 use crate::round_file::{write_objects, PlannedObject};
 use crate::vectored::read_exact_vectored_at;
 
-/// When spilled bytes are forced to stable storage.
+/// When spilled bytes are forced to stable storage. With `PerFile` and `PerObject` the
+/// writer also starts the device's writeback every few MiB while it writes, so the final
+/// `fdatasync` waits only for the tail (see `round_file`); with `None` nothing is forced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncPolicy {
     /// Never: the kernel writes back when it likes. A machine crash can lose spilled
