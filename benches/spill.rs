@@ -40,19 +40,19 @@ fn round(size: usize) -> Vec<SpillObject> {
 
 fn bench_spill(c: &mut Criterion) {
     let dir = bench_dir();
-    let area = SpillArea::open(
-        SpillConfig::new([dir.join("area")]).with_sync(SyncPolicy::PerFile),
-    )
-    .unwrap();
+    let area = SpillArea::open(SpillConfig::new([dir.join("area")]).with_sync(SyncPolicy::PerFile))
+        .unwrap();
     let raw_source = vec![7u8; ROUND_BYTES];
     let mut group = c.benchmark_group("spill_128MiB_round_fdatasync");
     group.sample_size(10);
     group.throughput(Throughput::Bytes(ROUND_BYTES as u64));
     for size in SIZES {
         let objects = round(size);
-        group.bench_with_input(BenchmarkId::new("vectored", size), &objects, |b, objects| {
-            b.iter(|| drop(area.spill(objects.clone()).unwrap()))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("vectored", size),
+            &objects,
+            |b, objects| b.iter(|| drop(area.spill(objects.clone()).unwrap())),
+        );
         group.bench_with_input(BenchmarkId::new("concat", size), &objects, |b, objects| {
             b.iter(|| {
                 let path = dir.join("concat.bin");

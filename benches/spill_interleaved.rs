@@ -32,9 +32,8 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
         .join("spill-interleaved");
     std::fs::create_dir_all(&dir).unwrap();
-    let area =
-        SpillArea::open(SpillConfig::new([dir.join("area")]).with_sync(SyncPolicy::PerFile))
-            .unwrap();
+    let area = SpillArea::open(SpillConfig::new([dir.join("area")]).with_sync(SyncPolicy::PerFile))
+        .unwrap();
     let raw_source = vec![7u8; ROUND_BYTES];
     println!("spill of a 128 MiB round, fdatasync per file, medians of {rounds} interleaved runs");
     println!(
@@ -128,7 +127,12 @@ fn main() {
         }
         // Paired ratio: raw time / vectored time of the same round, median over rounds.
         let paired = median(raw.iter().zip(&vectored).map(|(r, v)| r / v).collect());
-        let (v, c, r, h) = (median(vectored), median(concat), median(raw), median(raw_hinted));
+        let (v, c, r, h) = (
+            median(vectored),
+            median(concat),
+            median(raw),
+            median(raw_hinted),
+        );
         // Throughput ratio vectored/raw = raw time / vectored time.
         println!(
             "{:>12} {:>11.1} {:>11.1} {:>11.1} {:>13.1}% {:>13.1}% {:>15.2}x {:>14.1} {:>15.1}%",

@@ -12,7 +12,11 @@ use forebay::store::{ObjectStore, StoreConfig};
 
 fn batch_of(nbytes: usize) -> RecordBatch {
     let n = (nbytes / 8).max(1) as i64;
-    RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef)]).unwrap()
+    RecordBatch::try_from_iter([(
+        "x",
+        Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef,
+    )])
+    .unwrap()
 }
 
 fn bench(c: &mut Criterion) {
@@ -21,12 +25,16 @@ fn bench(c: &mut Criterion) {
     for &size in &[1usize << 10, 1 << 20, 64 << 20] {
         let data = vec![7u8; size];
         g.throughput(Throughput::Bytes(size as u64));
-        g.bench_with_input(BenchmarkId::new("put_bytes+delete", size), &data, |b, data| {
-            b.iter(|| {
-                let id = store.put_bytes(&[], &[data]).unwrap();
-                store.delete(id).unwrap();
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("put_bytes+delete", size),
+            &data,
+            |b, data| {
+                b.iter(|| {
+                    let id = store.put_bytes(&[], &[data]).unwrap();
+                    store.delete(id).unwrap();
+                })
+            },
+        );
         let mut dst = vec![0u8; size];
         g.bench_with_input(BenchmarkId::new("memcpy", size), &data, |b, data| {
             b.iter(|| {
@@ -39,13 +47,21 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(store.get(id).unwrap().data().len()))
         });
         let batch = batch_of(size);
-        g.bench_with_input(BenchmarkId::new("put_arrow+delete", size), &batch, |b, batch| {
-            b.iter(|| {
-                let id = store.put_arrow(&batch.schema(), std::slice::from_ref(batch), &[]).unwrap();
-                store.delete(id).unwrap();
-            })
-        });
-        let aid = store.put_arrow(&batch.schema(), std::slice::from_ref(&batch), &[]).unwrap();
+        g.bench_with_input(
+            BenchmarkId::new("put_arrow+delete", size),
+            &batch,
+            |b, batch| {
+                b.iter(|| {
+                    let id = store
+                        .put_arrow(&batch.schema(), std::slice::from_ref(batch), &[])
+                        .unwrap();
+                    store.delete(id).unwrap();
+                })
+            },
+        );
+        let aid = store
+            .put_arrow(&batch.schema(), std::slice::from_ref(&batch), &[])
+            .unwrap();
         g.bench_function(BenchmarkId::new("get_arrow", size), |b| {
             b.iter(|| black_box(store.get_arrow(aid).unwrap().1.len()))
         });

@@ -173,7 +173,12 @@ fn filter_removes_done_rows_and_is_zero_copy_otherwise() {
     let batch = RecordBatch::try_new(
         schema.clone(),
         vec![
-            Arc::new(StringArray::from(vec![Some("a"), Some("b"), None, Some("d")])),
+            Arc::new(StringArray::from(vec![
+                Some("a"),
+                Some("b"),
+                None,
+                Some("d"),
+            ])),
             Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
         ],
     )
@@ -192,7 +197,9 @@ fn filter_removes_done_rows_and_is_zero_copy_otherwise() {
         "nothing removed: same buffers"
     );
     assert!(index.filter_or_unchanged(&untouched).unwrap().is_none());
-    let many = index.filter_many(&[batch.clone(), untouched.clone(), batch]).unwrap();
+    let many = index
+        .filter_many(&[batch.clone(), untouched.clone(), batch])
+        .unwrap();
     assert_eq!(many[0].as_ref().unwrap().num_rows(), 2);
     assert!(many[1].is_none());
 }
@@ -223,10 +230,18 @@ fn partitioned_layout_puts_each_id_in_its_shard_and_loads_subsets() {
             .map(|i| i.to_string())
             .collect();
         assert_eq!(only.len(), in_k.len(), "shard {k}");
-        assert_eq!(only.contains(&StringArray::from(in_k)).unwrap().false_count(), 0);
+        assert_eq!(
+            only.contains(&StringArray::from(in_k))
+                .unwrap()
+                .false_count(),
+            0
+        );
     }
     // A worker owning shards {1, 6} reads just those directories.
-    let part = CheckpointIndex::loader(ckpt_s, "id").with_shards([1, 6]).load().unwrap();
+    let part = CheckpointIndex::loader(ckpt_s, "id")
+        .with_shards([1, 6])
+        .load()
+        .unwrap();
     assert_eq!(part.loaded_shards(), vec![1, 6]);
     let shards = index.shard_ids(&numbered(0..20_000)).unwrap();
     let mine: Vec<String> = (0..20_000u64)
@@ -234,21 +249,28 @@ fn partitioned_layout_puts_each_id_in_its_shard_and_loads_subsets() {
         .map(|i| i.to_string())
         .collect();
     assert_eq!(part.len(), mine.len());
-    assert_eq!(part.contains(&StringArray::from(mine)).unwrap().false_count(), 0);
+    assert_eq!(
+        part.contains(&StringArray::from(mine))
+            .unwrap()
+            .false_count(),
+        0
+    );
     let foreign = (0..20_000u64).find(|i| shards[*i as usize] == 3).unwrap();
     let err = part
         .contains(&StringArray::from(vec![foreign.to_string()]))
         .unwrap_err();
-    assert!(matches!(err, CheckpointError::ShardNotLoaded { shard: 3, .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::ShardNotLoaded { shard: 3, .. }),
+        "{err}"
+    );
 
     // A file moved into the wrong shard directory is detected, not silently mis-sharded.
-    std::fs::rename(
-        ckpt.join("shard=2"),
-        ckpt.join("shard=5").join("moved"),
-    )
-    .unwrap();
+    std::fs::rename(ckpt.join("shard=2"), ckpt.join("shard=5").join("moved")).unwrap();
     let err = CheckpointIndex::loader(ckpt_s, "id").load().unwrap_err();
-    assert!(matches!(err, CheckpointError::ShardMismatch { declared: 5, .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::ShardMismatch { declared: 5, .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -269,7 +291,10 @@ fn manifest_disagreement_and_empty_checkpoint() {
     let mut ints = CheckpointIndex::new(DataType::Int64, "id", 4).unwrap();
     assert!(ints.write(ckpt_s, &Default::default()).is_err());
     let err = a.contains(&Int64Array::from(vec![1])).unwrap_err();
-    assert!(matches!(err, CheckpointError::IdTypeMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::IdTypeMismatch { .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -286,12 +311,20 @@ fn crash_leftovers_are_ignored_and_cleaned() {
     let dead_pid = child.id();
     child.wait().unwrap();
     let shard0 = ckpt.join("shard=0");
-    let committed = std::fs::read_dir(&shard0).unwrap().next().unwrap().unwrap().path();
+    let committed = std::fs::read_dir(&shard0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     let bytes = std::fs::read(&committed).unwrap();
     let stale = shard0.join(format!(".part-dead.parquet.{dead_pid}.tmp"));
     std::fs::write(&stale, &bytes[..bytes.len() / 2]).unwrap();
     // One of a live writer (this process's parent shell stands in): must be left alone.
-    let live = shard0.join(format!(".part-live.parquet.{}.tmp", std::os::unix::process::parent_id()));
+    let live = shard0.join(format!(
+        ".part-live.parquet.{}.tmp",
+        std::os::unix::process::parent_id()
+    ));
     std::fs::write(&live, b"in progress").unwrap();
 
     let reloaded = CheckpointIndex::loader(ckpt_s, "id").load().unwrap();
@@ -309,16 +342,28 @@ fn bad_input_names_file_and_column() {
 
     let err = CheckpointIndex::loader(f, "request_id").load().unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("request_id") && msg.contains("ids.parquet"), "{msg}");
+    assert!(
+        msg.contains("request_id") && msg.contains("ids.parquet"),
+        "{msg}"
+    );
 
     let err = CheckpointIndex::loader(f, "id").load().unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, CheckpointError::UnsupportedIdType { .. }), "{msg}");
-    assert!(msg.contains("ids.parquet") && msg.contains("'id'") && msg.contains("Float64"), "{msg}");
+    assert!(
+        matches!(err, CheckpointError::UnsupportedIdType { .. }),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("ids.parquet") && msg.contains("'id'") && msg.contains("Float64"),
+        "{msg}"
+    );
 
     let junk = dir.path().join("junk.parquet");
     std::fs::write(&junk, b"not parquet at all").unwrap();
-    let msg = CheckpointIndex::loader(junk.to_str().unwrap(), "id").load().unwrap_err().to_string();
+    let msg = CheckpointIndex::loader(junk.to_str().unwrap(), "id")
+        .load()
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("junk.parquet"), "{msg}");
 
     let msg = CheckpointIndex::loader(dir.path().join("nope").to_str().unwrap(), "id")
@@ -327,10 +372,17 @@ fn bad_input_names_file_and_column() {
         .to_string();
     assert!(msg.contains("nope"), "{msg}");
 
-    assert!(CheckpointIndex::new(DataType::Utf8, "id", 12).is_err(), "not a power of two");
+    assert!(
+        CheckpointIndex::new(DataType::Utf8, "id", 12).is_err(),
+        "not a power of two"
+    );
     let index = CheckpointIndex::new(DataType::Utf8, "id", 4).unwrap();
     let batch = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![Field::new("other", DataType::Utf8, false)])),
+        Arc::new(Schema::new(vec![Field::new(
+            "other",
+            DataType::Utf8,
+            false,
+        )])),
         vec![Arc::new(StringArray::from(vec!["a"]))],
     )
     .unwrap();

@@ -44,7 +44,11 @@ fn assert_restores(area: &SpillArea, loc: &SpillLocation, want: &SpillObject) {
         let b = mapped.buffer(i);
         assert_eq!(&b[..], &w[..]);
         if !b.is_empty() {
-            assert_eq!(b.as_ptr() as usize % 64, 0, "mapped buffers are 64-byte aligned");
+            assert_eq!(
+                b.as_ptr() as usize % 64,
+                0,
+                "mapped buffers are 64-byte aligned"
+            );
         }
     }
     assert_eq!(loc.object_id(), want.id);
@@ -75,10 +79,17 @@ fn round_trips_of_many_sizes_and_buffer_counts() {
         let mut a = vec![0u8; 4095];
         let mut b = vec![];
         let mut c = vec![0u8; 4097];
-        area.restore_into(&locations[3], &mut [&mut a, &mut b, &mut c]).unwrap();
-        assert_eq!((&a[..], &c[..]), (&objects[3].buffers[0][..], &objects[3].buffers[2][..]));
+        area.restore_into(&locations[3], &mut [&mut a, &mut b, &mut c])
+            .unwrap();
+        assert_eq!(
+            (&a[..], &c[..]),
+            (&objects[3].buffers[0][..], &objects[3].buffers[2][..])
+        );
         let err = area.restore_into(&locations[3], &mut [&mut a]).unwrap_err();
-        assert!(matches!(err, SpillError::DestinationMismatch { .. }), "{err}");
+        assert!(
+            matches!(err, SpillError::DestinationMismatch { .. }),
+            "{err}"
+        );
     }
 }
 
@@ -121,7 +132,10 @@ fn every_flipped_byte_and_every_truncation_is_detected() {
     let locations = area.spill(objects).unwrap();
     let path = locations[0].path().to_path_buf();
     let pristine = std::fs::read(&path).unwrap();
-    assert_eq!(pristine.len() as u64, locations.iter().map(|l| l.len()).sum::<u64>());
+    assert_eq!(
+        pristine.len() as u64,
+        locations.iter().map(|l| l.len()).sum::<u64>()
+    );
     // Flip each byte of the file in turn: the object containing it must fail both ways.
     for i in 0..pristine.len() {
         let mut bad = pristine.clone();
@@ -170,8 +184,8 @@ fn every_flipped_byte_and_every_truncation_is_detected() {
 fn flipped_bytes_in_a_streamed_object_are_detected() {
     const STEP: u64 = 512 << 10;
     let dir = tempfile::tempdir().unwrap();
-    let area = SpillArea::open(SpillConfig::new([dir.path()]).with_sync(SyncPolicy::PerFile))
-        .unwrap();
+    let area =
+        SpillArea::open(SpillConfig::new([dir.path()]).with_sync(SyncPolicy::PerFile)).unwrap();
     let objects = vec![
         object(20, &[100]),
         object(21, &[STEP as usize + 1000, 700_001]),
@@ -188,14 +202,22 @@ fn flipped_bytes_in_a_streamed_object_are_detected() {
         positions.push(first + p);
     }
     positions.extend([first + STEP + 1000, second - 1]); // padding after buffer 0
-    positions.extend([second, second + 350_000, second + 700_000, big.offset() + big.len() - 1]);
+    positions.extend([
+        second,
+        second + 350_000,
+        second + 700_000,
+        big.offset() + big.len() - 1,
+    ]);
     for i in positions {
         let mut bad = pristine.clone();
         bad[i as usize] ^= 0x10;
         std::fs::write(&path, &bad).unwrap();
         for e in [area.restore(big).unwrap_err(), area.map(big).unwrap_err()] {
             assert!(matches!(e, SpillError::Corrupt { .. }), "byte {i}: {e}");
-            assert!(e.to_string().contains(&format!("offset {}", big.offset())), "{e}");
+            assert!(
+                e.to_string().contains(&format!("offset {}", big.offset())),
+                "{e}"
+            );
         }
         area.restore(&locations[0]).unwrap();
         area.restore(&locations[2]).unwrap();
@@ -206,16 +228,25 @@ fn flipped_bytes_in_a_streamed_object_are_detected() {
 fn files_are_deleted_when_all_their_objects_are_freed() {
     let dir = tempfile::tempdir().unwrap();
     let area = SpillArea::open(SpillConfig::new([dir.path()])).unwrap();
-    let mut locations = area.spill(vec![object(1, &[10]), object(2, &[20])]).unwrap();
+    let mut locations = area
+        .spill(vec![object(1, &[10]), object(2, &[20])])
+        .unwrap();
     let path = locations[0].path().to_path_buf();
     let mapped = area.map(&locations[1]).unwrap();
     locations.remove(0);
     assert!(path.exists(), "one object still lives in the file");
     drop(locations);
     assert!(!path.exists(), "last object freed: file deleted");
-    assert_eq!(&mapped.buffer(0)[..], &pattern(2000, 20)[..], "a mapping outlives the file name");
+    assert_eq!(
+        &mapped.buffer(0)[..],
+        &pattern(2000, 20)[..],
+        "a mapping outlives the file name"
+    );
     let s = area.stats();
-    assert_eq!((s.files_created, s.files_deleted, s.objects_spilled), (1, 1, 2));
+    assert_eq!(
+        (s.files_created, s.files_deleted, s.objects_spilled),
+        (1, 1, 2)
+    );
     assert_eq!(s.bytes_spilled, 30);
 }
 
@@ -227,9 +258,10 @@ fn leftovers_of_dead_processes_are_removed_on_open() {
     child.wait().unwrap();
     let stale = dir.path().join(format!("forebay-{dead}-0.spill"));
     std::fs::write(&stale, b"half a spill").unwrap();
-    let live = dir
-        .path()
-        .join(format!("forebay-{}-0.spill", std::os::unix::process::parent_id()));
+    let live = dir.path().join(format!(
+        "forebay-{}-0.spill",
+        std::os::unix::process::parent_id()
+    ));
     std::fs::write(&live, b"someone else's").unwrap();
     let unrelated = dir.path().join("notes.txt");
     std::fs::write(&unrelated, b"keep").unwrap();
@@ -250,9 +282,16 @@ fn many_rounds_through_a_small_queue_and_several_directories() {
         )
         .unwrap();
         let rounds: Vec<Vec<SpillObject>> = (0..40u64)
-            .map(|r| (0..3).map(|k| object(r * 10 + k, &[1000 + k as usize * 7, 5])).collect())
+            .map(|r| {
+                (0..3)
+                    .map(|k| object(r * 10 + k, &[1000 + k as usize * 7, 5]))
+                    .collect()
+            })
             .collect();
-        let pending: Vec<_> = rounds.iter().map(|r| area.submit(r.clone()).unwrap()).collect();
+        let pending: Vec<_> = rounds
+            .iter()
+            .map(|r| area.submit(r.clone()).unwrap())
+            .collect();
         let mut used = HashSet::new();
         for (p, round) in pending.into_iter().zip(&rounds) {
             let locations = p.wait().unwrap();
@@ -265,6 +304,8 @@ fn many_rounds_through_a_small_queue_and_several_directories() {
             assert_eq!(used.len(), 2, "round robin uses both directories");
         }
     }
-    let err = SpillArea::open(SpillConfig::new(Vec::<std::path::PathBuf>::new())).err().unwrap();
+    let err = SpillArea::open(SpillConfig::new(Vec::<std::path::PathBuf>::new()))
+        .err()
+        .unwrap();
     assert!(matches!(err, SpillError::InvalidArgument(_)));
 }

@@ -21,12 +21,18 @@ fn spill_beyond_the_file_size_limit_is_a_clean_error() {
     }
     let big = SpillObject {
         id: 1,
-        buffers: vec![Bytes::from(vec![7u8; 600 << 10]), Bytes::from(vec![8u8; 600 << 10])],
+        buffers: vec![
+            Bytes::from(vec![7u8; 600 << 10]),
+            Bytes::from(vec![8u8; 600 << 10]),
+        ],
     };
     let err = area.spill(vec![big]).unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, SpillError::Io { .. }), "{msg}");
-    assert!(msg.contains(&dir.path().display().to_string()) && msg.contains("write"), "{msg}");
+    assert!(
+        msg.contains(&dir.path().display().to_string()) && msg.contains("write"),
+        "{msg}"
+    );
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "partial spill file removed: {left:?}");
     let stats = area.stats();

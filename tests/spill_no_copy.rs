@@ -45,7 +45,10 @@ fn spilling_allocates_nothing_payload_sized() {
     let dir = tempfile::tempdir().unwrap();
     let area = SpillArea::open(SpillConfig::new([dir.path()])).unwrap();
     let buffers: Vec<Bytes> = (0..4u8).map(|i| Bytes::from(vec![i; 16 << 20])).collect();
-    let object = SpillObject { id: 1, buffers: buffers.clone() };
+    let object = SpillObject {
+        id: 1,
+        buffers: buffers.clone(),
+    };
 
     COUNTING.store(true, Ordering::SeqCst);
     let locations = area.spill(vec![object]).unwrap();
@@ -53,8 +56,14 @@ fn spilling_allocates_nothing_payload_sized() {
 
     let largest = LARGEST.load(Ordering::SeqCst);
     let total = TOTAL.load(Ordering::SeqCst);
-    assert!(largest < 64 << 10, "largest allocation while spilling: {largest} bytes");
-    assert!(total < 1 << 20, "allocated {total} bytes while spilling 64 MiB");
+    assert!(
+        largest < 64 << 10,
+        "largest allocation while spilling: {largest} bytes"
+    );
+    assert!(
+        total < 1 << 20,
+        "allocated {total} bytes while spilling 64 MiB"
+    );
     // And the bytes on disk are the buffers, in place.
     let back = area.restore(&locations[0]).unwrap();
     assert!(back.iter().zip(&buffers).all(|(b, w)| &b[..] == &w[..]));

@@ -32,20 +32,32 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 fn bytes_round_trip_and_in_place_writes() {
     let spill = tempfile::tempdir().unwrap();
     let store = ObjectStore::new(config(8 << 20, &spill)).unwrap();
-    for (i, len) in [0usize, 1, 63, 64, 65, 1000, 1 << 20].into_iter().enumerate() {
+    for (i, len) in [0usize, 1, 63, 64, 65, 1000, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
         let data = pattern(i as u64, len);
-        let id = store.put_bytes(b"meta!", &[&data[..len / 2], &data[len / 2..]]).unwrap();
+        let id = store
+            .put_bytes(b"meta!", &[&data[..len / 2], &data[len / 2..]])
+            .unwrap();
         let obj = store.get(id).unwrap();
         assert_eq!(obj.data(), &data[..]);
         assert_eq!(obj.meta(), b"meta!");
         assert_eq!(obj.format(), Format::Bytes);
-        assert_eq!(obj.data().as_ptr() as usize % 64, 0, "data is 64-byte aligned");
+        assert_eq!(
+            obj.data().as_ptr() as usize % 64,
+            0,
+            "data is 64-byte aligned"
+        );
         assert_eq!(&obj.data_bytes()[..], &data[..]);
         assert_eq!(obj.data_buffer().as_slice(), &data[..]);
     }
     let mut w = store.create(4096).unwrap();
     let id = w.id();
-    assert!(!store.contains(id).unwrap(), "unsealed objects are invisible");
+    assert!(
+        !store.contains(id).unwrap(),
+        "unsealed objects are invisible"
+    );
     assert_eq!(store.get(id).unwrap_err().kind(), ErrorKind::NotSealed);
     w.data_mut().copy_from_slice(&pattern(99, 4096));
     assert_eq!(w.seal().unwrap(), id);
@@ -60,21 +72,39 @@ fn bytes_round_trip_and_in_place_writes() {
 }
 
 fn sample_batch(n: usize, seed: u64) -> RecordBatch {
-    let ints = Int64Array::from_iter((0..n as i64).map(|i| if i % 7 == 3 { None } else { Some(i * seed as i64) }));
+    let ints = Int64Array::from_iter((0..n as i64).map(|i| {
+        if i % 7 == 3 {
+            None
+        } else {
+            Some(i * seed as i64)
+        }
+    }));
     let floats = Float64Array::from_iter_values((0..n).map(|i| i as f64 / 3.0));
-    let strings = StringArray::from_iter((0..n).map(|i| if i % 5 == 0 { None } else { Some(format!("id-{i}-{seed}-é")) }));
+    let strings = StringArray::from_iter((0..n).map(|i| {
+        if i % 5 == 0 {
+            None
+        } else {
+            Some(format!("id-{i}-{seed}-é"))
+        }
+    }));
     let large = LargeBinaryArray::from_iter_values((0..n).map(|i| vec![i as u8; i % 9]));
     let bools = BooleanArray::from_iter((0..n + 3).map(|i| Some(i % 3 == 0))).slice(3, n);
     let view = StringViewArray::from_iter_values((0..n).map(|i| "x".repeat(i % 20)));
     let fixed = FixedSizeBinaryArray::new(
         4,
-        arrow::buffer::Buffer::from_vec((0..n as u32).flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>()),
+        arrow::buffer::Buffer::from_vec(
+            (0..n as u32)
+                .flat_map(|i| i.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        ),
         None,
     );
     let list = ListArray::new(
         Arc::new(Field::new_list_field(DataType::Int32, false)),
         OffsetBuffer::from_lengths((0..n).map(|i| i % 4)),
-        Arc::new(Int32Array::from_iter_values(0..(0..n).map(|i| i % 4).sum::<usize>() as i32)),
+        Arc::new(Int32Array::from_iter_values(
+            0..(0..n).map(|i| i % 4).sum::<usize>() as i32,
+        )),
         None,
     );
     let dict: DictionaryArray<Int32Type> = (0..n).map(|i| ["a", "bb", "ccc"][i % 3]).collect();
@@ -84,8 +114,14 @@ fn sample_batch(n: usize, seed: u64) -> RecordBatch {
         .with_precision_and_scale(20, 2)
         .unwrap();
     let strukt = StructArray::from(vec![
-        (Arc::new(Field::new("a", DataType::Int32, false)), Arc::new(Int32Array::from_iter_values(0..n as i32)) as ArrayRef),
-        (Arc::new(Field::new("b", DataType::Utf8, true)), Arc::new(StringArray::from_iter_values((0..n).map(|i| i.to_string()))) as ArrayRef),
+        (
+            Arc::new(Field::new("a", DataType::Int32, false)),
+            Arc::new(Int32Array::from_iter_values(0..n as i32)) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("b", DataType::Utf8, true)),
+            Arc::new(StringArray::from_iter_values((0..n).map(|i| i.to_string()))) as ArrayRef,
+        ),
     ]);
     RecordBatch::try_from_iter_with_nullable(vec![
         ("ints", Arc::new(ints) as ArrayRef, true),
@@ -108,7 +144,12 @@ fn sample_batch(n: usize, seed: u64) -> RecordBatch {
 fn arrow_round_trip_is_exact_and_zero_copy() {
     let spill = tempfile::tempdir().unwrap();
     let store = ObjectStore::new(config(64 << 20, &spill)).unwrap();
-    let batches = vec![sample_batch(1000, 1), sample_batch(10, 2), sample_batch(0, 3), sample_batch(4097, 4).slice(5, 3000)];
+    let batches = vec![
+        sample_batch(1000, 1),
+        sample_batch(10, 2),
+        sample_batch(0, 3),
+        sample_batch(4097, 4).slice(5, 3000),
+    ];
     let schema = batches[0].schema();
     let id = store.put_arrow(&schema, &batches, b"table").unwrap();
     let obj = store.get(id).unwrap();
@@ -124,7 +165,10 @@ fn arrow_round_trip_is_exact_and_zero_copy() {
     fn check(data: &arrow::array::ArrayData, region: &std::ops::Range<usize>) {
         for b in data.buffers() {
             let p = b.as_ptr() as usize;
-            assert!(b.is_empty() || region.contains(&p), "buffer at {p:#x} outside the mapping");
+            assert!(
+                b.is_empty() || region.contains(&p),
+                "buffer at {p:#x} outside the mapping"
+            );
         }
         for c in data.child_data() {
             check(c, region);
@@ -143,7 +187,9 @@ fn arrow_round_trip_is_exact_and_zero_copy() {
 
     // A stored Arrow object is a plain IPC stream: arrow's own reader reads it.
     let obj = store.get(id).unwrap();
-    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(obj.data().to_vec()), None).unwrap();
+    let reader =
+        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(obj.data().to_vec()), None)
+            .unwrap();
     let read: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
     assert_eq!(read, batches);
 
@@ -162,7 +208,11 @@ fn eviction_and_restore_under_a_cap_ten_times_smaller() {
     assert!(total >= 10 * cap, "the test puts {total} bytes");
     let mut ids = Vec::new();
     for (i, &len) in sizes.iter().enumerate() {
-        ids.push(store.put_bytes(&(i as u32).to_le_bytes(), &[&pattern(i as u64, len)]).unwrap());
+        ids.push(
+            store
+                .put_bytes(&(i as u32).to_le_bytes(), &[&pattern(i as u64, len)])
+                .unwrap(),
+        );
     }
     let s = store.stats().unwrap();
     assert!(s.spilled_objects > 0 && s.objects_on_disk > 0, "{s:?}");
@@ -172,7 +222,10 @@ fn eviction_and_restore_under_a_cap_ten_times_smaller() {
     for i in (0..140).rev().chain(0..140) {
         let obj = store.get(ids[i]).unwrap();
         assert_eq!(obj.meta(), &(i as u32).to_le_bytes());
-        assert!(obj.data() == &pattern(i as u64, sizes[i])[..], "object {i} differs");
+        assert!(
+            obj.data() == &pattern(i as u64, sizes[i])[..],
+            "object {i} differs"
+        );
     }
     let s = store.stats().unwrap();
     assert!(s.restored_objects > 0, "{s:?}");
@@ -186,17 +239,30 @@ fn eviction_and_restore_under_a_cap_ten_times_smaller() {
     let on_disk = small.stats().unwrap().objects_on_disk;
     let files = std::fs::read_dir(small_spill.path())
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".spill"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".spill")
+        })
         .count();
     assert!(on_disk >= 100 && files > 0, "{on_disk} objects on disk");
-    assert!((files as u64) < on_disk / 4, "{files} spill files for {on_disk} evicted objects");
+    assert!(
+        (files as u64) < on_disk / 4,
+        "{files} spill files for {on_disk} evicted objects"
+    );
     drop(small);
 
     // Arrow values are evicted and restored too.
     let batch = sample_batch(20_000, 7);
-    let id = store.put_arrow(&batch.schema(), std::slice::from_ref(&batch), &[]).unwrap();
+    let id = store
+        .put_arrow(&batch.schema(), std::slice::from_ref(&batch), &[])
+        .unwrap();
     for (i, &len) in sizes.iter().enumerate().take(40) {
-        store.put_bytes(&[], &[&pattern(1000 + i as u64, len)]).unwrap();
+        store
+            .put_bytes(&[], &[&pattern(1000 + i as u64, len)])
+            .unwrap();
     }
     let (_, got) = store.get_arrow(id).unwrap();
     assert_eq!(got, vec![batch]);
@@ -206,7 +272,8 @@ fn eviction_and_restore_under_a_cap_ten_times_smaller() {
 fn pinned_objects_stay_and_a_full_store_fails_after_the_timeout() {
     let spill = tempfile::tempdir().unwrap();
     let cap = 1 << 20;
-    let store = ObjectStore::new(config(cap, &spill).with_put_timeout(Duration::from_millis(300))).unwrap();
+    let store =
+        ObjectStore::new(config(cap, &spill).with_put_timeout(Duration::from_millis(300))).unwrap();
     let data = pattern(1, 300_000);
     let a = store.put_bytes(&[], &[&data]).unwrap();
     let pinned = store.get(a).unwrap();
@@ -273,7 +340,9 @@ fn attached_handles_share_objects_and_a_vanished_client_releases_everything() {
     let id = store.put_bytes(b"m", &[b"from the owner"]).unwrap();
     assert_eq!(client.get(id).unwrap().data(), b"from the owner");
     let batch = sample_batch(500, 9);
-    let cid = client.put_arrow(&batch.schema(), std::slice::from_ref(&batch), &[]).unwrap();
+    let cid = client
+        .put_arrow(&batch.schema(), std::slice::from_ref(&batch), &[])
+        .unwrap();
     assert_eq!(store.get_arrow(cid).unwrap().1, vec![batch.clone()]);
     assert_eq!(client.get_arrow(cid).unwrap().1, vec![batch]);
     assert!(store.contains(cid).unwrap() && client.contains(id).unwrap());
@@ -282,8 +351,16 @@ fn attached_handles_share_objects_and_a_vanished_client_releases_everything() {
     // A client process SIGKILLed while holding a pin and while writing an object.
     let used_before = store.stats().unwrap().bytes_used;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_that_pins_and_writes", "--nocapture", "--test-threads=1"])
-        .env("FOREBAY_STORE_CHILD", format!("{}|{id}", store.path().display()))
+        .args([
+            "--exact",
+            "child_that_pins_and_writes",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "FOREBAY_STORE_CHILD",
+            format!("{}|{id}", store.path().display()),
+        )
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -306,7 +383,10 @@ fn attached_handles_share_objects_and_a_vanished_client_releases_everything() {
         if s.pinned_objects == 0 && s.bytes_used == used_before {
             break;
         }
-        assert!(Instant::now() < deadline, "owner did not release a dead client's state: {s:?}");
+        assert!(
+            Instant::now() < deadline,
+            "owner did not release a dead client's state: {s:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // The store still works for the others.
@@ -330,8 +410,14 @@ fn store_files_are_private_and_foreign_stores_are_refused() {
     let dir = base.path().join("store");
     let store = ObjectStore::new(config(1 << 20, &spill).with_dir(&dir)).unwrap();
     assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
-    assert_eq!(std::fs::metadata(dir.join("arena")).unwrap().mode() & 0o777, 0o600);
-    assert_eq!(std::fs::metadata(dir.join("store.sock")).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(dir.join("arena")).unwrap().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::metadata(dir.join("store.sock")).unwrap().mode() & 0o777,
+        0o600
+    );
     // A second owner on the same directory is refused while the first lives.
     assert!(ObjectStore::new(config(1 << 20, &spill).with_dir(&dir)).is_err());
 
@@ -371,7 +457,11 @@ fn concurrent_puts_and_gets_under_pressure() {
                 for i in 0..60u64 {
                     let seed = t * 1000 + i;
                     let len = 20_000 + (seed as usize * 131) % 120_000;
-                    mine.push((store.put_bytes(&[], &[&pattern(seed, len)]).unwrap(), seed, len));
+                    mine.push((
+                        store.put_bytes(&[], &[&pattern(seed, len)]).unwrap(),
+                        seed,
+                        len,
+                    ));
                     let (id, s, l) = mine[(i as usize * 7) % mine.len()];
                     assert!(store.get(id).unwrap().data() == &pattern(s, l)[..]);
                 }

@@ -476,7 +476,11 @@ impl RsCheckpointIndex {
         })
     }
 
-    fn contains<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn contains<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let ids = array_from_py(ids)?;
         let hits = detached_py(py, || {
             self.read()?.contains(ids.as_ref()).map_err(checkpoint_err)
@@ -501,7 +505,11 @@ impl RsCheckpointIndex {
 
     /// Filter a dataset's scan on several threads, in scan order.
     #[pyo3(signature = (dataset, num_threads=None))]
-    fn filter_scan(&self, dataset: &RsDataset, num_threads: Option<usize>) -> PyResult<RsFilteredIter> {
+    fn filter_scan(
+        &self,
+        dataset: &RsDataset,
+        num_threads: Option<usize>,
+    ) -> PyResult<RsFilteredIter> {
         let threads = match num_threads {
             Some(n) => n,
             None => self.read()?.threads(),
@@ -599,12 +607,18 @@ impl RsCheckpointIndex {
         self.read()?.id_type().to_pyarrow(py)
     }
 
-    fn shard_ids<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn shard_ids<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let ids = array_from_py(ids)?;
         let shards = detached_py(py, || {
             self.read()?.shard_ids(ids.as_ref()).map_err(checkpoint_err)
         })?;
-        arrow::array::UInt32Array::from(shards).to_data().to_pyarrow(py)
+        arrow::array::UInt32Array::from(shards)
+            .to_data()
+            .to_pyarrow(py)
     }
 }
 

@@ -11,7 +11,10 @@ use std::sync::Mutex;
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow_pyarrow::{FromPyArrow, ToPyArrow};
-use forebay_store::{ErrorKind, Format, ObjectId, ObjectStore, ObjectWriter, PinnedObject, StoreConfig, StoreError as RsStoreError};
+use forebay_store::{
+    ErrorKind, Format, ObjectId, ObjectStore, ObjectWriter, PinnedObject, StoreConfig,
+    StoreError as RsStoreError,
+};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -19,9 +22,24 @@ use pyo3::{create_exception, ffi};
 
 use crate::{detached_py, ForebayError};
 
-create_exception!(_forebay, StoreError, ForebayError, "An object store operation failed.");
-create_exception!(_forebay, ObjectNotFoundError, StoreError, "No such object in the store (never put, deleted, or from another store).");
-create_exception!(_forebay, StoreFullError, StoreError, "The store has no room: everything resident is pinned, or the object exceeds the capacity.");
+create_exception!(
+    _forebay,
+    StoreError,
+    ForebayError,
+    "An object store operation failed."
+);
+create_exception!(
+    _forebay,
+    ObjectNotFoundError,
+    StoreError,
+    "No such object in the store (never put, deleted, or from another store)."
+);
+create_exception!(
+    _forebay,
+    StoreFullError,
+    StoreError,
+    "The store has no room: everything resident is pinned, or the object exceeds the capacity."
+);
 
 pub fn store_err(e: RsStoreError) -> PyErr {
     let msg = e.to_string();
@@ -84,7 +102,14 @@ impl Drop for ContiguousBytes {
 /// # Safety
 /// `view` must be the non-null Py_buffer CPython passed to `__getbuffer__`, and the bytes
 /// must stay valid (and, if writable, exclusively ours) while `owner` is alive.
-unsafe fn fill_byte_view(view: *mut ffi::Py_buffer, owner: *mut ffi::PyObject, buf: *mut u8, len: usize, readonly: bool, flags: c_int) {
+unsafe fn fill_byte_view(
+    view: *mut ffi::Py_buffer,
+    owner: *mut ffi::PyObject,
+    buf: *mut u8,
+    len: usize,
+    readonly: bool,
+    flags: c_int,
+) {
     // SAFETY: the caller's contract: `view` is valid for writes.
     unsafe {
         (*view).obj = owner;
@@ -122,7 +147,11 @@ pub struct PinnedBuffer {
 
 #[pymethods]
 impl PinnedBuffer {
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
         if view.is_null() {
             return Err(PyBufferError::new_err("null view"));
         }
@@ -133,7 +162,16 @@ impl PinnedBuffer {
         let (buf, len) = (data.as_ptr(), data.len());
         // SAFETY: `view` is CPython's (checked non-null); the data stays pinned and
         // immutable while the view holds its new reference to `slf`.
-        unsafe { fill_byte_view(view, slf.into_any().into_ptr(), buf as *mut u8, len, true, flags) };
+        unsafe {
+            fill_byte_view(
+                view,
+                slf.into_any().into_ptr(),
+                buf as *mut u8,
+                len,
+                true,
+                flags,
+            )
+        };
         Ok(())
     }
 
@@ -160,7 +198,11 @@ impl RsObjectWriter {
 
 #[pymethods]
 impl RsObjectWriter {
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
         if view.is_null() {
             return Err(PyBufferError::new_err("null view"));
         }
@@ -200,7 +242,9 @@ impl RsObjectWriter {
     /// Give the memory back without sealing.
     fn abort(&self) -> PyResult<()> {
         if self.exports.load(Ordering::SeqCst) > 0 {
-            return Err(PyBufferError::new_err("release every memoryview of the object before aborting"));
+            return Err(PyBufferError::new_err(
+                "release every memoryview of the object before aborting",
+            ));
         }
         self.lock().take();
         Ok(())
@@ -240,7 +284,9 @@ impl RsObjectStore {
         prefault: bool,
     ) -> PyResult<Self> {
         if !(put_timeout >= 0.0 && put_timeout.is_finite()) {
-            return Err(PyValueError::new_err("put_timeout must be a finite number of seconds >= 0"));
+            return Err(PyValueError::new_err(
+                "put_timeout must be a finite number of seconds >= 0",
+            ));
         }
         let mut config = StoreConfig::new(capacity)
             .with_put_timeout(std::time::Duration::from_secs_f64(put_timeout))
@@ -302,7 +348,13 @@ impl RsObjectStore {
     }
 
     /// Put record batches of one schema as one Arrow object (GIL released, as above).
-    fn put_arrow(&self, py: Python<'_>, meta: &[u8], schema: &Bound<'_, PyAny>, batches: &Bound<'_, PyList>) -> PyResult<u128> {
+    fn put_arrow(
+        &self,
+        py: Python<'_>,
+        meta: &[u8],
+        schema: &Bound<'_, PyAny>,
+        batches: &Bound<'_, PyList>,
+    ) -> PyResult<u128> {
         let schema = Schema::from_pyarrow_bound(schema)?;
         let batches: Vec<RecordBatch> = batches
             .iter()
@@ -318,7 +370,11 @@ impl RsObjectStore {
 
     /// Allocate an object to be written in place.
     fn create(&self, py: Python<'_>, size: usize, meta: &[u8]) -> PyResult<RsObjectWriter> {
-        let writer = detached_py(py, || self.store.create_with(Format::Bytes, meta, size).map_err(store_err))?;
+        let writer = detached_py(py, || {
+            self.store
+                .create_with(Format::Bytes, meta, size)
+                .map_err(store_err)
+        })?;
         Ok(RsObjectWriter {
             writer: Mutex::new(Some(writer)),
             exports: AtomicUsize::new(0),
@@ -327,7 +383,11 @@ impl RsObjectStore {
 
     /// `(format, meta, payload)`: payload is a PinnedBuffer for bytes, or
     /// `(schema, [RecordBatch])` for Arrow objects (buffers in the mapping).
-    fn get<'py>(&self, py: Python<'py>, id: u128) -> PyResult<(u8, Bound<'py, PyBytes>, Bound<'py, PyAny>)> {
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        id: u128,
+    ) -> PyResult<(u8, Bound<'py, PyBytes>, Bound<'py, PyAny>)> {
         // GIL released: the object may have to be restored from disk, or wait for another
         // thread's restore of it.
         let (object, arrow) = detached_py(py, || {

@@ -42,7 +42,9 @@ pub enum CheckpointError {
     },
 
     /// A probe hit a shard this index did not load (it belongs to another worker).
-    #[error("id belongs to shard {shard}, which this index did not load (it loaded shards {loaded})")]
+    #[error(
+        "id belongs to shard {shard}, which this index did not load (it loaded shards {loaded})"
+    )]
     ShardNotLoaded { shard: usize, loaded: String },
 
     /// A file in `shard=<k>/` holds ids that hash to another shard: it was written with a

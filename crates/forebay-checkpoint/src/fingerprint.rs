@@ -125,7 +125,13 @@ pub fn fingerprints_into(ids: &dyn Array, out: &mut Vec<u128>) -> Option<()> {
 /// threads can fill disjoint parts of one buffer).
 pub fn fingerprints_into_slice(ids: &dyn Array, out: &mut [u128]) -> Option<()> {
     assert_eq!(ids.len(), out.len(), "one fingerprint slot per id");
-    extend_with_fingerprints(ids, &mut SliceFiller { slice: out, next: 0 })
+    extend_with_fingerprints(
+        ids,
+        &mut SliceFiller {
+            slice: out,
+            next: 0,
+        },
+    )
 }
 
 /// Fills a slice front to back through `Extend`.
@@ -235,7 +241,10 @@ mod tests {
     #[test]
     fn golden_fingerprints_never_change() {
         assert_eq!(xxh3_128(b""), 0x99aa06d3014798d86001c324468d497f);
-        assert_eq!(fingerprint_bytes(b""), 0x99aa06d3014798d86001c324468d497f >> 28);
+        assert_eq!(
+            fingerprint_bytes(b""),
+            0x99aa06d3014798d86001c324468d497f >> 28
+        );
         assert_eq!(shard_of(fingerprint_bytes(b""), 4), 0x9);
         assert_eq!(shard_of(fingerprint_bytes(b"anything"), 0), 0);
     }

@@ -150,7 +150,12 @@ impl CheckpointIndex {
 
     /// Heap bytes of the index: shard tables plus ids inserted and not yet written.
     pub fn memory_bytes(&self) -> usize {
-        let tables: usize = self.shards.iter().flatten().map(ShardTable::memory_bytes).sum();
+        let tables: usize = self
+            .shards
+            .iter()
+            .flatten()
+            .map(ShardTable::memory_bytes)
+            .sum();
         let pending: usize = self.pending.iter().map(|a| a.get_array_memory_size()).sum();
         tables + pending + self.shards.capacity() * std::mem::size_of::<Option<ShardTable>>()
     }
@@ -219,9 +224,13 @@ impl CheckpointIndex {
         let bits = if fps.len() < PARALLEL_MIN_ROWS || self.threads <= 1 {
             let mut bits = MutableBuffer::from_len_zeroed(fps.len().div_ceil(8));
             let slice = bits.as_slice_mut();
-            self.probe_pipelined(&fps, fps.len(), |j| j, &valid, |row| {
-                arrow::util::bit_util::set_bit(slice, row)
-            })?;
+            self.probe_pipelined(
+                &fps,
+                fps.len(),
+                |j| j,
+                &valid,
+                |row| arrow::util::bit_util::set_bit(slice, row),
+            )?;
             BooleanBuffer::new(bits.into(), 0, fps.len())
         } else {
             self.contains_grouped(&fps, &valid)?
@@ -263,8 +272,8 @@ impl CheckpointIndex {
                 continue;
             }
             let fp = fps[row];
-            let table = table_of(fp)
-                .ok_or_else(|| self.not_loaded(shard_of(fp, self.shard_bits)))?;
+            let table =
+                table_of(fp).ok_or_else(|| self.not_loaded(shard_of(fp, self.shard_bits)))?;
             if table.contains(self.local(fp)) {
                 on_hit(row);
             }
@@ -295,9 +304,13 @@ impl CheckpointIndex {
                                 shard_of(fps[row], self.shard_bits) % workers == worker
                                     && valid(row)
                             }));
-                            self.probe_pipelined(fps, rows.len(), |j| rows[j], &|_| true, |row| {
-                                arrow::util::bit_util::set_bit(&mut bits, row)
-                            })?;
+                            self.probe_pipelined(
+                                fps,
+                                rows.len(),
+                                |j| rows[j],
+                                &|_| true,
+                                |row| arrow::util::bit_util::set_bit(&mut bits, row),
+                            )?;
                         }
                         Ok(bits)
                     })
@@ -366,7 +379,10 @@ impl CheckpointIndex {
     /// input order, `None` for a batch left unchanged.
     pub fn filter_many(&self, batches: &[RecordBatch]) -> Result<Vec<Option<RecordBatch>>> {
         if batches.len() <= 1 || self.threads <= 1 {
-            return batches.iter().map(|b| self.filter_or_unchanged(b)).collect();
+            return batches
+                .iter()
+                .map(|b| self.filter_or_unchanged(b))
+                .collect();
         }
         let next = AtomicUsize::new(0);
         let mut results: Vec<(usize, Result<Option<RecordBatch>>)> = std::thread::scope(|scope| {

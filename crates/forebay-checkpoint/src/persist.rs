@@ -113,8 +113,8 @@ impl Manifest {
         let family_name = get("id_family")?;
         let family = IdFamily::from_name(family_name)
             .ok_or_else(|| bad(format!("unknown id_family {family_name:?}")))?;
-        let id_type = DataType::from_str(get("id_type")?)
-            .map_err(|e| bad(format!("bad id_type: {e}")))?;
+        let id_type =
+            DataType::from_str(get("id_type")?).map_err(|e| bad(format!("bad id_type: {e}")))?;
         Ok(Manifest {
             num_shards,
             family,
@@ -178,7 +178,12 @@ impl Target {
             Target::Local(dir) => match fs::read_to_string(dir.join(MANIFEST_FILE)) {
                 Ok(t) => t,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(source) => return Err(CheckpointError::Io { path: shown, source }),
+                Err(source) => {
+                    return Err(CheckpointError::Io {
+                        path: shown,
+                        source,
+                    })
+                }
             },
             Target::Remote { store, prefix, .. } => {
                 let store = store.clone();
@@ -229,14 +234,13 @@ impl Target {
                 shown,
             } => {
                 let (store, prefix) = (store.clone(), prefix.clone());
-                let listing =
-                    forebay_parquet::block_on(
-                        async move { store.list_with_delimiter(Some(&prefix)).await },
-                    )
-                    .map_err(|source| CheckpointError::Store {
-                        path: shown.clone(),
-                        source,
-                    })?;
+                let listing = forebay_parquet::block_on(async move {
+                    store.list_with_delimiter(Some(&prefix)).await
+                })
+                .map_err(|source| CheckpointError::Store {
+                    path: shown.clone(),
+                    source,
+                })?;
                 listing
                     .common_prefixes
                     .iter()
@@ -331,9 +335,9 @@ fn process_alive(pid: u32) -> bool {
 
 /// Write `bytes` to `path` with the commit protocol (temp file, fsync, rename, fsync dir).
 fn commit_local_file(path: &FsPath, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| CheckpointError::InvalidArgument(format!("{}: no parent", path.display())))?;
+    let dir = path.parent().ok_or_else(|| {
+        CheckpointError::InvalidArgument(format!("{}: no parent", path.display()))
+    })?;
     create_dir_all_durable(dir)?;
     let final_name = path
         .file_name()
@@ -495,7 +499,9 @@ impl CheckpointLoader {
             }
             owned[k] = true;
         }
-        let layout_matches = manifest.as_ref().is_some_and(|m| m.num_shards == num_shards);
+        let layout_matches = manifest
+            .as_ref()
+            .is_some_and(|m| m.num_shards == num_shards);
 
         // Which locations to read: only the owned shards' directories when the layout lets us.
         let uris = if layout_matches && owned.iter().any(|o| !o) {
@@ -572,7 +578,13 @@ impl CheckpointLoader {
         let reserve = per_shard_guess.min(expected) as usize;
         let collected: Vec<Mutex<Vec<u128>>> = owned
             .iter()
-            .map(|o| Mutex::new(if *o { Vec::with_capacity(reserve) } else { Vec::new() }))
+            .map(|o| {
+                Mutex::new(if *o {
+                    Vec::with_capacity(reserve)
+                } else {
+                    Vec::new()
+                })
+            })
             .collect();
         let local_mask = (1u128 << (FINGERPRINT_BITS - shard_bits)) - 1;
         let stream = Mutex::new(dataset.scan());
@@ -615,7 +627,10 @@ impl CheckpointLoader {
                             }
                             for (k, local) in by_shard.iter_mut().enumerate() {
                                 if !local.is_empty() {
-                                    collected[k].lock().expect("shard lock").extend_from_slice(local);
+                                    collected[k]
+                                        .lock()
+                                        .expect("shard lock")
+                                        .extend_from_slice(local);
                                     local.clear();
                                 }
                             }
@@ -802,10 +817,9 @@ impl CheckpointIndex {
             if rows.is_empty() {
                 continue;
             }
-            let shard_ids = arrow::compute::take(&ids, &UInt32Array::from(rows), None)
-                .map_err(arrow_err)?;
-            let batch =
-                RecordBatch::try_new(schema.clone(), vec![shard_ids]).map_err(arrow_err)?;
+            let shard_ids =
+                arrow::compute::take(&ids, &UInt32Array::from(rows), None).map_err(arrow_err)?;
+            let batch = RecordBatch::try_new(schema.clone(), vec![shard_ids]).map_err(arrow_err)?;
             let relative = format!("shard={k}/{}", unique_part_name());
             let bytes = encode_parquet(&batch, &target.shown(&relative))?;
             summary.files.push(target.put_atomic(&relative, bytes)?);
@@ -836,7 +850,10 @@ mod tests {
         let t = temp_name("part-1.parquet");
         assert_eq!(temp_writer_pid(&t), Some(std::process::id()));
         assert_eq!(temp_writer_pid("part-1.parquet"), None);
-        assert_eq!(declared_shard("s3://b/ck/shard=12/part-1.parquet"), Some(12));
+        assert_eq!(
+            declared_shard("s3://b/ck/shard=12/part-1.parquet"),
+            Some(12)
+        );
         assert_eq!(declared_shard("/ck/part-1.parquet"), None);
     }
 }

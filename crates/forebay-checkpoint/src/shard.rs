@@ -444,7 +444,11 @@ mod tests {
         let mut seed = 7;
         let ids: Vec<u128> = (0..600_000).map(|_| random(&mut seed)).collect();
         let table = ShardTable::build(ids.clone(), 4, 0).unwrap();
-        assert!(matches!(table.tails, Tails::Narrow(_)), "tail bits {}", table.tail_bits);
+        assert!(
+            matches!(table.tails, Tails::Narrow(_)),
+            "tail bits {}",
+            table.tail_bits
+        );
         assert!(ids.iter().all(|id| table.contains(*id)));
         let mut absent_hits = 0;
         for _ in 0..100_000 {
@@ -456,7 +460,11 @@ mod tests {
         let mut want = ids;
         want.sort_unstable();
         assert_eq!(back, want);
-        assert!(table.memory_bytes() < 600_000 * 11, "{}", table.memory_bytes());
+        assert!(
+            table.memory_bytes() < 600_000 * 11,
+            "{}",
+            table.memory_bytes()
+        );
     }
 
     #[test]

@@ -109,8 +109,9 @@ pub fn open_location(
     options: &StorageOptions,
 ) -> Result<(Arc<dyn ObjectStore>, Path, String)> {
     let (root, path) = store_for(uri, options, &mut HashMap::new())?;
-    let parsed = Path::parse(&path)
-        .map_err(|e| ParquetError::InvalidArgument(format!("{uri}: not a valid object path: {e}")))?;
+    let parsed = Path::parse(&path).map_err(|e| {
+        ParquetError::InvalidArgument(format!("{uri}: not a valid object path: {e}"))
+    })?;
     let shown = format!("{}{}", root.display_prefix, parsed);
     Ok((root.store, parsed, shown))
 }

@@ -14,9 +14,7 @@ use bytes::Bytes;
 use crossbeam_channel::Sender;
 
 use crate::error::{Result, SpillError};
-use crate::format::{
-    align_up, check_head, check_payload, length_table, padding, Header,
-};
+use crate::format::{align_up, check_head, check_payload, length_table, padding, Header};
 use crate::location::{ObjectExtent, PendingRound};
 use crate::round_file::{write_objects, PlannedObject};
 use crate::vectored::read_exact_vectored_at;
@@ -447,8 +445,8 @@ impl SpillArea {
                 slices.push(IoSliceMut::new(this_pad));
             }
         }
-        read_exact_vectored_at(&loc.file.file, &mut slices, loc.offset + loc.head_len())
-            .map_err(|e| match e.kind() {
+        read_exact_vectored_at(&loc.file.file, &mut slices, loc.offset + loc.head_len()).map_err(
+            |e| match e.kind() {
                 std::io::ErrorKind::UnexpectedEof => SpillError::Truncated {
                     path: path.to_path_buf(),
                     offset: loc.offset,
@@ -459,7 +457,8 @@ impl SpillArea {
                     action: "read spilled object",
                     source: e,
                 },
-            })?;
+            },
+        )?;
         drop(slices);
         let padding_clean = pad_sink.iter().all(|b| *b == 0);
         self.verify_payload(loc, padding_clean, destinations.iter().map(|d| &**d))
@@ -472,13 +471,17 @@ impl SpillArea {
         padding_clean: bool,
         buffers: impl Iterator<Item = &'a [u8]>,
     ) -> Result<()> {
-        check_payload(&loc.buffer_lens, self.checksum_of(loc)?, padding_clean, buffers).map_err(
-            |reason| SpillError::Corrupt {
-                path: loc.path().to_path_buf(),
-                offset: loc.offset,
-                reason,
-            },
-        )?;
+        check_payload(
+            &loc.buffer_lens,
+            self.checksum_of(loc)?,
+            padding_clean,
+            buffers,
+        )
+        .map_err(|reason| SpillError::Corrupt {
+            path: loc.path().to_path_buf(),
+            offset: loc.offset,
+            reason,
+        })?;
         let c = &self.shared.counters;
         c.objects_restored.fetch_add(1, Ordering::Relaxed);
         c.bytes_restored

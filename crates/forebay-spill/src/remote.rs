@@ -55,8 +55,7 @@ use object_store::{
 use crate::area::SpillObject;
 use crate::error::{Result, SpillError};
 use crate::format::{
-    align_up, check_head, check_payload, head_len, length_table, padding,
-    payload_checksum, Header,
+    align_up, check_head, check_payload, head_len, length_table, padding, payload_checksum, Header,
     HEADER_LEN, ZEROS,
 };
 use crate::location::{ObjectExtent, PendingRound};

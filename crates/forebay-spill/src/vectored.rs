@@ -154,7 +154,10 @@ mod tests {
         let buffers: Vec<Vec<u8>> = (0..2500).map(|i| vec![(i % 251) as u8; i % 5]).collect();
         let mut slices: Vec<IoSlice> = buffers.iter().map(|b| IoSlice::new(b)).collect();
         let calls = write_all_vectored_at(&f, &mut slices, 100).unwrap();
-        assert!(calls >= 3, "2500 slices need at least 3 calls, made {calls}");
+        assert!(
+            calls >= 3,
+            "2500 slices need at least 3 calls, made {calls}"
+        );
         let expected = buffers.concat();
         let mut back = vec![0u8; expected.len()];
         read_exact_vectored_at(&f, &mut [IoSliceMut::new(&mut back)], 100).unwrap();

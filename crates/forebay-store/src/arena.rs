@@ -94,7 +94,9 @@ impl Arena {
 
     fn check(&self, offset: usize, len: usize) {
         assert!(
-            offset.checked_add(len).is_some_and(|end| end <= self.map.len()),
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.map.len()),
             "region {offset}+{len} outside the arena of {} bytes",
             self.map.len()
         );

@@ -75,7 +75,9 @@ impl ClientCore {
             });
         }
         client.nonce = nonce;
-        client.owner_pid = f.0.get(..4).map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()));
+        client.owner_pid =
+            f.0.get(..4)
+                .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()));
         Ok(client)
     }
 
@@ -130,7 +132,12 @@ impl ClientCore {
         let _ = write_frame(&mut *stream, op as u8, payload);
     }
 
-    pub fn create(&self, format: Format, meta_len: usize, data_len: usize) -> Result<(ObjectId, usize)> {
+    pub fn create(
+        &self,
+        format: Format,
+        meta_len: usize,
+        data_len: usize,
+    ) -> Result<(ObjectId, usize)> {
         let mut p = Vec::with_capacity(17);
         p.push(format as u8);
         p.extend_from_slice(&(meta_len as u64).to_le_bytes());

@@ -40,7 +40,9 @@ pub enum StoreError {
         capacity: u64,
     },
 
-    #[error("object {id} is not in object store {path} (never put, deleted, or from another store)")]
+    #[error(
+        "object {id} is not in object store {path} (never put, deleted, or from another store)"
+    )]
     NotFound { path: PathBuf, id: ObjectId },
 
     #[error("object {id} in object store {path} is still being written; seal it first")]

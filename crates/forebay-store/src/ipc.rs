@@ -55,7 +55,9 @@ pub fn decode(data: &Buffer) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowError
     unsafe { skip.set(true) };
     loop {
         let Some(prefix) = bytes.get(pos..pos + 8) else {
-            return Err(err(format!("stream ends without an end marker at byte {pos}")));
+            return Err(err(format!(
+                "stream ends without an end marker at byte {pos}"
+            )));
         };
         if prefix[0..4] != [0xff; 4] {
             return Err(err(format!("missing continuation marker at byte {pos}")));
@@ -76,7 +78,11 @@ pub fn decode(data: &Buffer) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowError
         let body_end = meta_end
             .checked_add(body_len)
             .filter(|&e| e <= bytes.len())
-            .ok_or_else(|| err(format!("message body at byte {meta_end} runs past the object")))?;
+            .ok_or_else(|| {
+                err(format!(
+                    "message body at byte {meta_end} runs past the object"
+                ))
+            })?;
         let body = data.slice_with_length(meta_end, body_len);
         match message.header_type() {
             MessageHeader::Schema => {
@@ -86,7 +92,9 @@ pub fn decode(data: &Buffer) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowError
                 schema = Some(Arc::new(arrow_ipc::convert::try_fb_to_schema(fb)?));
             }
             MessageHeader::DictionaryBatch => {
-                let s = schema.as_ref().ok_or_else(|| err("dictionary before schema".into()))?;
+                let s = schema
+                    .as_ref()
+                    .ok_or_else(|| err("dictionary before schema".into()))?;
                 let batch = message
                     .header_as_dictionary_batch()
                     .ok_or_else(|| err("unreadable dictionary message".into()))?;
@@ -101,15 +109,18 @@ pub fn decode(data: &Buffer) -> Result<(SchemaRef, Vec<RecordBatch>), ArrowError
                 )?;
             }
             MessageHeader::RecordBatch => {
-                let s = schema.as_ref().ok_or_else(|| err("record batch before schema".into()))?;
+                let s = schema
+                    .as_ref()
+                    .ok_or_else(|| err("record batch before schema".into()))?;
                 let batch = message
                     .header_as_record_batch()
                     .ok_or_else(|| err("unreadable record batch message".into()))?;
                 let version = message.version();
-                let decoded = RecordBatchDecoder::try_new(&body, batch, s.clone(), &dictionaries, &version)?
-                    .with_require_alignment(true)
-                    .with_skip_validation(skip.clone())
-                    .read_record_batch()?;
+                let decoded =
+                    RecordBatchDecoder::try_new(&body, batch, s.clone(), &dictionaries, &version)?
+                        .with_require_alignment(true)
+                        .with_skip_validation(skip.clone())
+                        .read_record_batch()?;
                 batches.push(decoded);
             }
             other => return Err(err(format!("unexpected message {other:?} at byte {pos}"))),

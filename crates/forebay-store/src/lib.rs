@@ -194,7 +194,10 @@ impl StoreStats {
     }
 
     pub(crate) fn to_le_bytes(self) -> Vec<u8> {
-        self.as_array().iter().flat_map(|v| v.to_le_bytes()).collect()
+        self.as_array()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
     }
 
     pub(crate) fn from_le_bytes(b: &[u8]) -> Option<StoreStats> {
@@ -263,7 +266,12 @@ impl Backend {
             Backend::Client(c) => c.dir(),
         }
     }
-    fn create(&self, format: Format, meta_len: usize, data_len: usize) -> Result<(ObjectId, usize)> {
+    fn create(
+        &self,
+        format: Format,
+        meta_len: usize,
+        data_len: usize,
+    ) -> Result<(ObjectId, usize)> {
         match self {
             Backend::Owner(c) => c.create(format, meta_len, data_len, Creator::Local),
             Backend::Client(c) => c.create(format, meta_len, data_len),
@@ -393,7 +401,11 @@ impl PinnedObject {
     /// The data as an Arrow buffer that holds the pin.
     pub fn data_buffer(&self) -> Buffer {
         let h = &self.pin.header;
-        let ptr = self.pin.backend.arena().ptr(self.pin.offset + h.data_offset());
+        let ptr = self
+            .pin
+            .backend
+            .arena()
+            .ptr(self.pin.offset + h.data_offset());
         let ptr = NonNull::new(ptr).expect("mapping addresses are not null");
         // SAFETY: ptr..ptr+data_len is inside the mapping, sealed (never written again) and
         // stays mapped and in place while the pin (the allocation owner) lives.
@@ -438,14 +450,20 @@ impl ObjectWriter {
 
     /// The data region to fill (its initial contents are unspecified).
     pub fn data_mut(&mut self) -> &mut [u8] {
-        let (start, len) = (self.offset + self.header.data_offset(), self.header.data_len);
+        let (start, len) = (
+            self.offset + self.header.data_offset(),
+            self.header.data_len,
+        );
         // SAFETY: the region is allocated to this writer alone until it is sealed or
         // aborted; `&mut self` makes this the only live slice of it.
         unsafe { self.backend.arena().slice_mut(start, len) }
     }
 
     fn meta_mut(&mut self) -> &mut [u8] {
-        let (start, len) = (self.offset + self.header.meta_offset(), self.header.meta_len);
+        let (start, len) = (
+            self.offset + self.header.meta_offset(),
+            self.header.meta_len,
+        );
         // SAFETY: as in `data_mut`.
         unsafe { self.backend.arena().slice_mut(start, len) }
     }
@@ -477,7 +495,10 @@ pub struct ObjectStore {
     pid: u32,
 }
 
-fn io_err<'a>(path: &'a Path, context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+fn io_err<'a>(
+    path: &'a Path,
+    context: &'static str,
+) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
         context,
@@ -566,22 +587,33 @@ impl ObjectStore {
         };
         prepare_dir(&dir)?;
         let build = || -> Result<(Arc<OwnerCore>, Server)> {
-            let arena = Arc::new(Arena::create(&dir.join(ARENA_FILE), config.capacity, config.prefault)?);
+            let arena = Arc::new(Arena::create(
+                &dir.join(ARENA_FILE),
+                config.capacity,
+                config.prefault,
+            )?);
             let spill = if config.spill {
                 let dirs = config.spill_dirs.clone().unwrap_or_else(|| {
-                    vec![std::env::temp_dir().join(format!("forebay-store-spill-{}", server::euid()))]
+                    vec![std::env::temp_dir()
+                        .join(format!("forebay-store-spill-{}", server::euid()))]
                 });
-                Some(
-                    SpillArea::open(SpillConfig::new(dirs)).map_err(|source| StoreError::Spill {
+                Some(SpillArea::open(SpillConfig::new(dirs)).map_err(|source| {
+                    StoreError::Spill {
                         path: dir.clone(),
                         id: ObjectId(0),
                         source,
-                    })?,
-                )
+                    }
+                })?)
             } else {
                 None
             };
-            let core = Arc::new(OwnerCore::new(dir.clone(), arena, nonce, spill, config.put_timeout));
+            let core = Arc::new(OwnerCore::new(
+                dir.clone(),
+                arena,
+                nonce,
+                spill,
+                config.put_timeout,
+            ));
             let server = Server::start(core.clone(), &dir.join(SOCKET_FILE))?;
             Ok((core, server))
         };
@@ -665,7 +697,12 @@ impl ObjectStore {
 
     /// Like [`create`](Self::create), with a format and metadata bytes (stored in front of
     /// the data, returned by [`PinnedObject::meta`]).
-    pub fn create_with(&self, format: Format, meta: &[u8], data_len: usize) -> Result<ObjectWriter> {
+    pub fn create_with(
+        &self,
+        format: Format,
+        meta: &[u8],
+        data_len: usize,
+    ) -> Result<ObjectWriter> {
         self.check_process()?;
         let (id, offset) = self.backend.create(format, meta.len(), data_len)?;
         let mut writer = ObjectWriter {
@@ -691,7 +728,12 @@ impl ObjectStore {
 
     /// Put Arrow record batches (all of `schema`) as one object: an Arrow IPC stream whose
     /// buffers are copied once into the arena.
-    pub fn put_arrow(&self, schema: &Schema, batches: &[RecordBatch], meta: &[u8]) -> Result<ObjectId> {
+    pub fn put_arrow(
+        &self,
+        schema: &Schema,
+        batches: &[RecordBatch],
+        meta: &[u8],
+    ) -> Result<ObjectId> {
         let buffers = ipc::encode(schema, batches).map_err(|source| StoreError::Arrow {
             path: self.dir.clone(),
             id: ObjectId(0),
@@ -723,15 +765,17 @@ impl ObjectStore {
         // stays in place.
         let header = ObjectHeader::decode(unsafe { arena.slice(offset, layout::HEADER_LEN) });
         match header {
-            Ok(h) if h.id == id && offset + h.region_len() <= arena.capacity() => Ok(PinnedObject {
-                pin: Arc::new(Pin {
-                    backend: self.backend.clone(),
-                    id,
-                    offset,
-                    header: h,
-                    pid: self.pid,
-                }),
-            }),
+            Ok(h) if h.id == id && offset + h.region_len() <= arena.capacity() => {
+                Ok(PinnedObject {
+                    pin: Arc::new(Pin {
+                        backend: self.backend.clone(),
+                        id,
+                        offset,
+                        header: h,
+                        pid: self.pid,
+                    }),
+                })
+            }
             other => {
                 self.backend.unpin(id);
                 Err(StoreError::Invalid {

@@ -279,7 +279,10 @@ impl OwnerCore {
                 break;
             };
             table.lru.remove(&key);
-            let e = table.objects.get_mut(&id).expect("LRU entries are in the table");
+            let e = table
+                .objects
+                .get_mut(&id)
+                .expect("LRU entries are in the table");
             e.lru_key = None;
             let Place::Resident { offset } = e.place else {
                 unreachable!("only resident objects are in the LRU list")
@@ -297,7 +300,10 @@ impl OwnerCore {
         if !to_write.is_empty() {
             table.evicting += 1;
             drop(table);
-            let spill = self.spill.as_ref().expect("evict is only called with a spill area");
+            let spill = self
+                .spill
+                .as_ref()
+                .expect("evict is only called with a spill area");
             let objects = to_write
                 .iter()
                 .map(|&v| {
@@ -330,7 +336,10 @@ impl OwnerCore {
         }
         let t = &mut *table;
         for ((id, offset, _), copy) in victims.into_iter().zip(copies) {
-            let e = t.objects.get_mut(&id).expect("pinned entries stay in the table");
+            let e = t
+                .objects
+                .get_mut(&id)
+                .expect("pinned entries stay in the table");
             e.pins -= 1;
             if copy.is_some() {
                 e.spilled = copy;
@@ -408,7 +417,10 @@ impl OwnerCore {
 
     pub fn seal(&self, id: ObjectId, creator: Creator) -> Result<()> {
         let mut table = self.lock();
-        let e = table.objects.get_mut(&id).ok_or_else(|| self.not_found(id))?;
+        let e = table
+            .objects
+            .get_mut(&id)
+            .ok_or_else(|| self.not_found(id))?;
         match e.place {
             Place::Writing { offset, creator: c } if c == creator => {
                 e.place = Place::Resident { offset };
@@ -472,7 +484,10 @@ impl OwnerCore {
         let (len, loc) = {
             let e = table.objects.get_mut(&id).expect("caller found the entry");
             e.place = Place::Restoring;
-            let loc = e.spilled.clone().expect("spilled objects have a copy on disk");
+            let loc = e
+                .spilled
+                .clone()
+                .expect("spilled objects have a copy on disk");
             (e.header.region_len(), loc)
         };
         let (mut table, offset) = match self.allocate(table, len) {
@@ -489,14 +504,20 @@ impl OwnerCore {
             .expect("restoring entries stay in the table")
             .pins += 1;
         drop(table);
-        let spill = self.spill.as_ref().expect("spilled objects imply a spill area");
+        let spill = self
+            .spill
+            .as_ref()
+            .expect("spilled objects imply a spill area");
         // SAFETY: the region was just allocated for this restore; the entry is `Restoring`,
         // so nobody else reads or writes it until we publish it below.
         let region = unsafe { self.arena.slice_mut(offset, len) };
         let result = spill.restore_into(&loc, &mut [region]);
         let mut table = self.lock();
         let t = &mut *table;
-        let e = t.objects.get_mut(&id).expect("restoring entries stay in the table");
+        let e = t
+            .objects
+            .get_mut(&id)
+            .expect("restoring entries stay in the table");
         let result = result.map_err(|source| StoreError::Spill {
             path: self.dir.clone(),
             id,
@@ -609,9 +630,10 @@ impl OwnerCore {
 
     pub fn contains(&self, id: ObjectId) -> bool {
         let table = self.lock();
-        table.objects.get(&id).is_some_and(|e| {
-            !e.deleted && !matches!(e.place, Place::Writing { .. })
-        })
+        table
+            .objects
+            .get(&id)
+            .is_some_and(|e| !e.deleted && !matches!(e.place, Place::Writing { .. }))
     }
 
     pub fn stats(&self) -> StoreStats {

@@ -107,7 +107,12 @@ impl Drop for Server {
         if let Some(t) = self.accept_thread.take() {
             let _ = t.join();
         }
-        for (_, s) in self.connections.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+        for (_, s) in self
+            .connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+        {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -172,7 +177,11 @@ fn serve_connection(core: &OwnerCore, conn: u64, mut stream: UnixStream) {
         if op.has_reply() {
             let sent = match reply {
                 Ok(body) => write_frame(&mut stream, 0, &body),
-                Err(e) => write_frame(&mut stream, error_status(e.kind()), e.to_string().as_bytes()),
+                Err(e) => write_frame(
+                    &mut stream,
+                    error_status(e.kind()),
+                    e.to_string().as_bytes(),
+                ),
             };
             if sent.is_err() {
                 break;
@@ -224,7 +233,8 @@ fn handle(
                 1 => Format::ArrowIpc,
                 _ => return Err(malformed(core, op)),
             };
-            let (id, offset) = core.create(format, meta_len as usize, data_len as usize, creator)?;
+            let (id, offset) =
+                core.create(format, meta_len as usize, data_len as usize, creator)?;
             session.writing.push(id);
             let mut out = Vec::with_capacity(24);
             out.extend_from_slice(&id.0.to_le_bytes());
