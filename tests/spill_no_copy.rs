@@ -66,5 +66,5 @@ fn spilling_allocates_nothing_payload_sized() {
     );
     // And the bytes on disk are the buffers, in place.
     let back = area.restore(&locations[0]).unwrap();
-    assert!(back.iter().zip(&buffers).all(|(b, w)| &b[..] == &w[..]));
+    assert!(back.iter().zip(&buffers).all(|(b, w)| b[..] == w[..]));
 }

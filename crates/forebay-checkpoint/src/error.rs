@@ -13,7 +13,7 @@ pub enum CheckpointError {
         path: String,
         column: String,
         #[source]
-        source: forebay_parquet::ParquetError,
+        source: Box<forebay_parquet::ParquetError>,
     },
 
     /// The id column is absent from a checkpoint file or from a batch being filtered.
@@ -75,7 +75,7 @@ pub enum CheckpointError {
     Store {
         path: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
 
     /// Encoding a checkpoint Parquet file or an Arrow kernel failed.

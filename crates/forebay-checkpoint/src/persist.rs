@@ -147,7 +147,7 @@ impl Target {
                 CheckpointError::Read {
                     path: path.to_string(),
                     column: String::new(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
         Ok(Target::Remote {
@@ -197,7 +197,7 @@ impl Target {
                 })
                 .map_err(|source| CheckpointError::Store {
                     path: shown.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
                 match got {
                     None => return Ok(None),
@@ -239,7 +239,7 @@ impl Target {
                 })
                 .map_err(|source| CheckpointError::Store {
                     path: shown.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
                 listing
                     .common_prefixes
@@ -265,7 +265,7 @@ impl Target {
                 })
                 .map_err(|source| CheckpointError::Store {
                     path: shown.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
             }
         }
@@ -462,7 +462,7 @@ impl CheckpointLoader {
             source => CheckpointError::Read {
                 path: self.path.clone(),
                 column: self.id_column.clone(),
-                source,
+                source: Box::new(source),
             },
         }
     }

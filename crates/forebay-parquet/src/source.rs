@@ -157,7 +157,7 @@ pub(crate) async fn resolve(source: &DatasetSource, metrics: &IoMetrics) -> Resu
                 let path = Path::parse(p.trim_start_matches('/')).map_err(|e| {
                     ParquetError::InvalidArgument(format!("{p}: not a valid object path: {e}"))
                 })?;
-                files.extend(expand(&root, p, &path.to_string(), metrics).await?);
+                files.extend(expand(&root, p, path.as_ref(), metrics).await?);
             }
         }
     }

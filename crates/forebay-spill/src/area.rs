@@ -278,7 +278,11 @@ fn free_space(dir: &Path) -> u64 {
     }
     // SAFETY: statvfs returned 0, so it initialised the struct.
     let stat = unsafe { stat.assume_init() };
-    stat.f_bavail as u64 * stat.f_frsize as u64
+    // The field types differ between platforms (u64 on x86_64 glibc, u32 on some 32-bit
+    // targets), so the casts are only redundant here.
+    #[allow(clippy::unnecessary_cast)]
+    let available = stat.f_bavail as u64 * stat.f_frsize as u64;
+    available
 }
 
 impl SpillArea {

@@ -432,7 +432,7 @@ fn corruption_and_truncation_are_errors_naming_object_and_offset() {
         block_on(async { store.get(&path).await.unwrap().bytes().await.unwrap() })
     };
     let try_both = |what: &str| {
-        let mut dests_v = vec![vec![0u8; 300], vec![0u8; 70]];
+        let mut dests_v = [vec![0u8; 300], vec![0u8; 70]];
         let mut dests: Vec<&mut [u8]> = dests_v.iter_mut().map(|v| v.as_mut_slice()).collect();
         let a = target.restore_into(loc, &mut dests).unwrap_err();
         let b = target.restore(loc).unwrap_err();
@@ -464,7 +464,7 @@ fn corruption_and_truncation_are_errors_naming_object_and_offset() {
     block_on(store.delete(&Path::from(uri.trim_start_matches("mem://")))).unwrap();
     try_both("deleted");
     // Wrong destination sizes are refused before any request.
-    let mut small = vec![0u8; 10];
+    let mut small = [0u8; 10];
     let err = target
         .restore_into(&locations[0], &mut [&mut small[..]])
         .unwrap_err();
@@ -573,7 +573,7 @@ fn blocking_calls_inside_a_runtime_are_refused_and_async_ones_work() {
             originals[0].buffers
         );
         let mut a = vec![0u8; 1000];
-        let mut b = vec![0u8; 3];
+        let mut b = [0u8; 3];
         target
             .restore_into_async(&locations[0], &mut [&mut a[..], &mut b[..]])
             .await

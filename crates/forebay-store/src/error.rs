@@ -85,7 +85,7 @@ pub enum StoreError {
         path: PathBuf,
         id: ObjectId,
         #[source]
-        source: forebay_spill::SpillError,
+        source: Box<forebay_spill::SpillError>,
     },
 }
 

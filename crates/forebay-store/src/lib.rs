@@ -601,7 +601,7 @@ impl ObjectStore {
                     StoreError::Spill {
                         path: dir.clone(),
                         id: ObjectId(0),
-                        source,
+                        source: Box::new(source),
                     }
                 })?)
             } else {

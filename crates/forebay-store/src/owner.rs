@@ -365,7 +365,7 @@ impl OwnerCore {
             Some(source) => Err(StoreError::Spill {
                 path: self.dir.clone(),
                 id: ObjectId(0),
-                source,
+                source: Box::new(source),
             }),
             None => Ok(table),
         }
@@ -521,7 +521,7 @@ impl OwnerCore {
         let result = result.map_err(|source| StoreError::Spill {
             path: self.dir.clone(),
             id,
-            source,
+            source: Box::new(source),
         });
         let header_ok = result.as_ref().is_ok()
             && ObjectHeader::decode(
