@@ -12,11 +12,10 @@ import sys
 import tempfile
 import time
 
+import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-import forebay
 
 FILES = 8
 ROWS_PER_FILE = 1_500_000
@@ -33,9 +32,14 @@ def generate(directory: str) -> None:
                 "customer": rng.integers(0, 100_000, n),
                 "quantity": rng.integers(1, 50, n).astype(np.int32),
                 "price": rng.random(n) * 1000,
-                "status": pa.array(np.array(["open", "shipped", "returned"])[rng.integers(0, 3, n)]),
+                "status": pa.array(
+                    np.array(["open", "shipped", "returned"])[rng.integers(0, 3, n)]
+                ),
                 "comment": pa.array([f"comment {i % 5000}" for i in range(n)]),
-                "day": pa.array(np.datetime64("2024-01-01") + (ids // 50_000).astype("timedelta64[D]"), pa.date32()),
+                "day": pa.array(
+                    np.datetime64("2024-01-01") + (ids // 50_000).astype("timedelta64[D]"),
+                    pa.date32(),
+                ),
             }
         )
         pq.write_table(table, os.path.join(directory, f"part-{k}.parquet"), row_group_size=250_000)
@@ -61,7 +65,10 @@ def main() -> int:
         total = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory))
         print(f"dataset: {total / 1e6:.0f} MB on disk\n")
         timed("all 7 columns", forebay.read_parquet(directory))
-        timed("2 columns (order_id, price)", forebay.read_parquet(directory, columns=["order_id", "price"]))
+        timed(
+            "2 columns (order_id, price)",
+            forebay.read_parquet(directory, columns=["order_id", "price"]),
+        )
         timed(
             "2 columns where day >= 2024-07-01",
             forebay.read_parquet(
@@ -73,7 +80,9 @@ def main() -> int:
         timed(
             "status as dictionary, status == 'returned'",
             forebay.read_parquet(
-                directory, columns=["status", "quantity"], dictionary_columns=["status"],
+                directory,
+                columns=["status", "quantity"],
+                dictionary_columns=["status"],
                 filter=[("status", "==", "returned")],
             ),
         )

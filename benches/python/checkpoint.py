@@ -46,7 +46,11 @@ def id_strings(kind: str):
     if kind == "string":
         return pa.array(np.arange(TOTAL_IDS).astype(str))
     rng = np.random.default_rng(20261121)
-    raw = rng.integers(0, 2**63, size=(TOTAL_IDS, 2), dtype=np.int64).view(np.uint8).reshape(TOTAL_IDS, 16)
+    raw = (
+        rng.integers(0, 2**63, size=(TOTAL_IDS, 2), dtype=np.int64)
+        .view(np.uint8)
+        .reshape(TOTAL_IDS, 16)
+    )
     hexes = [r.tobytes().hex() for r in raw]
     return pa.array([f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}" for h in hexes])
 
@@ -65,13 +69,16 @@ def generate(root: Path, kind: str) -> Path:
     per_file = TOTAL_IDS // INPUT_FILES
     for k in range(INPUT_FILES):
         chunk = ids.slice(k * per_file, per_file)
-        pq.write_table(pa.table({"id": chunk, "value": pa.array(range(per_file))}),
-                       data / "inputs" / f"part-{k:04d}.parquet")
+        pq.write_table(
+            pa.table({"id": chunk, "value": pa.array(range(per_file))}),
+            data / "inputs" / f"part-{k:04d}.parquet",
+        )
     done_marker.write_text("ok")
     return data
 
 
 # ------------------------------------------------------------------ methods (run in a child)
+
 
 def run_forebay(data: Path, whole_table: bool) -> dict:
     import forebay
@@ -90,9 +97,15 @@ def run_forebay(data: Path, whole_table: bool) -> dict:
         for batch in ckpt.filter(forebay.read_parquet(str(data / "inputs"))):
             kept += batch.num_rows
     t2 = time.perf_counter()
-    return {"load_s": t1 - t0, "filter_s": t2 - t1, "kept": kept, "ids": len(ckpt),
-            "rss_load_bytes": after - before, "index_bytes": ckpt.memory_bytes,
-            "load_peak_bytes": peak_during_load}
+    return {
+        "load_s": t1 - t0,
+        "filter_s": t2 - t1,
+        "kept": kept,
+        "ids": len(ckpt),
+        "rss_load_bytes": after - before,
+        "index_bytes": ckpt.memory_bytes,
+        "load_peak_bytes": peak_during_load,
+    }
 
 
 def run_ray_numpy(data: Path) -> dict:
@@ -125,7 +138,9 @@ def run_pyarrow_is_in(data: Path) -> dict:
 
     before = rss_bytes()
     t0 = time.perf_counter()
-    checkpointed = pq.read_table(data / "checkpoint.parquet", columns=["id"]).column("id").combine_chunks()
+    checkpointed = (
+        pq.read_table(data / "checkpoint.parquet", columns=["id"]).column("id").combine_chunks()
+    )
     t1 = time.perf_counter()
     after = rss_bytes()
     inputs = pads.dataset(data / "inputs").to_table()
@@ -138,9 +153,11 @@ def run_polars(data: Path) -> dict:
     import polars as pl
 
     t0 = time.perf_counter()
-    out = (pl.scan_parquet(str(data / "inputs" / "*.parquet"))
-           .join(pl.scan_parquet(str(data / "checkpoint.parquet")), on="id", how="anti")
-           .collect())
+    out = (
+        pl.scan_parquet(str(data / "inputs" / "*.parquet"))
+        .join(pl.scan_parquet(str(data / "checkpoint.parquet")), on="id", how="anti")
+        .collect()
+    )
     t1 = time.perf_counter()
     return {"load_s": None, "filter_s": t1 - t0, "kept": out.height}
 
@@ -177,8 +194,11 @@ def run_method(method: str, data: Path) -> dict:
 
 # ------------------------------------------------------------------ driver
 
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--ids", choices=["string", "uuid"], default="string")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--data-dir", default="bench-data/checkpoint")
@@ -197,36 +217,60 @@ def main() -> int:
     for r in range(args.rounds):
         for m in args.methods:
             with SystemMemorySampler() as sampler:
-                out = subprocess.run([sys.executable, __file__, "--ids", args.ids, "--data-dir",
-                                      args.data_dir, "--child", m],
-                                     check=True, capture_output=True, text=True).stdout
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--ids",
+                        args.ids,
+                        "--data-dir",
+                        args.data_dir,
+                        "--child",
+                        m,
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
             res = json.loads(out)
             res["system_rise_mb"] = sampler.rise_mb
             if res["kept"] != TOTAL_IDS - CHECKPOINT_IDS:
-                raise SystemExit(f"{m} kept {res['kept']} rows, expected {TOTAL_IDS - CHECKPOINT_IDS}")
+                raise SystemExit(
+                    f"{m} kept {res['kept']} rows, expected {TOTAL_IDS - CHECKPOINT_IDS}"
+                )
             results[m].append(res)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
-    med = lambda m, k: statistics.median(x[k] for x in results[m]) if results[m][0].get(k) is not None else None
+    med = lambda m, k: (
+        statistics.median(x[k] for x in results[m]) if results[m][0].get(k) is not None else None
+    )
     base = med("forebay", "total_s") if "forebay" in results else None
-    print(f"\ncheckpoint filter, {args.ids} ids: 8 M checkpointed, 1,000 x 10,000 input ids; "
-          f"medians of {args.rounds} ({dt.date.today()})")
-    print(f"{'method':<15}{'load s':>9}{'filter s':>10}{'total s':>9}{'vs forebay':>12}"
-          f"{'RSS after load':>16}{'B/id':>7}{'sys rise MB':>13}{'max RSS MB':>12}")
+    print(
+        f"\ncheckpoint filter, {args.ids} ids: 8 M checkpointed, 1,000 x 10,000 input ids; "
+        f"medians of {args.rounds} ({dt.date.today()})"
+    )
+    print(
+        f"{'method':<15}{'load s':>9}{'filter s':>10}{'total s':>9}{'vs forebay':>12}"
+        f"{'RSS after load':>16}{'B/id':>7}{'sys rise MB':>13}{'max RSS MB':>12}"
+    )
     for m in args.methods:
         load, filt, total = med(m, "load_s"), med(m, "filter_s"), med(m, "total_s")
         rss_load = med(m, "rss_load_bytes")
         fmt = lambda v, w, p=3: f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"
-        print(f"{m:<15}{fmt(load, 9)}{fmt(filt, 10)}{fmt(total, 9)}"
-              f"{fmt(total / base if base else None, 11, 2)}x"
-              f"{fmt(rss_load / 1e6 if rss_load is not None else None, 13, 1)} MB"
-              f"{fmt(rss_load / CHECKPOINT_IDS if rss_load is not None else None, 7, 1)}"
-              f"{fmt(med(m, 'system_rise_mb'), 13, 0)}{fmt(med(m, 'max_rss_mb'), 12, 0)}")
+        print(
+            f"{m:<15}{fmt(load, 9)}{fmt(filt, 10)}{fmt(total, 9)}"
+            f"{fmt(total / base if base else None, 11, 2)}x"
+            f"{fmt(rss_load / 1e6 if rss_load is not None else None, 13, 1)} MB"
+            f"{fmt(rss_load / CHECKPOINT_IDS if rss_load is not None else None, 7, 1)}"
+            f"{fmt(med(m, 'system_rise_mb'), 13, 0)}{fmt(med(m, 'max_rss_mb'), 12, 0)}"
+        )
     if "forebay" in results:
-        print(f"forebay: index memory_bytes {med('forebay', 'index_bytes') / CHECKPOINT_IDS:.2f} B/id; "
-              f"RSS after load - before {med('forebay', 'rss_load_bytes') / CHECKPOINT_IDS:.2f} B/id; "
-              f"peak RSS rise while loading {med('forebay', 'load_peak_bytes') / 1e6:.0f} MB = "
-              f"{med('forebay', 'load_peak_bytes') / med('forebay', 'rss_load_bytes'):.2f}x the loaded index")
+        print(
+            f"forebay: index memory_bytes {med('forebay', 'index_bytes') / CHECKPOINT_IDS:.2f} B/id; "
+            f"RSS after load - before {med('forebay', 'rss_load_bytes') / CHECKPOINT_IDS:.2f} B/id; "
+            f"peak RSS rise while loading {med('forebay', 'load_peak_bytes') / 1e6:.0f} MB = "
+            f"{med('forebay', 'load_peak_bytes') / med('forebay', 'rss_load_bytes'):.2f}x the loaded index"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

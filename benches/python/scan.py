@@ -36,12 +36,26 @@ def generate(data_dir: Path, sf: float) -> tuple[Path, Path]:
     raw = data_dir / f"sf{sf:g}" / "lineitem"
     if not raw.exists():
         cli = Path(sys.executable).with_name("tpchgen-cli")
-        subprocess.run([str(cli), "parquet", "-s", f"{sf:g}", "--tables", "lineitem", "--parts", "8",
-                        "--output-dir", str(raw.parent)], check=True)
+        subprocess.run(
+            [
+                str(cli),
+                "parquet",
+                "-s",
+                f"{sf:g}",
+                "--tables",
+                "lineitem",
+                "--parts",
+                "8",
+                "--output-dir",
+                str(raw.parent),
+            ],
+            check=True,
+        )
     clustered = data_dir / f"sf{sf:g}" / "lineitem_by_shipdate"
     if not clustered.exists():
         import duckdb
         import pyarrow.parquet as pq
+
         first = sorted(raw.glob("*.parquet"))[0]
         rg_rows = pq.ParquetFile(first).metadata.row_group(0).num_rows
         tmp = clustered.with_name(clustered.name + ".tmp")
@@ -62,9 +76,13 @@ def parquet_files(directory: Path) -> list[str]:
 
 # ---------------------------------------------------------------- engines
 
+
 def run_forebay(files, columns, with_filter):
     import forebay
-    ds = forebay.read_parquet(files, columns=columns, filter=[("l_shipdate", ">=", CUTOFF)] if with_filter else None)
+
+    ds = forebay.read_parquet(
+        files, columns=columns, filter=[("l_shipdate", ">=", CUTOFF)] if with_filter else None
+    )
     rows = 0
     for batch in ds:
         rows += batch.num_rows
@@ -74,9 +92,12 @@ def run_forebay(files, columns, with_filter):
 def run_pyarrow(files, columns, with_filter):
     import pyarrow as pa
     import pyarrow.dataset as pds
+
     d = pds.dataset(files, format="parquet")
     # pyarrow 26 cannot filter string_view (what tpchgen writes); read those as string.
-    schema = pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in d.schema])
+    schema = pa.schema(
+        [f.with_type(pa.string()) if f.type == pa.string_view() else f for f in d.schema]
+    )
     d = pds.dataset(files, format="parquet", schema=schema)
     flt = pds.field("l_shipdate") >= CUTOFF if with_filter else None
     rows = 0
@@ -87,6 +108,7 @@ def run_pyarrow(files, columns, with_filter):
 
 def run_polars(files, columns, with_filter):
     import polars as pl
+
     q = pl.scan_parquet(files)
     if with_filter:
         q = q.filter(pl.col("l_shipdate") >= CUTOFF)
@@ -97,6 +119,7 @@ def run_polars(files, columns, with_filter):
 
 def run_duckdb(files, columns, with_filter):
     import duckdb
+
     con = duckdb.connect()
     cols = ", ".join(columns) if columns else "*"
     where = f" WHERE l_shipdate >= DATE '{CUTOFF}'" if with_filter else ""
@@ -108,7 +131,12 @@ def run_duckdb(files, columns, with_filter):
     return rows, None
 
 
-ENGINES = {"forebay": run_forebay, "pyarrow": run_pyarrow, "polars": run_polars, "duckdb": run_duckdb}
+ENGINES = {
+    "forebay": run_forebay,
+    "pyarrow": run_pyarrow,
+    "polars": run_polars,
+    "duckdb": run_duckdb,
+}
 
 
 def bench_scenario(name, files, columns, with_filter, rounds):
@@ -126,13 +154,23 @@ def bench_scenario(name, files, columns, with_filter, rounds):
                 metrics = m
     assert len(set(rows.values())) == 1, f"engines disagree on row count: {rows}"
     med = {e: statistics.median(t) for e, t in times.items()}
-    print(f"{name}: " + ", ".join(f"{e} {med[e]:.3f}s ({med[e] / med['forebay']:.2f}x)" for e in ENGINES), flush=True)
-    return {"scenario": name, "rows": rows["forebay"], "median_s": med,
-            "ratio_vs_forebay": {e: med[e] / med["forebay"] for e in ENGINES},
-            "all_s": times, "forebay_metrics": metrics}
+    print(
+        f"{name}: "
+        + ", ".join(f"{e} {med[e]:.3f}s ({med[e] / med['forebay']:.2f}x)" for e in ENGINES),
+        flush=True,
+    )
+    return {
+        "scenario": name,
+        "rows": rows["forebay"],
+        "median_s": med,
+        "ratio_vs_forebay": {e: med[e] / med["forebay"] for e in ENGINES},
+        "all_s": times,
+        "forebay_metrics": metrics,
+    }
 
 
 # ---------------------------------------------------------------- memory
+
 
 def memory_probe(engine: str, files: list[str]) -> dict:
     with SystemMemorySampler() as sampler:
@@ -156,39 +194,78 @@ def main() -> int:
 
     raw, clustered = generate(Path(args.data_dir), args.scale_factor)
     raw_files, clustered_files = parquet_files(raw), parquet_files(clustered)
-    import duckdb, polars, pyarrow  # noqa: E401
+    import duckdb
     import forebay
-    print(f"lineitem SF{args.scale_factor:g}: {len(raw_files)} files, "
-          f"{sum(os.path.getsize(f) for f in raw_files) / 1e9:.2f} GB; cores {os.cpu_count()}; "
-          f"forebay {forebay.__version__}, pyarrow {pyarrow.__version__}, polars {polars.__version__}, "
-          f"duckdb {duckdb.__version__}; medians of {args.rounds}")
-    results = [] if args.memory_only else [
-        bench_scenario("(a) 2 of 16 columns", raw_files, COLUMNS_2, False, args.rounds),
-        bench_scenario("(b) all 16 columns", raw_files, None, False, args.rounds),
-        bench_scenario("(c) all columns, l_shipdate >= 1998-09-01, raw layout", raw_files, None, True, args.rounds),
-        bench_scenario("(c') same filter, clustered by l_shipdate", clustered_files, None, True, args.rounds),
-        bench_scenario("(c'') unfiltered scan of the clustered copy", clustered_files, None, False, args.rounds),
-    ]
+    import polars
+    import pyarrow
+
+    print(
+        f"lineitem SF{args.scale_factor:g}: {len(raw_files)} files, "
+        f"{sum(os.path.getsize(f) for f in raw_files) / 1e9:.2f} GB; cores {os.cpu_count()}; "
+        f"forebay {forebay.__version__}, pyarrow {pyarrow.__version__}, polars {polars.__version__}, "
+        f"duckdb {duckdb.__version__}; medians of {args.rounds}"
+    )
+    results = (
+        []
+        if args.memory_only
+        else [
+            bench_scenario("(a) 2 of 16 columns", raw_files, COLUMNS_2, False, args.rounds),
+            bench_scenario("(b) all 16 columns", raw_files, None, False, args.rounds),
+            bench_scenario(
+                "(c) all columns, l_shipdate >= 1998-09-01, raw layout",
+                raw_files,
+                None,
+                True,
+                args.rounds,
+            ),
+            bench_scenario(
+                "(c') same filter, clustered by l_shipdate",
+                clustered_files,
+                None,
+                True,
+                args.rounds,
+            ),
+            bench_scenario(
+                "(c'') unfiltered scan of the clustered copy",
+                clustered_files,
+                None,
+                False,
+                args.rounds,
+            ),
+        ]
+    )
     if results:
         report(results, args.rounds)
     memory = measure_memory(raw_files)
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "memory": memory}, indent=1, default=str))
+        Path(args.json).write_text(
+            json.dumps({"results": results, "memory": memory}, indent=1, default=str)
+        )
     return 0
 
 
 def report(results, rounds):
-    print(f"\n{'scenario':<58} {'rows':>11} " + " ".join(f"{e:>9}" for e in ENGINES) + "   (median s; ratio = engine/forebay)")
+    print(
+        f"\n{'scenario':<58} {'rows':>11} "
+        + " ".join(f"{e:>9}" for e in ENGINES)
+        + "   (median s; ratio = engine/forebay)"
+    )
     for r in results:
-        print(f"{r['scenario']:<58} {r['rows']:>11,} " + " ".join(f"{r['median_s'][e]:9.3f}" for e in ENGINES))
-        print(f"{'':<58} {'':>11} " + " ".join(f"{r['ratio_vs_forebay'][e]:8.2f}x" for e in ENGINES))
+        print(
+            f"{r['scenario']:<58} {r['rows']:>11,} "
+            + " ".join(f"{r['median_s'][e]:9.3f}" for e in ENGINES)
+        )
+        print(
+            f"{'':<58} {'':>11} " + " ".join(f"{r['ratio_vs_forebay'][e]:8.2f}x" for e in ENGINES)
+        )
     print("\nforebay bytes read and row groups skipped:")
     for r in results:
         m = r["forebay_metrics"]
         # metrics are those of the last round's dataset, i.e. one scan
-        print(f"  {r['scenario']:<58} {m['data_bytes'] / 1e6:9.1f} MB/scan, "
-              f"row groups pruned {m['row_groups_pruned_by_statistics']}/{m['row_groups_total']}")
-
+        print(
+            f"  {r['scenario']:<58} {m['data_bytes'] / 1e6:9.1f} MB/scan, "
+            f"row groups pruned {m['row_groups_pruned_by_statistics']}/{m['row_groups_total']}"
+        )
 
 
 def measure_memory(raw_files):
@@ -196,14 +273,20 @@ def measure_memory(raw_files):
     memory = []
     for engine in ENGINES:
         for _ in range(3):
-            out = subprocess.run([sys.executable, __file__, "--memory-probe", engine, "--files", *raw_files],
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--memory-probe", engine, "--files", *raw_files],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             memory.append(json.loads(out))
     for engine in ENGINES:
         probes = [m for m in memory if m["engine"] == engine]
         rise = statistics.median(p["system_rise_mb"] for p in probes)
         rss = statistics.median(p["max_rss_mb"] for p in probes)
-        print(f"  {engine:<8} system used-memory rise {rise:8.0f} MB   max RSS {rss:8.0f} MB   (median of 3)")
+        print(
+            f"  {engine:<8} system used-memory rise {rise:8.0f} MB   max RSS {rss:8.0f} MB   (median of 3)"
+        )
     return memory
 
 

@@ -24,10 +24,9 @@ import statistics
 import sys
 import time
 
+import forebay
 import numpy as np
 import pyarrow as pa
-
-import forebay
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -94,7 +93,9 @@ def _cross_process_child(path, refs, calls, out):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes", default="1K,64K,1M,16M,64M,256M")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-ray", action="store_true")
@@ -105,16 +106,23 @@ def main() -> None:
     ray = None
     if not args.no_ray:
         try:
-            import ray  # noqa: F811
-            ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR",
-                     object_store_memory=max(4 * max(sizes), 512 << 20))
+            import ray
+
+            ray.init(
+                num_cpus=1,
+                include_dashboard=False,
+                logging_level="ERROR",
+                object_store_memory=max(4 * max(sizes), 512 << 20),
+            )
         except ImportError:
             print("ray is not installed: pip install ray (or run with --no-ray)", file=sys.stderr)
             sys.exit(2)
 
     store = forebay.ObjectStore(capacity=max(3 * max(sizes), 256 << 20))
-    print(f"# store {store.path}, python {sys.version.split()[0]}, pyarrow {pa.__version__}"
-          + (f", ray {ray.__version__}" if ray else ""))
+    print(
+        f"# store {store.path}, python {sys.version.split()[0]}, pyarrow {pa.__version__}"
+        + (f", ray {ray.__version__}" if ray else "")
+    )
 
     results = []  # (size, kind, op, method, median µs)
     cross = {}
@@ -190,8 +198,9 @@ def main() -> None:
         for nbytes in sizes:
             cold = forebay.ObjectStore(capacity=max(2 * nbytes, 64 << 20))
             value = make_table(nbytes)
-            results.append((nbytes, "table", "put (first touch)", "forebay",
-                            timed(lambda: cold.put(value))))
+            results.append(
+                (nbytes, "table", "put (first touch)", "forebay", timed(lambda: cold.put(value)))
+            )
             cold.close()
 
     # Cross-process get: another process attaches and gets the same objects.

@@ -11,55 +11,56 @@ Rust does the reading, filtering and decoding; Python receives Arrow data withou
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from . import _forebay
 from ._checkpoint import CheckpointFilter
-from ._spill import RemoteSpillTarget, SpillArea
-from ._store import ObjectRef, ObjectStore, ObjectWriter
 from ._filters import normalize_filter
 from ._forebay import (
     CheckpointError,
     ColumnNotFoundError,
-    SpillError,
-    StoreError,
-    StoreFullError,
-    ObjectNotFoundError,
     CorruptFileError,
     DatasetNotFoundError,
     ForebayError,
     InvalidFilterError,
+    ObjectNotFoundError,
     ParquetError,
     SchemaMismatchError,
+    SpillError,
     StorageError,
+    StoreError,
+    StoreFullError,
 )
+from ._spill import RemoteSpillTarget, SpillArea
+from ._store import ObjectRef, ObjectStore, ObjectWriter
 
 __version__ = _forebay.__version__
 
 __all__ = [
-    "read_parquet",
-    "Dataset",
-    "ForebayError",
-    "ParquetError",
-    "DatasetNotFoundError",
-    "CorruptFileError",
-    "ColumnNotFoundError",
-    "InvalidFilterError",
-    "SchemaMismatchError",
-    "StorageError",
-    "CheckpointFilter",
     "CheckpointError",
+    "CheckpointFilter",
+    "ColumnNotFoundError",
+    "CorruptFileError",
+    "Dataset",
+    "DatasetNotFoundError",
+    "ForebayError",
+    "InvalidFilterError",
+    "ObjectNotFoundError",
+    "ObjectRef",
+    "ObjectStore",
+    "ObjectWriter",
+    "ParquetError",
     "RemoteSpillTarget",
+    "SchemaMismatchError",
     "SpillArea",
     "SpillError",
-    "ObjectStore",
-    "ObjectRef",
-    "ObjectWriter",
+    "StorageError",
     "StoreError",
     "StoreFullError",
-    "ObjectNotFoundError",
+    "read_parquet",
 ]
 
 
@@ -72,7 +73,7 @@ class Dataset:
     without copying.
     """
 
-    def __init__(self, inner: "_forebay.RsDataset"):
+    def __init__(self, inner: _forebay.RsDataset):
         self._inner = inner
 
     @property

@@ -7,7 +7,8 @@ length, hash-sharded, loaded and probed in parallel with the GIL released. Null 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -41,7 +42,7 @@ class CheckpointFilter:
 
     def __init__(
         self,
-        id_type: "pa.DataType | str",
+        id_type: pa.DataType | str,
         *,
         num_shards: int | None = None,
         id_column: str = "id",
@@ -56,14 +57,14 @@ class CheckpointFilter:
     @classmethod
     def load(
         cls,
-        path: "str | Sequence[str]",
+        path: str | Sequence[str],
         id_column: str,
         *,
         num_shards: int | None = None,
         shards: Iterable[int] | None = None,
         storage_options: Mapping[str, str] | None = None,
         num_threads: int | None = None,
-    ) -> "CheckpointFilter":
+    ) -> CheckpointFilter:
         """Load the ids in column ``id_column`` of the Parquet files at ``path``.
 
         ``path`` is a checkpoint written by :meth:`write` (``shard=<k>/`` directories and a
@@ -90,13 +91,11 @@ class CheckpointFilter:
         """
         return sum(self._inner.insert(chunk) for chunk in _arrays(ids))
 
-    def contains(self, ids: Any) -> "pa.BooleanArray | pa.ChunkedArray":
+    def contains(self, ids: Any) -> pa.BooleanArray | pa.ChunkedArray:
         """True for each id already in the index (False for nulls). A ChunkedArray gives a
         ChunkedArray; anything else a BooleanArray."""
         if isinstance(ids, pa.ChunkedArray):
-            return pa.chunked_array(
-                [self._inner.contains(c) for c in ids.chunks], type=pa.bool_()
-            )
+            return pa.chunked_array([self._inner.contains(c) for c in ids.chunks], type=pa.bool_())
         return self._inner.contains(_arrays(ids)[0])
 
     def filter(self, data):
@@ -121,13 +120,14 @@ class CheckpointFilter:
             if all(r is None for r in results):
                 return data
             return pa.Table.from_batches(
-                [b if r is None else r for b, r in zip(batches, results)], schema=data.schema
+                [b if r is None else r for b, r in zip(batches, results, strict=True)],
+                schema=data.schema,
             )
         raise TypeError(
             f"CheckpointFilter.filter takes a pyarrow.Table or RecordBatch, not {type(data).__name__}"
         )
 
-    def merge(self, other: "CheckpointFilter") -> None:
+    def merge(self, other: CheckpointFilter) -> None:
         """Add every id of ``other`` (same shard count and id family)."""
         self._inner.merge(other._inner)
 

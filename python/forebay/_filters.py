@@ -16,7 +16,7 @@ from ._forebay import InvalidFilterError
 _COMPARE_OPS = {"=", "==", "!=", "<>", "<", "<=", ">", ">="}
 _NULL_OPS = {"is null", "is_null", "is not null", "is_not_null", "not null"}
 _EPOCH = _dt.datetime(1970, 1, 1)
-_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 
 def _tag(column: str, value: Any) -> tuple:
@@ -30,7 +30,9 @@ def _tag(column: str, value: Any) -> tuple:
         return ("bool", value)
     if isinstance(value, int):
         if not -(2**63) <= value < 2**64:
-            raise InvalidFilterError(f"invalid filter on column '{column}': {value} does not fit in 64 bits")
+            raise InvalidFilterError(
+                f"invalid filter on column '{column}': {value} does not fit in 64 bits"
+            )
         return ("int", value)
     if isinstance(value, float):
         return ("float", value)
@@ -86,7 +88,10 @@ def _term(term: Any) -> tuple:
 
 def _is_term(obj: Any) -> bool:
     return isinstance(obj, tuple) or (
-        isinstance(obj, list) and len(obj) in (2, 3) and isinstance(obj[0], str) and isinstance(obj[1], str)
+        isinstance(obj, list)
+        and len(obj) in (2, 3)
+        and isinstance(obj[0], str)
+        and isinstance(obj[1], str)
     )
 
 
@@ -97,7 +102,9 @@ def normalize_filter(filter: Any) -> list | None:
     if _is_term(filter):
         return [[_term(filter)]]
     if not isinstance(filter, list) or not filter:
-        raise InvalidFilterError(f"invalid filter {filter!r}: expected a tuple, a list of tuples or a list of lists")
+        raise InvalidFilterError(
+            f"invalid filter {filter!r}: expected a tuple, a list of tuples or a list of lists"
+        )
     if all(_is_term(t) for t in filter):
         return [[_term(t) for t in filter]]
     if all(isinstance(c, list) and c and all(_is_term(t) for t in c) for c in filter):

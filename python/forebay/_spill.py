@@ -6,7 +6,7 @@ restore them (copied back, or mapped read-only as pyarrow arrays over the file).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from . import _forebay
 
@@ -18,7 +18,7 @@ def _round(objects: Iterable[Sequence[bytes]], ids: Iterable[int] | None) -> lis
     ids = list(ids) if ids is not None else list(range(len(objects)))
     if len(ids) != len(objects):
         raise ValueError(f"{len(ids)} ids for {len(objects)} objects")
-    return list(zip(ids, objects))
+    return list(zip(ids, objects, strict=True))
 
 
 class SpillArea:
@@ -31,7 +31,7 @@ class SpillArea:
 
     def __init__(
         self,
-        directories: "str | Sequence[str]",
+        directories: str | Sequence[str],
         *,
         sync: str = "none",
         io_threads: int = 2,
@@ -44,7 +44,9 @@ class SpillArea:
             [str(d) for d in directories], sync, io_threads, queue_depth, choose_by_free_space
         )
 
-    def spill(self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None) -> list:
+    def spill(
+        self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None
+    ) -> list:
         """Spill a round of objects (each a list of bytes-like buffers) into one new file.
 
         Returns one location per object; keep it to restore, call ``.free()`` to release."""
@@ -92,7 +94,9 @@ class RemoteSpillTarget:
         """The directory this target's rounds go to: ``<uri>/<pid>-<nonce>-<host>``."""
         return self._inner.root_uri()
 
-    def spill(self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None) -> list:
+    def spill(
+        self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None
+    ) -> list:
         """Upload a round of objects (each a list of bytes-like buffers) as one remote object.
 
         Returns one location per object; keep it to restore, call ``.free()`` to release."""

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any, Self
 
 import pyarrow as pa
 
@@ -32,8 +33,18 @@ _TABLE = b"T"
 _ARRAY = b"A"
 _CHUNKED = b"C"
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(size: int | str) -> int:
@@ -97,8 +108,10 @@ def _ndarray_meta(arr) -> bytes:
 def _tuplify(descr):
     # json turns the (name, format[, shape]) tuples of a structured dtype into lists.
     if isinstance(descr, list):
-        return [tuple(_tuplify(x) for x in field) if isinstance(field, list) else field
-                for field in descr]
+        return [
+            tuple(_tuplify(x) for x in field) if isinstance(field, list) else field
+            for field in descr
+        ]
     return descr
 
 
@@ -136,7 +149,7 @@ class ObjectWriter:
     def abort(self) -> None:
         self._inner.abort()
 
-    def __enter__(self) -> "ObjectWriter":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -163,9 +176,17 @@ class ObjectStore:
     garbage collected) the store is gone for everyone, though views already held stay valid.
     """
 
-    def __init__(self, path: str | None = None, *, capacity: int | str = "2GiB",
-                 spill_dir: str | Iterable[str] | None = None, spill: bool = True,
-                 put_timeout: float = 10.0, prefault: bool = False, _inner=None):
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        capacity: int | str = "2GiB",
+        spill_dir: str | Iterable[str] | None = None,
+        spill: bool = True,
+        put_timeout: float = 10.0,
+        prefault: bool = False,
+        _inner=None,
+    ):
         if _inner is not None:
             self._inner = _inner
             return
@@ -176,11 +197,16 @@ class ObjectStore:
         else:
             spill_dirs = None
         self._inner = _forebay.RsObjectStore(
-            None if path is None else str(path), parse_size(capacity), spill_dirs,
-            bool(spill), float(put_timeout), bool(prefault))
+            None if path is None else str(path),
+            parse_size(capacity),
+            spill_dirs,
+            bool(spill),
+            float(put_timeout),
+            bool(prefault),
+        )
 
     @classmethod
-    def attach(cls, path: str) -> "ObjectStore":
+    def attach(cls, path: str) -> ObjectStore:
         """Attach to a store another process of this user created. Refuses a store owned by
         another user or open to others."""
         return cls(_inner=_forebay.RsObjectStore.attach(str(path)))
@@ -218,24 +244,29 @@ class ObjectStore:
             import numpy as np
 
             if value.dtype.hasobject:
-                raise TypeError("ObjectStore.put: numpy arrays of Python objects cannot be "
-                                "stored (they hold pointers); convert them to Arrow first")
+                raise TypeError(
+                    "ObjectStore.put: numpy arrays of Python objects cannot be "
+                    "stored (they hold pointers); convert them to Arrow first"
+                )
             # (ascontiguousarray would turn a 0-d array into 1-d: keep the shape from `value`.)
             flat = np.ascontiguousarray(value).reshape(-1)
-            return self._ref(inner.put_buffer(_ndarray_meta(value),
-                                              flat.view(np.uint8) if flat.size else b""))
+            return self._ref(
+                inner.put_buffer(_ndarray_meta(value), flat.view(np.uint8) if flat.size else b"")
+            )
         try:
             return self._ref(inner.put_buffer(_BYTES, value))
         except BufferError as e:
             raise TypeError(
                 f"ObjectStore.put: cannot store {type(value).__name__}: expected a pyarrow "
                 f"Table/RecordBatch/Array/ChunkedArray, a numpy ndarray or a contiguous "
-                f"bytes-like object ({e})") from None
+                f"bytes-like object ({e})"
+            ) from None
         except TypeError:
             raise TypeError(
                 f"ObjectStore.put: cannot store {type(value).__name__}: expected a pyarrow "
                 f"Table/RecordBatch/Array/ChunkedArray, a numpy ndarray or a bytes-like "
-                f"object") from None
+                f"object"
+            ) from None
 
     def create(self, size: int) -> ObjectWriter:
         """Allocate ``size`` bytes to fill in place, then ``seal()`` (no copy at all)."""
@@ -279,7 +310,7 @@ class ObjectStore:
         """Close this handle (the owner: shut the store down for everyone)."""
         self._inner = _Closed(self._inner.path)
 
-    def __enter__(self) -> "ObjectStore":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -308,8 +339,16 @@ class _Closed:
     def __getattr__(self, name):
         def closed(*args, **kwargs):
             raise StoreError(f"object store {self.path}: this handle is closed")
+
         return closed
 
 
-__all__ = ["ObjectStore", "ObjectRef", "ObjectWriter", "StoreError", "StoreFullError",
-           "ObjectNotFoundError", "parse_size"]
+__all__ = [
+    "ObjectNotFoundError",
+    "ObjectRef",
+    "ObjectStore",
+    "ObjectWriter",
+    "StoreError",
+    "StoreFullError",
+    "parse_size",
+]

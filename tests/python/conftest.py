@@ -37,7 +37,11 @@ def _canonical_type(t: pa.DataType) -> pa.DataType:
         return pa.large_binary()
     if pa.types.is_dictionary(t):
         return _canonical_type(t.value_type)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or getattr(pa.types, "is_list_view", lambda _: False)(t):
+    if (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or getattr(pa.types, "is_list_view", lambda _: False)(t)
+    ):
         return pa.large_list(pa.field("item", _canonical_type(t.value_type)))
     if pa.types.is_fixed_size_list(t):
         return pa.list_(pa.field("item", _canonical_type(t.value_type)), t.list_size)
@@ -53,7 +57,7 @@ def canonical(table: pa.Table) -> pa.Table:
     table = table.combine_chunks()
     columns = []
     fields = []
-    for field, column in zip(table.schema, table.columns):
+    for field, column in zip(table.schema, table.columns, strict=True):
         target = _canonical_type(field.type)
         if column.type != target:
             if pa.types.is_dictionary(column.type):
@@ -71,13 +75,15 @@ def _same_value(a, b) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 
 def assert_tables_equal(actual: pa.Table, expected: pa.Table, context: str = "") -> None:
     a, e = canonical(actual), canonical(expected)
-    assert a.schema.names == e.schema.names, f"{context}: columns {a.schema.names} != {e.schema.names}"
+    assert a.schema.names == e.schema.names, (
+        f"{context}: columns {a.schema.names} != {e.schema.names}"
+    )
     assert a.schema.types == e.schema.types, f"{context}: types {a.schema} != {e.schema}"
     assert a.num_rows == e.num_rows, f"{context}: {a.num_rows} rows != {e.num_rows}"
     for name in a.schema.names:
@@ -86,7 +92,9 @@ def assert_tables_equal(actual: pa.Table, expected: pa.Table, context: str = "")
             continue
         # Arrow's equals() treats NaN != NaN; fall back to value-wise comparison.
         la, le = ca.to_pylist(), ce.to_pylist()
-        assert _same_value(la, le), f"{context}: column {name} differs:\n{ca.slice(0, 5)}\nvs\n{ce.slice(0, 5)}"
+        assert _same_value(la, le), (
+            f"{context}: column {name} differs:\n{ca.slice(0, 5)}\nvs\n{ce.slice(0, 5)}"
+        )
 
 
 S3_CREDENTIALS = {
@@ -105,10 +113,12 @@ def start_moto_server(log_path: Path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    log = open(log_path, "w")
+    log = open(log_path, "w")  # noqa: SIM115 - handed to the caller, who closes it
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

@@ -11,12 +11,10 @@ import subprocess
 import sys
 import textwrap
 
+import forebay
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-import forebay
-
 from conftest import S3_CREDENTIALS, start_moto_server
 
 xxhash = pytest.importorskip("xxhash")
@@ -38,7 +36,9 @@ def reference_shard(value, num_shards: int) -> int:
 def random_ids(rng: random.Random, n: int) -> list:
     pool = ["", "a", "é", "🚀" * 3, "x" * 500]
     return [
-        None if rng.random() < 0.05 else (rng.choice(pool) if rng.random() < 0.1 else str(rng.randrange(3 * n)))
+        None
+        if rng.random() < 0.05
+        else (rng.choice(pool) if rng.random() < 0.1 else str(rng.randrange(3 * n)))
         for _ in range(n)
     ]
 
@@ -88,7 +88,7 @@ def test_flat_ray_layout_load_contains_filter(tmp_path):
     ],
 )
 def test_every_id_type(tmp_path, id_type, values):
-    ids = pa.array(values + [None], type=id_type)
+    ids = pa.array([*values, None], type=id_type)
     ckpt = forebay.CheckpointFilter(id_type, num_shards=4)
     assert ckpt.insert(ids) == len(set(values))
     assert ckpt.insert(ids) == 0
@@ -123,7 +123,9 @@ def test_partitioned_layout_matches_the_documented_hash(tmp_path):
     summary = ckpt.write(str(tmp_path / "ck"))
     assert summary["ids"] == 50_000 and len(summary["files"]) == 8
     assert ckpt.pending_ids == 0
-    assert ckpt.shard_ids(pa.array(ids[:100])).to_pylist() == [reference_shard(i, 8) for i in ids[:100]]
+    assert ckpt.shard_ids(pa.array(ids[:100])).to_pylist() == [
+        reference_shard(i, 8) for i in ids[:100]
+    ]
     seen = 0
     for k in range(8):
         files = list((tmp_path / "ck" / f"shard={k}").glob("part-*.parquet"))
@@ -168,13 +170,17 @@ def test_merge_and_threads(tmp_path):
 def test_bad_input_raises_checkpoint_error(tmp_path):
     path = tmp_path / "ids.parquet"
     pq.write_table(pa.table({"id": [1.5, 2.5], "name": ["a", "b"]}), path)
-    with pytest.raises(forebay.CheckpointError, match=r"(?s)request_id.*ids\.parquet|ids\.parquet.*request_id"):
+    with pytest.raises(
+        forebay.CheckpointError, match=r"(?s)request_id.*ids\.parquet|ids\.parquet.*request_id"
+    ):
         forebay.CheckpointFilter.load(str(path), "request_id")
-    with pytest.raises(forebay.CheckpointError, match=r"ids\.parquet.*'id'.*double|ids\.parquet.*'id'.*Float64"):
+    with pytest.raises(
+        forebay.CheckpointError, match=r"ids\.parquet.*'id'.*double|ids\.parquet.*'id'.*Float64"
+    ):
         forebay.CheckpointFilter.load(str(path), "id")
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"PAR1 but not really")
-    with pytest.raises(forebay.CheckpointError, match="junk.parquet"):
+    with pytest.raises(forebay.CheckpointError, match=r"junk\.parquet"):
         forebay.CheckpointFilter.load(str(junk), "id")
     with pytest.raises(forebay.CheckpointError, match="missing-dir"):
         forebay.CheckpointFilter.load(str(tmp_path / "missing-dir"), "id")
@@ -183,7 +189,7 @@ def test_bad_input_raises_checkpoint_error(tmp_path):
     with pytest.raises((forebay.CheckpointError, TypeError, ValueError)):
         forebay.CheckpointFilter(pa.float64())
     ckpt = forebay.CheckpointFilter("string")
-    with pytest.raises(forebay.CheckpointError, match="'id'.*other"):
+    with pytest.raises(forebay.CheckpointError, match=r"'id'.*other"):
         ckpt.filter(pa.table({"other": ["a"]}))
     assert issubclass(forebay.CheckpointError, forebay.ForebayError)
 
@@ -221,8 +227,11 @@ def s3_endpoint(tmp_path_factory):
     boto3 = pytest.importorskip("boto3")
     proc, endpoint, log = start_moto_server(tmp_path_factory.mktemp("moto") / "server.log")
     client = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
     )
     client.create_bucket(Bucket="ckpt")
     yield client, {"aws_endpoint": endpoint, **S3_CREDENTIALS}
@@ -245,12 +254,16 @@ def test_s3_write_and_load(s3_endpoint):
     # Partitioned write to S3, reload, subset of shards.
     flat.insert(pa.array([f"run-{i}" for i in range(500)]))
     summary = flat.write("s3://ckpt/forebay", storage_options=options)
-    assert summary["ids"] == 500 and all(f.startswith("s3://ckpt/forebay/shard=") for f in summary["files"])
+    assert summary["ids"] == 500 and all(
+        f.startswith("s3://ckpt/forebay/shard=") for f in summary["files"]
+    )
     keys = [o["Key"] for o in client.list_objects_v2(Bucket="ckpt", Prefix="forebay/")["Contents"]]
     assert "forebay/_forebay_checkpoint" in keys
     back = forebay.CheckpointFilter.load("s3://ckpt/forebay", "id", storage_options=options)
     assert len(back) == 500 and back.num_shards == 16
-    part = forebay.CheckpointFilter.load("s3://ckpt/forebay", "id", shards=[3], storage_options=options)
+    part = forebay.CheckpointFilter.load(
+        "s3://ckpt/forebay", "id", shards=[3], storage_options=options
+    )
     assert len(part) == sum(1 for i in range(500) if reference_shard(f"run-{i}", 16) == 3)
 
 
@@ -259,8 +272,10 @@ def test_filter_dataset_streams_in_order_on_threads(tmp_path):
     inputs.mkdir()
     for k in range(30):
         ids = [f"{k}-{i}" for i in range(1000)]
-        pq.write_table(pa.table({"id": ids, "n": list(range(k * 1000, (k + 1) * 1000))}),
-                       inputs / f"part-{k:02d}.parquet")
+        pq.write_table(
+            pa.table({"id": ids, "n": list(range(k * 1000, (k + 1) * 1000))}),
+            inputs / f"part-{k:02d}.parquet",
+        )
     ckpt = forebay.CheckpointFilter("string")
     ckpt.insert(pa.array([f"{k}-{i}" for k in range(30) for i in range(1000) if (k + i) % 3 == 0]))
     out = list(ckpt.filter(forebay.read_parquet(str(inputs))))

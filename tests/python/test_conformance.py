@@ -3,12 +3,10 @@ it; files pyarrow rejects raise a ForebayError (never a crash, hang or wrong dat
 
 from __future__ import annotations
 
+import forebay
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
-import forebay
-
 from conftest import assert_tables_equal, parquet_testing_dir
 
 DATA = parquet_testing_dir()
@@ -40,7 +38,7 @@ def test_reads_like_pyarrow(path):
     known = KNOWN_DIFFERENCES.get(path.name)
     try:
         expected = pq.read_table(path)
-    except Exception as pyarrow_error:  # noqa: BLE001 - pyarrow's verdict is the reference
+    except Exception:  # noqa: BLE001 - pyarrow's verdict is the reference
         with pytest.raises(forebay.ForebayError) as raised:
             forebay.read_parquet(str(path)).to_arrow()
         assert str(path.name) in str(raised.value), "the error names the file"

@@ -6,14 +6,12 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
+import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
-import forebay
-
 from conftest import assert_tables_equal
 
 ROWS = 60_000
@@ -38,22 +36,33 @@ def data(tmp_path_factory):
             "day": pa.array(day, pa.date32()),
             "small": pa.array(rng.integers(-5, 5, ROWS).astype(np.int8)),
             "flag": pa.array(rng.random(ROWS) < 0.3),
-            "price": pa.array([decimal.Decimal(int(v)) / 100 for v in rng.integers(0, 100000, ROWS)], pa.decimal128(9, 2)),
+            "price": pa.array(
+                [decimal.Decimal(int(v)) / 100 for v in rng.integers(0, 100000, ROWS)],
+                pa.decimal128(9, 2),
+            ),
             "ts": pa.array(ids * 1_000_000, pa.timestamp("us")),
             "blob": pa.array([b"k%05d" % (i % 1000) for i in range(ROWS)], pa.binary()),
-            "mostly_null": pa.array([i if i >= ROWS - 3000 else None for i in range(ROWS)], pa.int64()),
+            "mostly_null": pa.array(
+                [i if i >= ROWS - 3000 else None for i in range(ROWS)], pa.int64()
+            ),
         }
     )
     path = tmp_path_factory.mktemp("pruning") / "data.parquet"
     # plain encoding so each row group has several data pages for the page index to skip
     pq.write_table(
-        table, path, row_group_size=ROW_GROUP, write_page_index=True, data_page_size=4096, use_dictionary=False
+        table,
+        path,
+        row_group_size=ROW_GROUP,
+        write_page_index=True,
+        data_page_size=4096,
+        use_dictionary=False,
     )
     return str(path), table
 
 
 def pyarrow_expression(filter):
     """Independent reference: pyarrow's own filter expression for the same tuples."""
+
     def term(t):
         col = pc.field(t[0])
         op = t[1]
@@ -61,9 +70,15 @@ def pyarrow_expression(filter):
             return col.is_null() if op == "is null" else ~col.is_null()
         v = t[2]
         return {
-            "=": lambda: col == v, "==": lambda: col == v, "!=": lambda: col != v,
-            "<": lambda: col < v, "<=": lambda: col <= v, ">": lambda: col > v, ">=": lambda: col >= v,
-            "in": lambda: col.isin(v), "not in": lambda: ~col.isin(v),
+            "=": lambda: col == v,
+            "==": lambda: col == v,
+            "!=": lambda: col != v,
+            "<": lambda: col < v,
+            "<=": lambda: col <= v,
+            ">": lambda: col > v,
+            ">=": lambda: col >= v,
+            "in": lambda: col.isin(v),
+            "not in": lambda: ~col.isin(v),
         }[op]()
 
     def conj(ts):
@@ -126,7 +141,12 @@ def test_pruned_result_equals_full_read_filtered(data, filter):
 
 @pytest.mark.parametrize(
     "filter",
-    [("id", "<", 5000), ("id", "==", 12_345), ("day", "<", dt.date(2020, 1, 15)), ("mostly_null", ">", 0)],
+    [
+        ("id", "<", 5000),
+        ("id", "==", 12_345),
+        ("day", "<", dt.date(2020, 1, 15)),
+        ("mostly_null", ">", 0),
+    ],
     ids=repr,
 )
 def test_selective_filters_skip_row_groups_and_bytes(data, filter):
@@ -142,7 +162,7 @@ def test_selective_filters_skip_row_groups_and_bytes(data, filter):
 
 
 def test_page_index_skips_pages_inside_row_groups(data):
-    path, table = data
+    path, _table = data
     # one row group, many pages: only the page index can skip inside it
     ds = forebay.read_parquet(path, filter=[("id", ">=", 2_100), ("id", "<", 2_200)])
     out = ds.to_arrow()
@@ -160,6 +180,8 @@ def test_filter_on_column_not_selected(data):
 
 def test_filtered_provenance_has_no_first_row(data):
     path, _ = data
-    pairs = list(forebay.read_parquet(path, filter=[("id", "<", 4100)]).iter_batches_with_provenance())
+    pairs = list(
+        forebay.read_parquet(path, filter=[("id", "<", 4100)]).iter_batches_with_provenance()
+    )
     assert {p["row_group"] for _, p in pairs} == {0, 1, 2}
     assert all(p["first_row"] is None for _, p in pairs)

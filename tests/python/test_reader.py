@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 
+import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
-
-import forebay
-
 from conftest import assert_tables_equal
 
 
@@ -25,7 +23,9 @@ def make_table(n: int, offset: int = 0) -> pa.Table:
             "value": ids.astype(np.float64) / 3,
             "nested": pa.array(
                 [{"a": int(i), "b": {"c": f"c{i % 5}", "d": float(i)}} for i in ids],
-                pa.struct([("a", pa.int64()), ("b", pa.struct([("c", pa.string()), ("d", pa.float64())]))]),
+                pa.struct(
+                    [("a", pa.int64()), ("b", pa.struct([("c", pa.string()), ("d", pa.float64())]))]
+                ),
             ),
             "tags": pa.array([[f"t{i % 3}"] * int(i % 3) for i in ids], pa.list_(pa.string())),
         }
@@ -54,7 +54,7 @@ def test_directory_reads_all_files_in_order_and_skips_hidden(dataset_dir):
 
 
 def test_glob_and_explicit_list(dataset_dir):
-    root, expected = dataset_dir
+    root, _expected = dataset_dir
     ds = forebay.read_parquet(str(root / "part-[13].parquet"))
     assert [os.path.basename(f) for f in ds.files] == ["part-1.parquet", "part-3.parquet"]
     ds = forebay.read_parquet([str(root / "part-4.parquet"), str(root / "part-0.parquet")])
@@ -74,7 +74,10 @@ def test_projection_order_and_nested_leaves(dataset_dir):
     out = ds.to_arrow()
     ref = pds.dataset(str(root)).to_table(columns={"c": pds.field("nested", "b", "c")})
     assert out.column("nested").type == pa.struct([("b", pa.struct([("c", pa.string())]))])
-    assert out.column("nested").combine_chunks().field("b").field("c").to_pylist() == ref.column("c").to_pylist()
+    assert (
+        out.column("nested").combine_chunks().field("b").field("c").to_pylist()
+        == ref.column("c").to_pylist()
+    )
 
 
 def test_projection_fetches_only_selected_column_bytes(dataset_dir):
@@ -130,7 +133,9 @@ def test_zero_copy_consumers(dataset_dir):
     frame = polars.DataFrame(ds)
     assert frame.shape == (expected.num_rows, 2)
     assert frame["id"].sum() == sum(range(expected.num_rows))
-    assert duckdb.sql("select sum(id), count(*) from ds").fetchall() == [(sum(range(expected.num_rows)), expected.num_rows)]
+    assert duckdb.sql("select sum(id), count(*) from ds").fetchall() == [
+        (sum(range(expected.num_rows)), expected.num_rows)
+    ]
 
 
 def test_memory_uri_store():
@@ -151,8 +156,9 @@ def test_early_stop_cancels_cleanly(dataset_dir):
 
 # ---------------------------------------------------------------- errors
 
+
 def test_missing_file(tmp_path):
-    with pytest.raises(forebay.DatasetNotFoundError, match="nope.parquet"):
+    with pytest.raises(forebay.DatasetNotFoundError, match=r"nope\.parquet"):
         forebay.read_parquet(str(tmp_path / "nope.parquet"))
     with pytest.raises(forebay.DatasetNotFoundError):
         forebay.read_parquet(str(tmp_path / "*.parquet"))
@@ -161,7 +167,7 @@ def test_missing_file(tmp_path):
 def test_not_parquet(tmp_path):
     p = tmp_path / "x.parquet"
     p.write_text("id,name\n1,a\n")
-    with pytest.raises(forebay.CorruptFileError, match="x.parquet.*not a Parquet file"):
+    with pytest.raises(forebay.CorruptFileError, match=r"x.parquet.*not a Parquet file"):
         forebay.read_parquet(str(p))
 
 
@@ -172,7 +178,7 @@ def test_truncated_file(tmp_path, keep):
     data = src.read_bytes()
     cut = tmp_path / "cut.parquet"
     cut.write_bytes(data[: int(len(data) * keep)])
-    with pytest.raises(forebay.ForebayError, match="cut.parquet"):
+    with pytest.raises(forebay.ForebayError, match=r"cut.parquet"):
         forebay.read_parquet(str(cut)).to_arrow()
 
 
@@ -185,13 +191,13 @@ def test_corrupt_footer_and_pages(tmp_path):
     for i in range(len(data) - 8 - footer_len, len(data) - 8, 7):
         bad_footer[i] ^= 0xFF
     (tmp_path / "badfooter.parquet").write_bytes(bad_footer)
-    with pytest.raises(forebay.ForebayError, match="badfooter.parquet"):
+    with pytest.raises(forebay.ForebayError, match=r"badfooter.parquet"):
         forebay.read_parquet(str(tmp_path / "badfooter.parquet")).to_arrow()
     bad_pages = bytearray(data)
     for i in range(4, len(data) - 8 - footer_len, 5):
         bad_pages[i] ^= 0x5A
     (tmp_path / "badpages.parquet").write_bytes(bad_pages)
-    with pytest.raises(forebay.ForebayError, match="badpages.parquet"):
+    with pytest.raises(forebay.ForebayError, match=r"badpages.parquet"):
         forebay.read_parquet(str(tmp_path / "badpages.parquet")).to_arrow()
 
 
@@ -216,12 +222,13 @@ def test_unknown_column_and_bad_filters(dataset_dir):
 def test_schema_mismatch_names_both_files(tmp_path):
     pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "0.parquet")
     pq.write_table(pa.table({"a": ["x", "y"]}), tmp_path / "1.parquet")
-    with pytest.raises(forebay.SchemaMismatchError, match="1.parquet"):
+    with pytest.raises(forebay.SchemaMismatchError, match=r"1.parquet"):
         forebay.read_parquet(str(tmp_path)).to_arrow()
 
 
 def test_unreachable_uri_fails_fast():
     import time
+
     start = time.monotonic()
     with pytest.raises(forebay.ForebayError):
         forebay.read_parquet(

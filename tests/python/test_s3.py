@@ -8,13 +8,11 @@ import io
 import re
 import time
 
+import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-import forebay
-
 from conftest import S3_CREDENTIALS, assert_tables_equal, start_moto_server
 
 boto3 = pytest.importorskip("boto3")
@@ -30,15 +28,20 @@ def s3(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
     proc, endpoint, log = start_moto_server(log_path)
     client = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
     )
     client.create_bucket(Bucket="forebay-test")
     tables = []
     for k in range(FILES):
         n = ROW_GROUPS * ROWS_PER_GROUP
         ids = np.arange(k * n, (k + 1) * n)
-        t = pa.table({"id": ids, "value": ids * 0.5, "name": [f"n{i}" for i in ids], "other": ids % 7})
+        t = pa.table(
+            {"id": ids, "value": ids * 0.5, "name": [f"n{i}" for i in ids], "other": ids % 7}
+        )
         buf = io.BytesIO()
         pq.write_table(t, buf, row_group_size=ROWS_PER_GROUP)
         client.put_object(Bucket="forebay-test", Key=f"data/part-{k}.parquet", Body=buf.getvalue())
@@ -51,14 +54,17 @@ def s3(tmp_path_factory):
 
 
 def data_gets(log_path, since: int) -> list[str]:
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", l) for l in log_path.read_text().splitlines()[since:]]
-    return [l for l in lines if re.search(r'"GET /forebay-test/data/part-\d\.parquet', l)]
+    raw = log_path.read_text().splitlines()[since:]
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in raw]
+    return [line for line in lines if re.search(r'"GET /forebay-test/data/part-\d\.parquet', line)]
 
 
 def test_s3_read_equals_local_and_counts_requests(s3):
     options, expected, log_path = s3
     log_start = len(log_path.read_text().splitlines())
-    ds = forebay.read_parquet("s3://forebay-test/data/", columns=["id", "value"], storage_options=options)
+    ds = forebay.read_parquet(
+        "s3://forebay-test/data/", columns=["id", "value"], storage_options=options
+    )
     assert len(ds.files) == FILES
     actual = ds.to_arrow()
     assert_tables_equal(actual, expected.select(["id", "value"]))
@@ -74,9 +80,11 @@ def test_s3_read_equals_local_and_counts_requests(s3):
 
 
 def test_s3_filter_skips_row_groups(s3):
-    options, expected, _ = s3
+    options, _expected, _ = s3
     ds = forebay.read_parquet(
-        "s3://forebay-test/data/part-*.parquet", filter=[("id", "<", 1000)], storage_options=options,
+        "s3://forebay-test/data/part-*.parquet",
+        filter=[("id", "<", 1000)],
+        storage_options=options,
     )
     out = ds.to_arrow()
     assert out.column("id").to_pylist() == list(range(1000))

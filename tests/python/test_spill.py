@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 import forebay
+import pytest
 
 
 def payload(seed: int, n: int) -> bytes:
@@ -21,7 +20,7 @@ def test_round_trip_many_sizes(tmp_path, sync):
     objects = [[], [b""], [payload(1, 1), payload(2, 63), payload(3, 65)], [payload(4, 300_000)]]
     locations = area.spill(objects, ids=[10, 11, 12, 13])
     assert len({loc.path() for loc in locations}) == 1
-    for loc, obj, oid in zip(locations, objects, [10, 11, 12, 13]):
+    for loc, obj, oid in zip(locations, objects, [10, 11, 12, 13], strict=True):
         assert loc.object_id() == oid
         assert loc.buffer_lens() == [len(b) for b in obj]
         assert area.restore(loc) == obj

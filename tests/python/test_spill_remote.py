@@ -8,9 +8,8 @@ import re
 import subprocess
 import time
 
-import pytest
-
 import forebay
+import pytest
 from conftest import S3_CREDENTIALS, start_moto_server
 
 boto3 = pytest.importorskip("boto3")
@@ -25,8 +24,11 @@ def s3(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
     proc, endpoint, log = start_moto_server(log_path)
     client = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
     )
     client.create_bucket(Bucket=BUCKET)
     yield client, {"aws_endpoint": endpoint, **S3_CREDENTIALS}, log_path
@@ -36,8 +38,9 @@ def s3(tmp_path_factory):
 
 
 def requests_for(log_path, key_prefix: str, since: int) -> list[str]:
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", l) for l in log_path.read_text().splitlines()[since:]]
-    return [l for l in lines if f"/{BUCKET}/{key_prefix}" in l]
+    raw = log_path.read_text().splitlines()[since:]
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in raw]
+    return [line for line in lines if f"/{BUCKET}/{key_prefix}" in line]
 
 
 def keys(client, prefix: str) -> list[str]:
@@ -46,8 +49,10 @@ def keys(client, prefix: str) -> list[str]:
 
 
 def blob(n: int, seed: int) -> bytes:
-    return bytes((i * 131 + seed * 7 + (i >> 9)) & 0xFF for i in range(n)) if n < 4096 else (
-        (bytes(range(256)) * (n // 256 + 1))[seed % 256 : seed % 256 + n]
+    return (
+        bytes((i * 131 + seed * 7 + (i >> 9)) & 0xFF for i in range(n))
+        if n < 4096
+        else ((bytes(range(256)) * (n // 256 + 1))[seed % 256 : seed % 256 + n])
     )
 
 
@@ -70,15 +75,15 @@ def test_small_round_is_one_put_large_round_is_multipart(s3):
     # 6 MiB + 5 MiB of payload plus heads and padding: 3 parts of at most 5 MiB.
     assert stats["parts_uploaded"] == 3
     seen = requests_for(log_path, root_key, since)
-    part_puts = [l for l in seen if '"PUT ' in l and "partNumber=" in l]
+    part_puts = [line for line in seen if '"PUT ' in line and "partNumber=" in line]
     assert len(part_puts) == 3, seen
-    assert any('"POST ' in l and "uploads" in l for l in seen), seen  # create upload
-    assert any('"POST ' in l and "uploadId=" in l for l in seen), seen  # complete
-    plain_puts = [l for l in seen if '"PUT ' in l and "partNumber=" not in l]
+    assert any('"POST ' in line and "uploads" in line for line in seen), seen  # create upload
+    assert any('"POST ' in line and "uploadId=" in line for line in seen), seen  # complete
+    plain_puts = [line for line in seen if '"PUT ' in line and "partNumber=" not in line]
     assert len(plain_puts) == 1, seen
 
     for objs, locs in [(small, small_locs), (large, large_locs)]:
-        for obj, loc in zip(objs, locs):
+        for obj, loc in zip(objs, locs, strict=True):
             assert loc.uri().startswith(f"s3://{BUCKET}/{root_key}/")
             assert loc.offset() % 64 == 0
             assert target.restore(loc) == obj
@@ -149,7 +154,7 @@ def test_unreachable_endpoint_is_a_clean_error():
 def test_bad_arguments():
     with pytest.raises(forebay.SpillError, match="at least 1"):
         forebay.RemoteSpillTarget("memory://spill-args", part_size=0)
-    with pytest.raises(forebay.SpillError, match="not a valid URI|remote spill target"):
+    with pytest.raises(forebay.SpillError, match=r"not a valid URI|remote spill target"):
         forebay.RemoteSpillTarget("s3://", storage_options={})
 
 
@@ -157,5 +162,5 @@ def test_memory_target_round_trip():
     target = forebay.RemoteSpillTarget("memory://spill-mem/run", part_size=1000)
     objs = [[blob(5000, 9), blob(1, 1)], []]
     locs = target.spill(objs)
-    assert [target.restore(l) for l in locs] == objs
+    assert [target.restore(loc) for loc in locs] == objs
     assert target.stats()["parts_uploaded"] >= 5

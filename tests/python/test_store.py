@@ -8,12 +8,11 @@ import pickle
 import signal
 import time
 
+import forebay
 import numpy as np
 import pyarrow as pa
 import pytest
-
-import forebay
-from forebay import ObjectStore, ObjectRef
+from forebay import ObjectRef, ObjectStore
 
 
 @pytest.fixture
@@ -33,8 +32,13 @@ def _address(value):
 
 
 def test_bytes_like_round_trip(store):
-    for value in [b"", b"x", bytes(range(256)) * 1000, bytearray(b"abc" * 99),
-                  memoryview(b"0123456789")[2:7]]:
+    for value in [
+        b"",
+        b"x",
+        bytes(range(256)) * 1000,
+        bytearray(b"abc" * 99),
+        memoryview(b"0123456789")[2:7],
+    ]:
         ref = store.put(value)
         got = store.get(ref)
         assert isinstance(got, memoryview) and got.readonly
@@ -45,21 +49,24 @@ def test_bytes_like_round_trip(store):
         store.put(memoryview(np.arange(10))[::2])  # not contiguous
 
 
-@pytest.mark.parametrize("array", [
-    np.arange(1000, dtype=np.int64),
-    np.linspace(0, 1, 999, dtype=np.float32).reshape(27, 37),
-    np.array([True, False, True]),
-    np.array([1 + 2j, 3 - 4j], dtype=np.complex128),
-    np.array(["2024-01-01", "2025-06-30"], dtype="datetime64[ns]"),
-    np.array([b"ab", b"cde"], dtype="S3"),
-    np.array(["ab", "cdé"], dtype="U3"),
-    np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8", (2,)), ("c", "S2")]),
-    np.asfortranarray(np.arange(12, dtype=np.int16).reshape(3, 4)),
-    np.arange(100, dtype=np.uint8)[::3],
-    np.zeros((0, 3)),
-    np.array(5.5),
-    np.arange(10, dtype=">i4"),
-])
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(1000, dtype=np.int64),
+        np.linspace(0, 1, 999, dtype=np.float32).reshape(27, 37),
+        np.array([True, False, True]),
+        np.array([1 + 2j, 3 - 4j], dtype=np.complex128),
+        np.array(["2024-01-01", "2025-06-30"], dtype="datetime64[ns]"),
+        np.array([b"ab", b"cde"], dtype="S3"),
+        np.array(["ab", "cdé"], dtype="U3"),
+        np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8", (2,)), ("c", "S2")]),
+        np.asfortranarray(np.arange(12, dtype=np.int16).reshape(3, 4)),
+        np.arange(100, dtype=np.uint8)[::3],
+        np.zeros((0, 3)),
+        np.array(5.5),
+        np.arange(10, dtype=">i4"),
+    ],
+)
 def test_ndarray_round_trip(store, array):
     got = store.get(store.put(array))
     assert got.dtype == array.dtype and got.shape == array.shape
@@ -76,19 +83,23 @@ def test_object_arrays_are_refused(store):
 def _tables():
     n = 5000
     rng = np.random.default_rng(7)
-    t = pa.table({
-        "i": pa.array(rng.integers(0, 1 << 40, n), mask=rng.random(n) < 0.1),
-        "f": rng.random(n),
-        "s": pa.array([None if i % 11 == 0 else f"row-{i}-é" for i in range(n)]),
-        "ls": pa.array([f"{i}" * (i % 7) for i in range(n)], pa.large_string()),
-        "b": pa.array(rng.random(n) < 0.5),
-        "list": pa.array([list(range(i % 5)) for i in range(n)]),
-        "struct": pa.array([{"x": i, "y": str(i)} for i in range(n)]),
-        "dict": pa.array(["red", "green", "blue"] * (n // 3) + ["red"] * (n % 3)).dictionary_encode(),
-        "ts": pa.array(np.arange(n).astype("datetime64[us]")),
-        "dec": pa.array([i * 10 for i in range(n)], pa.decimal128(20, 3)),
-        "fsb": pa.array([i.to_bytes(4, "little") for i in range(n)], pa.binary(4)),
-    })
+    t = pa.table(
+        {
+            "i": pa.array(rng.integers(0, 1 << 40, n), mask=rng.random(n) < 0.1),
+            "f": rng.random(n),
+            "s": pa.array([None if i % 11 == 0 else f"row-{i}-é" for i in range(n)]),
+            "ls": pa.array([f"{i}" * (i % 7) for i in range(n)], pa.large_string()),
+            "b": pa.array(rng.random(n) < 0.5),
+            "list": pa.array([list(range(i % 5)) for i in range(n)]),
+            "struct": pa.array([{"x": i, "y": str(i)} for i in range(n)]),
+            "dict": pa.array(
+                ["red", "green", "blue"] * (n // 3) + ["red"] * (n % 3)
+            ).dictionary_encode(),
+            "ts": pa.array(np.arange(n).astype("datetime64[us]")),
+            "dec": pa.array([i * 10 for i in range(n)], pa.decimal128(20, 3)),
+            "fsb": pa.array([i.to_bytes(4, "little") for i in range(n)], pa.binary(4)),
+        }
+    )
     multi = pa.concat_tables([t.slice(0, 100), t.slice(100, 1), t.slice(101, 4000)])
     return [t, multi, t.slice(17, 333), t.schema.empty_table()]
 
@@ -152,9 +163,8 @@ def test_create_write_seal(store):
     assert store.get(w.ref).nbytes == 8
     # An exception inside the block aborts and frees the memory.
     used = store.stats()["bytes_used"]
-    with pytest.raises(RuntimeError):
-        with store.create(1 << 20):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), store.create(1 << 20):
+        raise RuntimeError("boom")
     assert store.stats()["bytes_used"] == used
 
 
@@ -244,6 +254,7 @@ def test_errors_are_clear(store, tmp_path):
 
 # --- several processes -------------------------------------------------------------------
 
+
 def _child_get(path, refs, expected_sums, out):
     try:
         store = ObjectStore.attach(path)
@@ -256,7 +267,7 @@ def _child_get(path, refs, expected_sums, out):
                 sums.append(int(np.asarray(v).sum()))
         mine = store.put(pa.table({"x": pa.array(np.arange(1000))}))
         out.put((sums == expected_sums, pickle.dumps(mine)))
-    except BaseException as e:  # report, do not leave the parent waiting
+    except BaseException as e:  # noqa: BLE001 - report anything; never leave the parent waiting
         out.put((repr(e), None))
 
 
@@ -344,6 +355,7 @@ def test_owner_gone_gives_errors_not_hangs(tmp_path):
     owner.close()
     del owner
     import gc
+
     gc.collect()
     with pytest.raises(forebay.StoreError, match="owner"):
         client.get(ref)
@@ -367,7 +379,7 @@ def test_a_forked_child_cannot_release_the_parents_pins(store):
                 store.get(ref)
             del view, remote_view, writer
             gc.collect()
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - any failure is exit code 1 in this child
             code = 1
         os._exit(code)
     _, status = os.waitpid(pid, 0)
