@@ -1,6 +1,6 @@
 # The two set-up commands of the README:
 #   make demo  - create .venv, build and install the release wheel, run the main example
-#   make test  - cargo tests, wheel build into .venv, pytest
+#   make test  - lint, cargo tests, wheel build + checks, pytest
 # Both install what they need (venv, pip packages; cargo fetches crates).
 
 PYTHON  ?= python3
@@ -8,8 +8,13 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 WHEELS  := target/wheels
 CARGO   ?= cargo
+# maturin finds zig (the `ziglang` package) as `python -m ziglang` on PATH.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Wheels link against glibc 2.17 through zig, so they install on manylinux2014 systems
+# (Amazon Linux 2, RHEL/Rocky 8, Ubuntu 20.04, Debian 11, ...).
+MATURIN := $(VENV)/bin/maturin build -m python/Cargo.toml -i $(PY) --zig --compatibility manylinux2014
 
-.PHONY: demo test venv wheel-dev wheel-release cargo-test pytest bench bench-python bench-store clean
+.PHONY: demo test lint venv wheel-dev wheel-release wheel-check cargo-test pytest bench bench-python bench-store clean
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,16 +24,39 @@ $(VENV)/.installed: requirements-dev.txt
 
 venv: $(VENV)/.installed
 
+# Fast checks first: formatting, lints and types fail in seconds, not after the long build.
+lint: venv
+	$(CARGO) fmt --all --check
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	cd python && ../$(VENV)/bin/mypy forebay
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
 # Wheel for tests: the dev profile (our crates unoptimised, dependencies optimised).
 wheel-dev: venv
 	rm -rf $(WHEELS)/dev
-	$(VENV)/bin/maturin build --quiet -m python/Cargo.toml --profile dev -i $(PY) -o $(WHEELS)/dev
+	$(MATURIN) --quiet --profile dev -o $(WHEELS)/dev
 	$(PY) -m pip install --quiet --force-reinstall --no-deps $(WHEELS)/dev/forebay-*.whl
 
+# Shows cargo's progress: the first release build compiles arrow and parquet (~10 minutes on
+# 2 cores); later builds take seconds to a minute.
 wheel-release: venv
 	rm -rf $(WHEELS)/release
-	$(VENV)/bin/maturin build --quiet -m python/Cargo.toml --release -i $(PY) -o $(WHEELS)/release
+	$(MATURIN) --release -o $(WHEELS)/release
 	$(PY) -m pip install --quiet --force-reinstall --no-deps $(WHEELS)/release/forebay-*.whl
+
+# The wheel as a user gets it: manylinux tag and symbols checked, installed with its declared
+# dependencies only into a fresh venv, a smoke job run there; the stub file checked against
+# the built module.
+SMOKE_VENV := target/smoke-venv
+wheel-check: wheel-dev
+	$(PY) .ci/check_wheel.py $(WHEELS)/dev/forebay-*.whl
+	rm -rf $(SMOKE_VENV)
+	$(PYTHON) -m venv $(SMOKE_VENV)
+	$(SMOKE_VENV)/bin/python -m pip install --quiet $(WHEELS)/dev/forebay-*.whl
+	$(SMOKE_VENV)/bin/python tests/smoke/smoke_job.py
+	cd target && ../$(PY) -m mypy.stubtest --mypy-config-file ../python/pyproject.toml \
+		--allowlist ../python/stubtest-allowlist.txt forebay._forebay
 
 cargo-test:
 	$(CARGO) test --workspace --exclude forebay-python
@@ -36,7 +64,7 @@ cargo-test:
 pytest: wheel-dev
 	$(PY) -m pytest -q tests/python
 
-test: cargo-test pytest
+test: lint cargo-test wheel-check pytest
 
 demo: wheel-release
 	$(PY) examples/scan_demo.py

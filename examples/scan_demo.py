@@ -12,10 +12,11 @@ import sys
 import tempfile
 import time
 
-import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+import forebay
 
 FILES = 8
 ROWS_PER_FILE = 1_500_000

@@ -195,9 +195,10 @@ def main() -> int:
     raw, clustered = generate(Path(args.data_dir), args.scale_factor)
     raw_files, clustered_files = parquet_files(raw), parquet_files(clustered)
     import duckdb
-    import forebay
     import polars
     import pyarrow
+
+    import forebay
 
     print(
         f"lineitem SF{args.scale_factor:g}: {len(raw_files)} files, "

@@ -24,9 +24,10 @@ import statistics
 import sys
 import time
 
-import forebay
 import numpy as np
 import pyarrow as pa
+
+import forebay
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -13,12 +13,13 @@ from typing import Any
 import pyarrow as pa
 
 from . import _forebay
+from ._dataset import Dataset
 
 #: Shard count of a new checkpoint when none is given (a checkpoint's manifest records its own).
 DEFAULT_NUM_SHARDS = 16
 
 
-def _arrays(ids: Any) -> list:
+def _arrays(ids: Any) -> list[Any]:
     """The chunks of ``ids`` as pyarrow Arrays (Array, ChunkedArray, numpy, list...)."""
     if isinstance(ids, pa.ChunkedArray):
         return list(ids.chunks)
@@ -48,10 +49,9 @@ class CheckpointFilter:
         id_column: str = "id",
         num_threads: int | None = None,
     ):
-        if isinstance(id_type, str):
-            id_type = pa.type_for_alias(id_type)
+        arrow_type = pa.type_for_alias(id_type) if isinstance(id_type, str) else id_type
         self._inner = _forebay.RsCheckpointIndex(
-            id_type, num_shards or DEFAULT_NUM_SHARDS, id_column, num_threads
+            arrow_type, num_shards or DEFAULT_NUM_SHARDS, id_column, num_threads
         )
 
     @classmethod
@@ -98,7 +98,7 @@ class CheckpointFilter:
             return pa.chunked_array([self._inner.contains(c) for c in ids.chunks], type=pa.bool_())
         return self._inner.contains(_arrays(ids)[0])
 
-    def filter(self, data):
+    def filter(self, data: Any) -> Any:
         """``data`` without the rows whose id (column :attr:`id_column`) is in the index.
 
         ``data`` is a ``pyarrow.RecordBatch`` or ``Table`` (same type back), or a
@@ -107,8 +107,6 @@ class CheckpointFilter:
         a null id are kept. When no row of a batch or table is removed, that input object
         itself is returned (no copy). A Table's batches are filtered in parallel.
         """
-        from . import Dataset
-
         if isinstance(data, Dataset):
             return self._inner.filter_scan(data._inner)
         if isinstance(data, pa.RecordBatch):
@@ -131,7 +129,9 @@ class CheckpointFilter:
         """Add every id of ``other`` (same shard count and id family)."""
         self._inner.merge(other._inner)
 
-    def write(self, path: str, *, storage_options: Mapping[str, str] | None = None) -> dict:
+    def write(
+        self, path: str, *, storage_options: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """Persist the ids inserted since the last write to the checkpoint at ``path``.
 
         Writes one Parquet file per shard that received ids, ``<path>/shard=<k>/part-*.parquet``,
@@ -164,7 +164,7 @@ class CheckpointFilter:
         return self._inner.num_shards()
 
     @property
-    def loaded_shards(self) -> list:
+    def loaded_shards(self) -> list[int]:
         return self._inner.loaded_shards()
 
     @property

@@ -19,7 +19,7 @@ _EPOCH = _dt.datetime(1970, 1, 1)
 _EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 
-def _tag(column: str, value: Any) -> tuple:
+def _tag(column: str, value: Any) -> tuple[Any, ...]:
     if hasattr(value, "as_py") and callable(value.as_py):  # pyarrow scalar
         value = value.as_py()
     elif type(value).__module__ == "numpy" and hasattr(value, "item"):  # numpy scalar
@@ -58,7 +58,7 @@ def _tag(column: str, value: Any) -> tuple:
     )
 
 
-def _term(term: Any) -> tuple:
+def _term(term: Any) -> tuple[Any, ...]:
     if not isinstance(term, (tuple, list)) or len(term) not in (2, 3):
         raise InvalidFilterError(f"invalid filter term {term!r}: expected (column, op, value)")
     column, op = term[0], term[1]
@@ -95,7 +95,7 @@ def _is_term(obj: Any) -> bool:
     )
 
 
-def normalize_filter(filter: Any) -> list | None:
+def normalize_filter(filter: Any) -> list[list[tuple[Any, ...]]] | None:
     """Return the OR-of-ANDs form, or None for no filter."""
     if filter is None:
         return None

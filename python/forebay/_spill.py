@@ -6,19 +6,24 @@ restore them (copied back, or mapped read-only as pyarrow arrays over the file).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from . import _forebay
+from ._forebay import RsRemoteSpillLocation, RsSpillLocation
 
 
-def _round(objects: Iterable[Sequence[bytes]], ids: Iterable[int] | None) -> list:
+def _round(
+    objects: Iterable[Sequence[bytes]], ids: Iterable[int] | None
+) -> list[tuple[int, list[bytes]]]:
     """A spill round as the binding takes it: ``[(id, [bytes, ...]), ...]``; ids default to
     the objects' positions."""
-    objects = [[bytes(b) for b in obj] for obj in objects]
-    ids = list(ids) if ids is not None else list(range(len(objects)))
-    if len(ids) != len(objects):
-        raise ValueError(f"{len(ids)} ids for {len(objects)} objects")
-    return list(zip(ids, objects, strict=True))
+    buffers = [[bytes(b) for b in obj] for obj in objects]
+    id_list = list(ids) if ids is not None else list(range(len(buffers)))
+    if len(id_list) != len(buffers):
+        raise ValueError(f"{len(id_list)} ids for {len(buffers)} objects")
+    return list(zip(id_list, buffers, strict=True))
 
 
 class SpillArea:
@@ -31,36 +36,36 @@ class SpillArea:
 
     def __init__(
         self,
-        directories: str | Sequence[str],
+        directories: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         sync: str = "none",
         io_threads: int = 2,
         queue_depth: int = 4,
         choose_by_free_space: bool = False,
     ):
-        if isinstance(directories, (str, bytes)) or hasattr(directories, "__fspath__"):
+        if isinstance(directories, (str, os.PathLike)):
             directories = [directories]
         self._inner = _forebay.RsSpillArea(
-            [str(d) for d in directories], sync, io_threads, queue_depth, choose_by_free_space
+            [os.fspath(d) for d in directories], sync, io_threads, queue_depth, choose_by_free_space
         )
 
     def spill(
         self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None
-    ) -> list:
+    ) -> list[RsSpillLocation]:
         """Spill a round of objects (each a list of bytes-like buffers) into one new file.
 
         Returns one location per object; keep it to restore, call ``.free()`` to release."""
         return self._inner.spill(_round(objects, ids))
 
-    def restore(self, location) -> list:
+    def restore(self, location: RsSpillLocation) -> list[bytes]:
         """The object's buffers as ``bytes`` (read with preadv, checksum verified)."""
         return self._inner.restore(location)
 
-    def restore_mapped(self, location) -> list:
+    def restore_mapped(self, location: RsSpillLocation) -> list[Any]:
         """The object's buffers as pyarrow UInt8Arrays over a read-only mapping (zero copy)."""
         return self._inner.restore_mapped(location)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return self._inner.stats()
 
 
@@ -79,7 +84,7 @@ class RemoteSpillTarget:
         self,
         uri: str,
         *,
-        storage_options: dict | None = None,
+        storage_options: Mapping[str, str] | None = None,
         part_size: int = 16 << 20,
         parts_in_flight: int = 4,
         rounds_in_flight: int = 2,
@@ -96,13 +101,13 @@ class RemoteSpillTarget:
 
     def spill(
         self, objects: Iterable[Sequence[bytes]], *, ids: Iterable[int] | None = None
-    ) -> list:
+    ) -> list[RsRemoteSpillLocation]:
         """Upload a round of objects (each a list of bytes-like buffers) as one remote object.
 
         Returns one location per object; keep it to restore, call ``.free()`` to release."""
         return self._inner.spill(_round(objects, ids))
 
-    def restore(self, location) -> list:
+    def restore(self, location: RsRemoteSpillLocation) -> list[bytes]:
         """The object's buffers as ``bytes`` (one ranged GET, checksum verified)."""
         return self._inner.restore(location)
 
@@ -110,5 +115,5 @@ class RemoteSpillTarget:
         """Wait until the remote objects of freed rounds are deleted."""
         return self._inner.wait_for_deletes(float(timeout))
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return self._inner.stats()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import pyarrow as pa
 
@@ -85,7 +85,7 @@ class ObjectRef:
     def store_path(self) -> str:
         return self._store_path
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ObjectRef], tuple[int, str]]:
         return (ObjectRef, (self._id, self._store_path))
 
     def __eq__(self, other: object) -> bool:
@@ -98,14 +98,14 @@ class ObjectRef:
         return f"ObjectRef({self.id}, store={self._store_path!r})"
 
 
-def _ndarray_meta(arr) -> bytes:
+def _ndarray_meta(arr: Any) -> bytes:
     import numpy as np
 
     descr = np.lib.format.dtype_to_descr(arr.dtype)
     return _NDARRAY + json.dumps([descr, list(arr.shape)]).encode()
 
 
-def _tuplify(descr):
+def _tuplify(descr: Any) -> Any:
     # json turns the (name, format[, shape]) tuples of a structured dtype into lists.
     if isinstance(descr, list):
         return [
@@ -115,7 +115,7 @@ def _tuplify(descr):
     return descr
 
 
-def _ndarray_from(meta: bytes, buf):
+def _ndarray_from(meta: bytes, buf: Any) -> Any:
     import numpy as np
 
     descr, shape = json.loads(meta[1:])
@@ -131,13 +131,13 @@ class ObjectWriter:
     release the view, then ``seal()``; or use it as a context manager, which seals on
     success (the ref is then ``writer.ref``) and aborts on error."""
 
-    def __init__(self, inner, store_path: str):
+    def __init__(self, inner: _forebay.RsObjectWriter, store_path: str):
         self._inner = inner
         self._store_path = store_path
 
     @property
     def size(self) -> int:
-        return self._inner.size
+        return self._inner.size or 0
 
     def view(self) -> memoryview:
         """A writable memoryview of the object's bytes; release it before ``seal``."""
@@ -152,7 +152,7 @@ class ObjectWriter:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> Literal[False]:
         if exc_type is None:
             self.ref = self.seal()
         else:
@@ -185,10 +185,11 @@ class ObjectStore:
         spill: bool = True,
         put_timeout: float = 10.0,
         prefault: bool = False,
-        _inner=None,
+        _inner: _forebay.RsObjectStore | None = None,
     ):
         if _inner is not None:
-            self._inner = _inner
+            self._inner: _forebay.RsObjectStore | None = _inner
+            self._path = _inner.path
             return
         if isinstance(spill_dir, (str, bytes)) or hasattr(spill_dir, "__fspath__"):
             spill_dirs = [str(spill_dir)]
@@ -204,6 +205,12 @@ class ObjectStore:
             float(put_timeout),
             bool(prefault),
         )
+        self._path = self._inner.path
+
+    def _store(self) -> _forebay.RsObjectStore:
+        if self._inner is None:
+            raise StoreError(f"object store {self._path}: this handle is closed")
+        return self._inner
 
     @classmethod
     def attach(cls, path: str) -> ObjectStore:
@@ -213,23 +220,23 @@ class ObjectStore:
 
     @property
     def path(self) -> str:
-        return self._inner.path
+        return self._path
 
     @property
     def capacity(self) -> int:
-        return self._inner.capacity
+        return 0 if self._inner is None else self._inner.capacity
 
     @property
     def is_owner(self) -> bool:
-        return self._inner.is_owner
+        return self._inner is not None and self._inner.is_owner
 
     def _ref(self, id: int) -> ObjectRef:
-        return ObjectRef(id, self._inner.path)
+        return ObjectRef(id, self._path)
 
     def put(self, value: Any) -> ObjectRef:
         """Copy a value into the store once: a pyarrow Table, RecordBatch, Array or
         ChunkedArray, a numpy ndarray (not of dtype object), or a bytes-like object."""
-        inner = self._inner
+        inner = self._store()
         if isinstance(value, pa.RecordBatch):
             return self._ref(inner.put_arrow(_BATCH, value.schema, [value]))
         if isinstance(value, pa.Table):
@@ -270,13 +277,13 @@ class ObjectStore:
 
     def create(self, size: int) -> ObjectWriter:
         """Allocate ``size`` bytes to fill in place, then ``seal()`` (no copy at all)."""
-        return ObjectWriter(self._inner.create(int(size), _BYTES), self._inner.path)
+        return ObjectWriter(self._store().create(int(size), _BYTES), self._path)
 
     def get(self, ref: ObjectRef) -> Any:
         """The value, without copying; it keeps the object pinned in memory while it lives."""
-        fmt, meta, payload = self._inner.get(_id_of(ref))
+        _, meta, payload = self._store().get(_id_of(ref))
         kind = meta[:1]
-        if fmt == 0:
+        if isinstance(payload, _forebay.PinnedBuffer):
             if kind == _NDARRAY:
                 return _ndarray_from(meta, payload)
             return memoryview(payload)
@@ -292,28 +299,28 @@ class ObjectStore:
     def delete(self, ref: ObjectRef) -> bool:
         """Delete; memory is freed once no view of the object is alive. Returns whether it
         existed."""
-        return self._inner.delete(_id_of(ref))
+        return self._store().delete(_id_of(ref))
 
     def contains(self, ref: ObjectRef) -> bool:
-        return self._inner.contains(_id_of(ref))
+        return self._store().contains(_id_of(ref))
 
     __contains__ = contains
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """Counters: ``capacity``, ``bytes_used``, ``objects``, ``resident_objects``,
         ``objects_on_disk``, ``pinned_objects``, ``puts``, ``spilled_objects``,
         ``spilled_bytes``, ``restored_objects``, ``restored_bytes``, ``evictions``,
         ``free_extents``, ``largest_free``."""
-        return self._inner.stats()
+        return self._store().stats()
 
     def close(self) -> None:
         """Close this handle (the owner: shut the store down for everyone)."""
-        self._inner = _Closed(self._inner.path)
+        self._inner = None
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
@@ -322,25 +329,10 @@ class ObjectStore:
         return f"<forebay.ObjectStore {self.path} ({role}, capacity {self.capacity})>"
 
 
-def _id_of(ref) -> int:
+def _id_of(ref: object) -> int:
     if isinstance(ref, ObjectRef):
         return ref._id
     raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}")
-
-
-class _Closed:
-    """Stands in for a closed store's handle: every use raises StoreError."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.capacity = 0
-        self.is_owner = False
-
-    def __getattr__(self, name):
-        def closed(*args, **kwargs):
-            raise StoreError(f"object store {self.path}: this handle is closed")
-
-        return closed
 
 
 __all__ = [

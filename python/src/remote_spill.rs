@@ -10,7 +10,8 @@ use forebay_spill::{RemoteSpillConfig, RemoteSpillLocation, RemoteSpillTarget};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::{detached_py, spill_err, spill_objects, FreeableLocation, SpillError};
+use crate::errors::{detached_py, spill_err, SpillError};
+use crate::spill::{spill_objects, FreeableLocation};
 
 #[pyclass(module = "forebay._forebay", frozen)]
 struct RsRemoteSpillTarget {

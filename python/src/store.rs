@@ -11,44 +11,13 @@ use std::sync::Mutex;
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow_pyarrow::{FromPyArrow, ToPyArrow};
-use forebay_store::{
-    ErrorKind, Format, ObjectId, ObjectStore, ObjectWriter, PinnedObject, StoreConfig,
-    StoreError as RsStoreError,
-};
+use forebay_store::{Format, ObjectId, ObjectStore, ObjectWriter, PinnedObject, StoreConfig};
 use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use pyo3::{create_exception, ffi};
 
-use crate::{detached_py, ForebayError};
-
-create_exception!(
-    _forebay,
-    StoreError,
-    ForebayError,
-    "An object store operation failed."
-);
-create_exception!(
-    _forebay,
-    ObjectNotFoundError,
-    StoreError,
-    "No such object in the store (never put, deleted, or from another store)."
-);
-create_exception!(
-    _forebay,
-    StoreFullError,
-    StoreError,
-    "The store has no room: everything resident is pinned, or the object exceeds the capacity."
-);
-
-pub fn store_err(e: RsStoreError) -> PyErr {
-    let msg = e.to_string();
-    match e.kind() {
-        ErrorKind::NotFound => ObjectNotFoundError::new_err(msg),
-        ErrorKind::Full | ErrorKind::TooLarge => StoreFullError::new_err(msg),
-        _ => StoreError::new_err(msg),
-    }
-}
+use crate::errors::{detached_py, store_err, StoreError};
 
 /// A contiguous byte view of any object exporting the buffer protocol, held for the
 /// duration of one call.
@@ -430,13 +399,9 @@ impl RsObjectStore {
     }
 }
 
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RsObjectStore>()?;
     m.add_class::<RsObjectWriter>()?;
     m.add_class::<PinnedBuffer>()?;
-    m.add("StoreError", py.get_type::<StoreError>())?;
-    m.add("ObjectNotFoundError", py.get_type::<ObjectNotFoundError>())?;
-    m.add("StoreFullError", py.get_type::<StoreFullError>())?;
     Ok(())
 }

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import textwrap
 
-import forebay
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+import forebay
 from conftest import S3_CREDENTIALS, start_moto_server
 
 xxhash = pytest.importorskip("xxhash")

@@ -3,10 +3,11 @@ it; files pyarrow rejects raise a ForebayError (never a crash, hang or wrong dat
 
 from __future__ import annotations
 
-import forebay
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+
+import forebay
 from conftest import assert_tables_equal, parquet_testing_dir
 
 DATA = parquet_testing_dir()

@@ -6,12 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 
-import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+
+import forebay
 from conftest import assert_tables_equal
 
 ROWS = 60_000

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 
-import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 import pytest
+
+import forebay
 from conftest import assert_tables_equal
 
 

@@ -8,11 +8,12 @@ import io
 import re
 import time
 
-import forebay
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+import forebay
 from conftest import S3_CREDENTIALS, assert_tables_equal, start_moto_server
 
 boto3 = pytest.importorskip("boto3")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import forebay
 import pytest
+
+import forebay
 
 
 def payload(seed: int, n: int) -> bytes:

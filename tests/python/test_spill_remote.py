@@ -8,8 +8,9 @@ import re
 import subprocess
 import time
 
-import forebay
 import pytest
+
+import forebay
 from conftest import S3_CREDENTIALS, start_moto_server
 
 boto3 = pytest.importorskip("boto3")

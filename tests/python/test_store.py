@@ -8,10 +8,11 @@ import pickle
 import signal
 import time
 
-import forebay
 import numpy as np
 import pyarrow as pa
 import pytest
+
+import forebay
 from forebay import ObjectRef, ObjectStore
 
 

@@ -57,12 +57,12 @@ fn read_cached_part(file: &File, buf: &mut Vec<u8>, len: usize, start: u64) -> i
             Ok(0) => return Err(ended_early(start, buf.len(), len)),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            // EAGAIN: the rest is not cached. EOPNOTSUPP/EINVAL: the file system or kernel
+            // EAGAIN: the rest is not cached. EOPNOTSUPP/EINVAL/ENOSYS: the file system or kernel
             // does not support RWF_NOWAIT. Either way the blocking path reads the rest.
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL)
+                    Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOSYS)
                 ) =>
             {
                 return Ok(())
@@ -92,15 +92,12 @@ fn pread_into_spare(
     };
     let off = libc::off_t::try_from(offset)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
-    // SAFETY: the iovec covers `want` bytes of `buf`'s spare capacity, which we exclusively
-    // borrow for the call; the kernel writes at most that many bytes there.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, off, flags) };
-    // SAFETY: as above, with plain preadv (no flags on this platform).
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let n = {
-        let _ = flags;
+    // SAFETY (both calls): the iovec covers `want` bytes of `buf`'s spare capacity, which we
+    // exclusively borrow for the call; the kernel writes at most that many bytes there.
+    let n = if flags == 0 {
         unsafe { libc::preadv(file.as_raw_fd(), &iov, 1, off) }
+    } else {
+        preadv2_syscall(file.as_raw_fd(), &iov, off, flags)
     };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -109,6 +106,50 @@ fn pread_into_spare(
     // SAFETY: the kernel initialised the first `n` (≤ want) bytes of the spare capacity.
     unsafe { buf.set_len(buf.len() + n) };
     Ok(n)
+}
+
+/// `preadv2` through the raw system call. glibc's wrapper appeared in glibc 2.26; calling
+/// the kernel directly keeps the wheel loadable on glibc 2.17 (manylinux2014). A kernel
+/// without the call (before 4.6) answers ENOSYS, which the caller treats as "not supported".
+#[cfg(target_os = "linux")]
+fn preadv2_syscall(
+    fd: libc::c_int,
+    iov: &libc::iovec,
+    offset: libc::off_t,
+    flags: libc::c_int,
+) -> isize {
+    // The offset travels as (low, high) halves; on 64-bit targets the low word holds all of
+    // it and the high word must be 0.
+    #[cfg(target_pointer_width = "64")]
+    let (low, high) = (offset as libc::c_ulong, 0 as libc::c_ulong);
+    #[cfg(target_pointer_width = "32")]
+    let (low, high) = (
+        offset as u64 as libc::c_ulong,
+        (offset as u64 >> 32) as libc::c_ulong,
+    );
+    // SAFETY: the caller's iovec describes memory it exclusively borrows for this call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_preadv2,
+            fd,
+            iov as *const libc::iovec,
+            1,
+            low,
+            high,
+            flags,
+        ) as isize
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn preadv2_syscall(
+    fd: libc::c_int,
+    iov: &libc::iovec,
+    offset: libc::off_t,
+    _flags: libc::c_int,
+) -> isize {
+    // SAFETY: as above; no flags on this platform.
+    unsafe { libc::preadv(fd, iov, 1, offset) }
 }
 
 fn ended_early(start: u64, read: usize, len: usize) -> io::Error {

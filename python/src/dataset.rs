@@ -1,0 +1,288 @@
+//! `forebay.Dataset`'s Rust half: a Parquet dataset built from Python arguments (paths,
+//! columns, the normalised filter of `forebay._filters`), its scans as Python iterators of
+//! pyarrow batches, and its export through the Arrow C stream interface.
+
+use std::collections::HashMap;
+
+use arrow::ffi_stream::FFI_ArrowArrayStream;
+use arrow_pyarrow::ToPyArrow;
+use forebay_parquet::{
+    CompareOp, DatasetSource, Literal, ParquetDataset, Predicate, ProvenancedBatch,
+    RecordBatchIter, ScanStream,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict, PyTuple};
+
+use crate::errors::{detached, ForebayError, InvalidFilterError};
+
+/// A literal from the tagged tuple built by `forebay._filters` (`("int", 5)`, ...).
+fn literal_from_tagged(value: &Bound<'_, PyAny>) -> PyResult<Literal> {
+    let tuple = value.cast::<PyTuple>()?;
+    let tag: String = tuple.get_item(0)?.extract()?;
+    let item = |i: usize| tuple.get_item(i);
+    Ok(match tag.as_str() {
+        "bool" => Literal::Bool(item(1)?.extract()?),
+        "int" => match item(1)?.extract::<i64>() {
+            Ok(v) => Literal::Int(v),
+            Err(_) => Literal::UInt(item(1)?.extract()?),
+        },
+        "float" => Literal::Float(item(1)?.extract()?),
+        "str" => Literal::Str(item(1)?.extract()?),
+        "bytes" => Literal::Bytes(item(1)?.extract()?),
+        "date" => Literal::Date(item(1)?.extract()?),
+        "timestamp" => Literal::Timestamp {
+            micros: item(1)?.extract()?,
+            tz: item(2)?.extract()?,
+        },
+        "decimal" => Literal::Decimal(item(1)?.extract()?),
+        "null" => Literal::Null,
+        other => {
+            return Err(InvalidFilterError::new_err(format!(
+                "unknown literal tag {other}"
+            )))
+        }
+    })
+}
+
+/// A predicate from the normalised form built in Python: an OR of ANDs of
+/// `(column, op, tagged_value_or_list_or_None)`.
+fn predicate_from_dnf(dnf: &Bound<'_, PyAny>) -> PyResult<Predicate> {
+    let mut disjuncts = Vec::new();
+    for conj in dnf.try_iter()? {
+        let mut terms = Vec::new();
+        for term in conj?.try_iter()? {
+            let term = term?;
+            let column: String = term.get_item(0)?.extract()?;
+            let op: String = term.get_item(1)?.extract()?;
+            let value = term.get_item(2)?;
+            let pred = match op.as_str() {
+                "in" | "not in" => {
+                    let values = value
+                        .try_iter()?
+                        .map(|v| literal_from_tagged(&v?))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    Predicate::In {
+                        column,
+                        values,
+                        negated: op == "not in",
+                    }
+                }
+                "is null" => Predicate::IsNull {
+                    column,
+                    negated: false,
+                },
+                "is not null" => Predicate::IsNull {
+                    column,
+                    negated: true,
+                },
+                _ => {
+                    let op = CompareOp::parse(&op).ok_or_else(|| {
+                        InvalidFilterError::new_err(format!("unknown filter operator {op:?}"))
+                    })?;
+                    Predicate::Compare {
+                        column,
+                        op,
+                        value: literal_from_tagged(&value)?,
+                    }
+                }
+            };
+            terms.push(pred);
+        }
+        disjuncts.push(if terms.len() == 1 {
+            terms.pop().expect("one")
+        } else {
+            Predicate::And(terms)
+        });
+    }
+    Ok(if disjuncts.len() == 1 {
+        disjuncts.pop().expect("one")
+    } else {
+        Predicate::Or(disjuncts)
+    })
+}
+
+/// A lazily read Parquet dataset (the Rust half of `forebay.Dataset`).
+#[pyclass(module = "forebay._forebay", frozen)]
+pub(crate) struct RsDataset {
+    pub(crate) dataset: ParquetDataset,
+}
+
+#[pymethods]
+impl RsDataset {
+    #[new]
+    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        paths: Vec<String>,
+        columns: Option<Vec<String>>,
+        filter: Option<Bound<'_, PyAny>>,
+        batch_size: usize,
+        prefetch: Option<usize>,
+        num_threads: Option<usize>,
+        dictionary_columns: Option<Vec<String>>,
+        storage_options: Option<HashMap<String, String>>,
+    ) -> PyResult<Self> {
+        let source = DatasetSource::Uris {
+            uris: paths,
+            storage_options: storage_options.unwrap_or_default(),
+        };
+        let mut builder = ParquetDataset::builder(source).with_batch_size(batch_size);
+        if let Some(columns) = columns {
+            builder = builder.with_columns(columns);
+        }
+        if let Some(filter) = filter {
+            builder = builder.with_filter(predicate_from_dnf(&filter)?);
+        }
+        if let Some(p) = prefetch {
+            builder = builder.with_prefetch(p);
+        }
+        if let Some(n) = num_threads {
+            builder = builder.with_num_threads(n);
+        }
+        if let Some(d) = dictionary_columns {
+            builder = builder.with_dictionary_columns(d);
+        }
+        let dataset = detached(py, move || builder.build())?;
+        Ok(RsDataset { dataset })
+    }
+
+    fn schema<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.dataset.schema().as_ref().to_pyarrow(py)
+    }
+
+    fn files(&self) -> Vec<String> {
+        self.dataset
+            .files()
+            .iter()
+            .map(|f| f.uri().to_string())
+            .collect()
+    }
+
+    fn count_rows(&self, py: Python<'_>) -> PyResult<u64> {
+        let dataset = self.dataset.clone();
+        detached(py, move || dataset.count_rows())
+    }
+
+    fn scan(&self) -> RsBatchIter {
+        RsBatchIter {
+            stream: std::sync::Mutex::new(Some(self.dataset.scan())),
+        }
+    }
+
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.dataset.metrics();
+        let d = PyDict::new(py);
+        d.set_item("row_groups_total", m.row_groups_total)?;
+        d.set_item(
+            "row_groups_pruned_by_statistics",
+            m.row_groups_pruned_by_statistics,
+        )?;
+        d.set_item(
+            "row_groups_pruned_by_page_index",
+            m.row_groups_pruned_by_page_index,
+        )?;
+        d.set_item("rows_pruned_by_page_index", m.rows_pruned_by_page_index)?;
+        d.set_item("data_requests", m.io.data_requests)?;
+        d.set_item("data_bytes", m.io.data_bytes)?;
+        d.set_item("footer_requests", m.io.footer_requests)?;
+        d.set_item("footer_bytes", m.io.footer_bytes)?;
+        d.set_item("list_requests", m.io.list_requests)?;
+        d.set_item("head_requests", m.io.head_requests)?;
+        Ok(d)
+    }
+
+    /// Export a fresh scan through the Arrow C stream interface (PyCapsule protocol).
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        // The requested schema is a hint the producer may ignore (see the Arrow spec); we
+        // always produce the dataset's own schema.
+        let _ = requested_schema;
+        let stream = FFI_ArrowArrayStream::new(Box::new(RecordBatchIter(self.dataset.scan())));
+        // The consumer moves the stream out and nulls its `release`; whatever is left is
+        // released when the capsule is dropped (FFI_ArrowArrayStream's Drop).
+        PyCapsule::new_with_value(py, stream, c"arrow_array_stream")
+    }
+}
+
+/// An in-progress scan (the Rust half of iterating a `forebay.Dataset`).
+#[pyclass(module = "forebay._forebay")]
+struct RsBatchIter {
+    stream: std::sync::Mutex<Option<ScanStream>>,
+}
+
+impl RsBatchIter {
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<ProvenancedBatch>> {
+        let mut guard = self
+            .stream
+            .lock()
+            .map_err(|_| ForebayError::new_err("scan state poisoned"))?;
+        let Some(stream) = guard.as_mut() else {
+            return Ok(None);
+        };
+        let next = detached(py, || stream.next_blocking().transpose())?;
+        if next.is_none() {
+            *guard = None;
+        }
+        Ok(next)
+    }
+}
+
+#[pymethods]
+impl RsBatchIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.next_batch(py)? {
+            Some(b) => Ok(Some(b.batch.to_pyarrow(py)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `(pyarrow.RecordBatch, provenance dict)` or None at the end.
+    fn next_with_provenance<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyDict>)>> {
+        let Some(b) = self.next_batch(py)? else {
+            return Ok(None);
+        };
+        let p = &b.provenance;
+        let d = PyDict::new(py);
+        d.set_item("file", p.file.as_ref())?;
+        d.set_item("file_index", p.file_index)?;
+        d.set_item("row_group", p.row_group)?;
+        d.set_item("row_group_first_row", p.row_group_first_row)?;
+        d.set_item("first_row", p.first_row)?;
+        d.set_item("batch_index", p.batch_index)?;
+        Ok(Some((b.batch.to_pyarrow(py)?, d)))
+    }
+
+    /// Stop the scan now (also happens when the iterator is garbage collected).
+    fn close(&self) {
+        if let Ok(mut guard) = self.stream.lock() {
+            *guard = None;
+        }
+    }
+}
+
+/// Store bytes under a `memory://` URI (the process-wide in-memory object store).
+#[pyfunction]
+fn memory_put(py: Python<'_>, uri: String, data: Vec<u8>) -> PyResult<()> {
+    detached(py, move || {
+        forebay_parquet::source::put_memory_object(&uri, data)
+    })
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<RsDataset>()?;
+    m.add_class::<RsBatchIter>()?;
+    m.add_function(wrap_pyfunction!(memory_put, m)?)?;
+    Ok(())
+}

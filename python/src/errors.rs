@@ -1,0 +1,175 @@
+//! The exception hierarchy under `forebay.ForebayError`, the conversions from each
+//! component's Rust error into it, and the two helpers that run Rust work with the GIL
+//! released (a panic becomes a `ForebayError`, never an abort across FFI).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use forebay_checkpoint::CheckpointError as RsCheckpointError;
+use forebay_parquet::{ErrorKind, ParquetError as RsParquetError};
+use forebay_store::{ErrorKind as StoreErrorKind, StoreError as RsStoreError};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(
+    _forebay,
+    ForebayError,
+    PyException,
+    "Base class of every forebay error."
+);
+create_exception!(
+    _forebay,
+    ParquetError,
+    ForebayError,
+    "Reading a Parquet dataset failed."
+);
+create_exception!(
+    _forebay,
+    DatasetNotFoundError,
+    ParquetError,
+    "A path, URI or glob matched no file."
+);
+create_exception!(
+    _forebay,
+    CorruptFileError,
+    ParquetError,
+    "Not a Parquet file, or corrupt/truncated data."
+);
+create_exception!(
+    _forebay,
+    ColumnNotFoundError,
+    ParquetError,
+    "A requested or filtered column does not exist."
+);
+create_exception!(
+    _forebay,
+    InvalidFilterError,
+    ParquetError,
+    "A filter is malformed or its value has the wrong type."
+);
+create_exception!(
+    _forebay,
+    SchemaMismatchError,
+    ParquetError,
+    "Files of one dataset have different schemas."
+);
+create_exception!(
+    _forebay,
+    StorageError,
+    ParquetError,
+    "An object store or file system request failed."
+);
+
+create_exception!(
+    _forebay,
+    CheckpointError,
+    ForebayError,
+    "Loading, probing or writing a checkpoint failed."
+);
+
+create_exception!(
+    _forebay,
+    SpillError,
+    ForebayError,
+    "Writing or restoring spilled objects failed (I/O error, corruption, truncation)."
+);
+
+create_exception!(
+    _forebay,
+    StoreError,
+    ForebayError,
+    "An object store operation failed."
+);
+create_exception!(
+    _forebay,
+    ObjectNotFoundError,
+    StoreError,
+    "No such object in the store (never put, deleted, or from another store)."
+);
+create_exception!(
+    _forebay,
+    StoreFullError,
+    StoreError,
+    "The store has no room: everything resident is pinned, or the object exceeds the capacity."
+);
+
+pub(crate) fn store_err(e: RsStoreError) -> PyErr {
+    let msg = e.to_string();
+    match e.kind() {
+        StoreErrorKind::NotFound => ObjectNotFoundError::new_err(msg),
+        StoreErrorKind::Full | StoreErrorKind::TooLarge => StoreFullError::new_err(msg),
+        _ => StoreError::new_err(msg),
+    }
+}
+
+pub(crate) fn spill_err(err: forebay_spill::SpillError) -> PyErr {
+    SpillError::new_err(err.to_string())
+}
+
+pub(crate) fn checkpoint_err(err: RsCheckpointError) -> PyErr {
+    CheckpointError::new_err(err.to_string())
+}
+
+pub(crate) fn to_py_err(err: RsParquetError) -> PyErr {
+    let msg = err.to_string();
+    match err.kind() {
+        ErrorKind::NotFound => DatasetNotFoundError::new_err(msg),
+        ErrorKind::Corrupt => CorruptFileError::new_err(msg),
+        ErrorKind::ColumnNotFound => ColumnNotFoundError::new_err(msg),
+        ErrorKind::InvalidFilter => InvalidFilterError::new_err(msg),
+        ErrorKind::SchemaMismatch => SchemaMismatchError::new_err(msg),
+        ErrorKind::Io => StorageError::new_err(msg),
+        ErrorKind::InvalidArgument => ParquetError::new_err(msg),
+    }
+}
+
+/// Run Rust work with the GIL released, turning reader errors and panics into forebay
+/// exceptions.
+pub(crate) fn detached<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce() -> Result<T, RsParquetError> + Send,
+) -> PyResult<T> {
+    detached_py(py, || work().map_err(to_py_err))
+}
+
+/// Run Rust work with the GIL released; a panic becomes a `ForebayError`, never an abort.
+pub(crate) fn detached_py<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce() -> PyResult<T> + Send,
+) -> PyResult<T> {
+    match py.detach(|| catch_unwind(AssertUnwindSafe(work))) {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(ForebayError::new_err(format!(
+                "internal error (please report): {what}"
+            )))
+        }
+    }
+}
+
+/// Add the exception classes to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("ForebayError", py.get_type::<ForebayError>())?;
+    m.add("ParquetError", py.get_type::<ParquetError>())?;
+    m.add(
+        "DatasetNotFoundError",
+        py.get_type::<DatasetNotFoundError>(),
+    )?;
+    m.add("CorruptFileError", py.get_type::<CorruptFileError>())?;
+    m.add("ColumnNotFoundError", py.get_type::<ColumnNotFoundError>())?;
+    m.add("InvalidFilterError", py.get_type::<InvalidFilterError>())?;
+    m.add("SchemaMismatchError", py.get_type::<SchemaMismatchError>())?;
+    m.add("StorageError", py.get_type::<StorageError>())?;
+    m.add("CheckpointError", py.get_type::<CheckpointError>())?;
+    m.add("SpillError", py.get_type::<SpillError>())?;
+    m.add("StoreError", py.get_type::<StoreError>())?;
+    m.add("ObjectNotFoundError", py.get_type::<ObjectNotFoundError>())?;
+    m.add("StoreFullError", py.get_type::<StoreFullError>())?;
+    Ok(())
+}
