@@ -93,6 +93,7 @@ def read_parquet(
     num_threads: int | None = None,
     dictionary_columns: Sequence[str] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    int96_timestamp_unit: str = "ns",
 ) -> Dataset:
     """Open Parquet files lazily.
 
@@ -111,6 +112,10 @@ def read_parquet(
     dictionary_columns: string/binary columns to return as dictionary arrays.
     storage_options: object_store options, e.g. ``{"aws_endpoint": "http://127.0.0.1:9000",
         "aws_allow_http": "true", "aws_region": "us-east-1"}``.
+    int96_timestamp_unit: unit of timestamps stored as (deprecated) INT96: ``"ns"`` (the
+        default, as pyarrow), ``"us"``, ``"ms"`` or ``"s"``. INT96 can hold dates beyond the
+        ±292 years of 64-bit nanoseconds; such values wrap in ``"ns"`` (as in pyarrow), so read
+        Spark/Impala files with dates like 9999-12-31 with ``"us"``.
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in items]
@@ -129,5 +134,6 @@ def read_parquet(
         num_threads,
         list(dictionary_columns) if dictionary_columns is not None else None,
         {str(k): str(v) for k, v in storage_options.items()} if storage_options else None,
+        int96_timestamp_unit,
     )
     return Dataset(inner)

@@ -4,12 +4,14 @@
 
 use std::collections::HashMap;
 
+use arrow::datatypes::TimeUnit;
 use arrow::ffi_stream::FFI_ArrowArrayStream;
 use arrow_pyarrow::ToPyArrow;
 use forebay_parquet::{
     CompareOp, DatasetSource, Literal, ParquetDataset, Predicate, ProvenancedBatch,
     RecordBatchIter, ScanStream,
 };
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
@@ -110,7 +112,7 @@ pub(crate) struct RsDataset {
 #[pymethods]
 impl RsDataset {
     #[new]
-    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options))]
+    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -122,12 +124,26 @@ impl RsDataset {
         num_threads: Option<usize>,
         dictionary_columns: Option<Vec<String>>,
         storage_options: Option<HashMap<String, String>>,
+        int96_timestamp_unit: &str,
     ) -> PyResult<Self> {
+        let int96_unit = match int96_timestamp_unit {
+            "s" => TimeUnit::Second,
+            "ms" => TimeUnit::Millisecond,
+            "us" => TimeUnit::Microsecond,
+            "ns" => TimeUnit::Nanosecond,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "int96_timestamp_unit must be 's', 'ms', 'us' or 'ns', not {other:?}"
+                )))
+            }
+        };
         let source = DatasetSource::Uris {
             uris: paths,
             storage_options: storage_options.unwrap_or_default(),
         };
-        let mut builder = ParquetDataset::builder(source).with_batch_size(batch_size);
+        let mut builder = ParquetDataset::builder(source)
+            .with_batch_size(batch_size)
+            .with_int96_timestamp_unit(int96_unit);
         if let Some(columns) = columns {
             builder = builder.with_columns(columns);
         }

@@ -243,3 +243,16 @@ def test_unreachable_uri_fails_fast():
             },
         )
     assert time.monotonic() - start < 60
+
+
+def test_relative_paths_with_dot_dot(tmp_path, monkeypatch):
+    """`..` and `.` in a relative path resolve as the OS resolves them (a bug once reported
+    such paths as missing)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"x": [1, 2, 3]}), data / "f.parquet")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for path in ["../data/f.parquet", "./../data/./f.parquet", "../data", "../data/*.parquet"]:
+        assert forebay.read_parquet(path).to_arrow().column("x").to_pylist() == [1, 2, 3], path

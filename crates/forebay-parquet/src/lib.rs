@@ -35,6 +35,7 @@ pub mod error;
 pub mod io;
 mod local;
 pub mod predicate;
+mod repair;
 pub mod scan;
 pub mod source;
 

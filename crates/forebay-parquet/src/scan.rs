@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
 use arrow::array::{Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use futures::{FutureExt, Stream, StreamExt};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
@@ -41,6 +41,7 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::error::{ParquetError, Result};
 use crate::io::{FileEntry, IoMetrics, IoMetricsSnapshot, ObjectFileReader};
 use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
+use crate::repair;
 use crate::source::{resolve, DatasetSource};
 
 /// Bytes fetched from the end of a file in the first footer request. Most footers (and often
@@ -92,6 +93,7 @@ pub struct ParquetDatasetBuilder {
     prefetch: Option<usize>,
     num_threads: Option<usize>,
     dictionary_columns: Vec<String>,
+    int96_unit: TimeUnit,
     coalesce_gap: Option<u64>,
     use_page_index: bool,
 }
@@ -139,6 +141,17 @@ impl ParquetDatasetBuilder {
         S: Into<String>,
     {
         self.dictionary_columns = columns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The unit of timestamps stored as (deprecated) INT96, as pyarrow's
+    /// `coerce_int96_timestamp_unit`. Default nanoseconds; values outside the range of the
+    /// unit wrap (INT96 holds dates far beyond the ±292 years of `i64` nanoseconds: Spark
+    /// writes microsecond timestamps up to year 294,247), so choose microseconds or
+    /// milliseconds to read such values exactly. Applies to top-level and struct-nested
+    /// INT96 columns.
+    pub fn with_int96_timestamp_unit(mut self, unit: TimeUnit) -> Self {
+        self.int96_unit = unit;
         self
     }
 
@@ -258,6 +271,7 @@ impl ParquetDataset {
             prefetch: None,
             num_threads: None,
             dictionary_columns: Vec::new(),
+            int96_unit: TimeUnit::Nanosecond,
             coalesce_gap: None,
             use_page_index: true,
         }
@@ -413,6 +427,7 @@ impl DatasetInner {
         };
         check_map_keys_required(metadata.file_metadata().schema(), &path)?;
         let hinted = apply_dictionary_hints(&file_schema, &self.options.dictionary_columns, &path)?;
+        let hinted = apply_int96_unit(&hinted, &metadata, self.options.int96_unit);
         let reader_meta = ArrowReaderMetadata::try_new(
             metadata.clone(),
             ArrowReaderOptions::new().with_schema(hinted.clone()),
@@ -672,31 +687,70 @@ async fn read_footer(
         .await;
     let metadata = match first_try {
         Ok(m) => m,
-        // Some writers emit optional statistics structures that the decoder rejects (e.g.
-        // parquet-testing's dict-page-offset-zero.parquet). Statistics only serve pruning,
-        // so read the footer again without them rather than refuse a readable file.
-        Err(first_err) => ParquetMetaDataReader::new()
-            .with_page_index_policy(PageIndexPolicy::Skip)
-            .with_metadata_options(Some(
-                ParquetMetaDataOptions::new()
-                    .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
-                    .with_encoding_stats_policy(ParquetStatisticsPolicy::SkipAll)
-                    .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll),
-            ))
-            .load_and_finish(fetch, entry.size)
-            .await
-            .map_err(
-                |_| match ParquetError::from_decode(&path, None, first_err) {
+        Err(first_err) => match read_footer_leniently(&fetch, entry.size).await {
+            Some(m) => m,
+            None => {
+                return Err(match ParquetError::from_decode(&path, None, first_err) {
                     ParquetError::Corrupt { path, reason, .. } => ParquetError::Corrupt {
                         path,
                         row_group: None,
                         reason: format!("cannot read the footer: {reason}"),
                     },
                     other => other,
-                },
-            )?,
+                })
+            }
+        },
     };
+    let metadata = repair::repair_metadata(metadata).map_err(|reason| ParquetError::Corrupt {
+        path: path.clone(),
+        row_group: None,
+        reason,
+    })?;
+    let metadata = repair::measure_short_chunks(metadata, &fetch.reader, entry.size, &path).await?;
     Ok(Arc::new(metadata))
+}
+
+/// Second and third tries at a footer arrow-rs's decoder refused (no page index either
+/// way): without fields whose wire type contradicts the spec (see [`repair::compact`]), then
+/// without the optional statistics structures, which only serve pruning.
+async fn read_footer_leniently(fetch: &FooterFetch, file_size: u64) -> Option<ParquetMetaData> {
+    if let Some(footer) = footer_bytes(fetch, file_size).await {
+        if let Some(sanitized) = repair::compact::drop_mistyped_fields(&footer) {
+            if !sanitized.dropped.is_empty() {
+                if let Ok(m) = ParquetMetaDataReader::decode_metadata(&sanitized.footer) {
+                    return Some(m);
+                }
+            }
+        }
+    }
+    ParquetMetaDataReader::new()
+        .with_page_index_policy(PageIndexPolicy::Skip)
+        .with_metadata_options(Some(
+            ParquetMetaDataOptions::new()
+                .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
+                .with_encoding_stats_policy(ParquetStatisticsPolicy::SkipAll)
+                .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll),
+        ))
+        .load_and_finish(fetch.clone(), file_size)
+        .await
+        .ok()
+}
+
+/// The thrift-encoded `FileMetaData` of a file (from the fetched tail when it holds it).
+async fn footer_bytes(fetch: &FooterFetch, file_size: u64) -> Option<bytes::Bytes> {
+    let tail = &fetch.tail;
+    let len_bytes: [u8; 4] = tail
+        .get(tail.len().checked_sub(8)?..tail.len() - 4)?
+        .try_into()
+        .ok()?;
+    let footer_len = u64::from(u32::from_le_bytes(len_bytes));
+    let end = file_size.checked_sub(8)?;
+    let start = end.checked_sub(footer_len)?;
+    if start >= fetch.tail_start {
+        let from = (start - fetch.tail_start) as usize;
+        return Some(tail.slice(from..from + footer_len as usize));
+    }
+    fetch.reader.fetch(start..end).await.ok()
 }
 
 /// Serves metadata reads from an already fetched tail of the file.
@@ -758,6 +812,49 @@ fn apply_dictionary_hints(schema: &SchemaRef, columns: &[String], path: &str) ->
         fields,
         schema.metadata().clone(),
     )))
+}
+
+/// Read INT96 leaves (top level or inside structs) as timestamps of `unit`.
+fn apply_int96_unit(schema: &SchemaRef, metadata: &ParquetMetaData, unit: TimeUnit) -> SchemaRef {
+    let int96: Vec<Vec<String>> = metadata
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .filter(|c| c.physical_type() == parquet::basic::Type::INT96)
+        .map(|c| c.path().parts().to_vec())
+        .collect();
+    if unit == TimeUnit::Nanosecond || int96.is_empty() {
+        return schema.clone();
+    }
+    fn rewrite(
+        field: &Field,
+        path: &mut Vec<String>,
+        int96: &[Vec<String>],
+        unit: TimeUnit,
+    ) -> Field {
+        path.push(field.name().clone());
+        let data_type = match field.data_type() {
+            DataType::Timestamp(TimeUnit::Nanosecond, tz) if int96.contains(path) => {
+                DataType::Timestamp(unit, tz.clone())
+            }
+            DataType::Struct(children) => DataType::Struct(
+                children
+                    .iter()
+                    .map(|c| Arc::new(rewrite(c, path, int96, unit)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        };
+        path.pop();
+        field.clone().with_data_type(data_type)
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| rewrite(f, &mut Vec::new(), &int96, unit))
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
 /// Map keys must be required (Parquet spec; pyarrow refuses such files too): a nullable key

@@ -164,6 +164,22 @@ pub(crate) async fn resolve(source: &DatasetSource, metrics: &IoMetrics) -> Resu
     Ok(files)
 }
 
+/// `path` without `.` components, each `..` removing the component before it.
+fn lexically_normal(path: &std::path::Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut out = std::path::PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// Find (or build) the store for one user-given location; returns it with the path inside
 /// it as a plain '/'-separated string (still possibly containing glob characters).
 fn store_for(
@@ -173,8 +189,11 @@ fn store_for(
 ) -> Result<(StoreRoot, String)> {
     let bad = |reason: String| ParquetError::InvalidArgument(format!("{uri}: {reason}"));
     if !uri.contains("://") {
-        // A plain local path: make it absolute without requiring it to exist yet (globs).
+        // A plain local path: make it absolute without requiring it to exist yet (globs), and
+        // resolve `.` and `..` as Python's os.path.abspath does (object store paths have no
+        // such components).
         let abs = std::path::absolute(uri).map_err(|e| bad(format!("bad local path: {e}")))?;
+        let abs = lexically_normal(&abs);
         let text = abs
             .to_str()
             .ok_or_else(|| bad("local path is not valid UTF-8".into()))?;
