@@ -37,6 +37,13 @@ class CheckpointFilter:
 
     No false negatives; an id never inserted is reported present with probability at most
     ``len(self) / 2**100`` per lookup (the index keeps 100-bit fingerprints, not the ids).
+
+    id_type: the Arrow type of the ids (``pa.string()``, ``"int64"``, ...): strings and binary
+        share one family, integers another.
+    num_shards: hash shards (a power of two, default 16); a checkpoint written from this
+        index keeps ``shard=<k>/`` directories of it.
+    id_column: the column that holds the ids in batches and in written files.
+    num_threads: threads for bulk probes and loads (default: the number of cores).
     """
 
     __slots__ = ("_inner",)
@@ -72,6 +79,9 @@ class CheckpointFilter:
         id column, such as the flat directory Ray Data writes: only that column is read.
         ``num_shards`` defaults to the manifest's (else 16). ``shards`` loads only those shards
         (a worker owning part of the id space); probing another shard's id then raises.
+        ``storage_options`` are object_store options for ``s3://`` and other URIs (as in
+        :func:`forebay.read_parquet`); ``num_threads`` bounds the loading threads (default:
+        the number of cores).
         """
         obj = cls.__new__(cls)
         obj._inner = _forebay.RsCheckpointIndex.load(
@@ -92,8 +102,9 @@ class CheckpointFilter:
         return sum(self._inner.insert(chunk) for chunk in _arrays(ids))
 
     def contains(self, ids: Any) -> pa.BooleanArray | pa.ChunkedArray:
-        """True for each id already in the index (False for nulls). A ChunkedArray gives a
-        ChunkedArray; anything else a BooleanArray."""
+        """True for each of ``ids`` already in the index (False for nulls). ``ids`` is a
+        pyarrow Array, ChunkedArray (then the result is a ChunkedArray), numpy array or list;
+        the result is a BooleanArray of the same length."""
         if isinstance(ids, pa.ChunkedArray):
             return pa.chunked_array([self._inner.contains(c) for c in ids.chunks], type=pa.bool_())
         return self._inner.contains(_arrays(ids)[0])
@@ -138,11 +149,12 @@ class CheckpointFilter:
         each committed atomically (temp file, fsync, rename, directory fsync; a single PUT on
         object stores), plus the manifest on first write. A checkpoint is an append-only set of
         parts: loaded ids are not rewritten. Returns ``{"files": [...], "ids": n}``.
+        ``storage_options`` are object_store options for ``s3://`` and other URIs.
         """
         return self._inner.write(path, dict(storage_options) if storage_options else None)
 
     def shard_ids(self, ids: Any) -> pa.UInt32Array:
-        """The shard of each id (the on-disk ``shard=<k>`` it is written to)."""
+        """The shard of each of ``ids`` (the on-disk ``shard=<k>`` it is written to)."""
         return self._inner.shard_ids(_arrays(ids)[0])
 
     def __len__(self) -> int:

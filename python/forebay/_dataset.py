@@ -21,8 +21,8 @@ class Dataset:
     without copying.
     """
 
-    def __init__(self, inner: _forebay.RsDataset):
-        self._inner = inner
+    def __init__(self, _inner: _forebay.RsDataset):
+        self._inner = _inner
 
     @property
     def schema(self) -> pa.Schema:

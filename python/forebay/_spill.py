@@ -32,6 +32,12 @@ class SpillArea:
     ``sync`` is ``"none"`` (page cache only), ``"file"`` (fdatasync per spill file) or
     ``"object"`` (fdatasync per object). Files left by crashed processes in the directories
     are removed when the area opens. A spill file is deleted once all its objects are freed.
+
+    directories: where spill files go (one path or several, e.g. one per disk).
+    io_threads: threads writing and reading spill files.
+    queue_depth: rounds waiting for an I/O thread before ``spill`` blocks (backpressure).
+    choose_by_free_space: put each new file in the directory with the most free space
+        (default: round robin).
     """
 
     def __init__(
@@ -54,15 +60,18 @@ class SpillArea:
     ) -> list[RsSpillLocation]:
         """Spill a round of objects (each a list of bytes-like buffers) into one new file.
 
-        Returns one location per object; keep it to restore, call ``.free()`` to release."""
+        ``ids`` name the objects (default: their positions). Returns one location per object;
+        keep it to restore, call ``.free()`` to release."""
         return self._inner.spill(_round(objects, ids))
 
     def restore(self, location: RsSpillLocation) -> list[bytes]:
-        """The object's buffers as ``bytes`` (read with preadv, checksum verified)."""
+        """The buffers of the object at ``location`` as ``bytes`` (read with preadv, checksum
+        verified)."""
         return self._inner.restore(location)
 
     def restore_mapped(self, location: RsSpillLocation) -> list[Any]:
-        """The object's buffers as pyarrow UInt8Arrays over a read-only mapping (zero copy)."""
+        """The buffers of the object at ``location`` as pyarrow UInt8Arrays over a read-only
+        mapping (zero copy)."""
         return self._inner.restore_mapped(location)
 
     def stats(self) -> dict[str, int]:
@@ -78,6 +87,7 @@ class RemoteSpillTarget:
     a time; a failed upload is aborted. ``spill`` blocks while ``rounds_in_flight`` rounds
     are uploading. A round's remote object is deleted once all its locations are freed; the
     directories of dead processes of this host under ``uri`` are removed when a target opens.
+    ``storage_options`` are object_store options (as in :func:`forebay.read_parquet`).
     """
 
     def __init__(
@@ -104,15 +114,18 @@ class RemoteSpillTarget:
     ) -> list[RsRemoteSpillLocation]:
         """Upload a round of objects (each a list of bytes-like buffers) as one remote object.
 
-        Returns one location per object; keep it to restore, call ``.free()`` to release."""
+        ``ids`` name the objects (default: their positions). Returns one location per object;
+        keep it to restore, call ``.free()`` to release."""
         return self._inner.spill(_round(objects, ids))
 
     def restore(self, location: RsRemoteSpillLocation) -> list[bytes]:
-        """The object's buffers as ``bytes`` (one ranged GET, checksum verified)."""
+        """The buffers of the object at ``location`` as ``bytes`` (one ranged GET, checksum
+        verified)."""
         return self._inner.restore(location)
 
     def wait_for_deletes(self, timeout: float = 30.0) -> bool:
-        """Wait until the remote objects of freed rounds are deleted."""
+        """Wait up to ``timeout`` seconds until the remote objects of freed rounds are deleted;
+        returns whether they all were."""
         return self._inner.wait_for_deletes(float(timeout))
 
     def stats(self) -> dict[str, int]:

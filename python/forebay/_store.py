@@ -131,9 +131,9 @@ class ObjectWriter:
     release the view, then ``seal()``; or use it as a context manager, which seals on
     success (the ref is then ``writer.ref``) and aborts on error."""
 
-    def __init__(self, inner: _forebay.RsObjectWriter, store_path: str):
-        self._inner = inner
-        self._store_path = store_path
+    def __init__(self, _inner: _forebay.RsObjectWriter, _store_path: str):
+        self._inner = _inner
+        self._store_path = _store_path
 
     @property
     def size(self) -> int:
@@ -214,8 +214,9 @@ class ObjectStore:
 
     @classmethod
     def attach(cls, path: str) -> ObjectStore:
-        """Attach to a store another process of this user created. Refuses a store owned by
-        another user or open to others."""
+        """Attach to the store at ``path`` (its directory, ``ObjectRef.store_path``), created
+        by another process of this user. Refuses a store owned by another user or open to
+        others."""
         return cls(_inner=_forebay.RsObjectStore.attach(str(path)))
 
     @property
@@ -280,7 +281,8 @@ class ObjectStore:
         return ObjectWriter(self._store().create(int(size), _BYTES), self._path)
 
     def get(self, ref: ObjectRef) -> Any:
-        """The value, without copying; it keeps the object pinned in memory while it lives."""
+        """The value ``ref`` refers to, without copying; it keeps the object pinned in memory
+        while it lives (restored from disk first if it was spilled)."""
         _, meta, payload = self._store().get(_id_of(ref))
         kind = meta[:1]
         if isinstance(payload, _forebay.PinnedBuffer):
@@ -297,11 +299,12 @@ class ObjectStore:
         return pa.Table.from_batches(batches, schema=schema)
 
     def delete(self, ref: ObjectRef) -> bool:
-        """Delete; memory is freed once no view of the object is alive. Returns whether it
-        existed."""
+        """Delete the object ``ref`` refers to; memory is freed once no view of it is alive.
+        Returns whether it existed."""
         return self._store().delete(_id_of(ref))
 
     def contains(self, ref: ObjectRef) -> bool:
+        """Whether the object ``ref`` refers to is in the store (resident or spilled)."""
         return self._store().contains(_id_of(ref))
 
     __contains__ = contains
