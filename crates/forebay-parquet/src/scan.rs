@@ -316,6 +316,54 @@ impl ParquetDataset {
         }
     }
 
+    /// An upper estimate of the memory a scan holds internally, from the first file's footer:
+    /// the selected column chunks of `prefetch` row groups in flight, the decoded batches
+    /// waiting in each row group's channel (up to 2) and in the scan's output channel (2).
+    /// A caller that accounts for memory (the engine) reserves this for the scan as a whole.
+    pub fn scan_window_bytes(&self) -> u64 {
+        let opened = self.inner.opened.lock().expect("cache lock");
+        let Some(file) = opened.get(&0) else {
+            return 0;
+        };
+        let metadata = file.reader_meta.metadata();
+        let (mut compressed, mut uncompressed, mut rows, mut groups) = (0u64, 0u64, 0u64, 0u64);
+        for rg in metadata.row_groups() {
+            groups += 1;
+            rows += rg.num_rows().max(0) as u64;
+            for (leaf, column) in rg.columns().iter().enumerate() {
+                if file.projection.leaf_included(leaf) {
+                    compressed += column.compressed_size().max(0) as u64;
+                    uncompressed += column.uncompressed_size().max(0) as u64;
+                }
+            }
+        }
+        if groups == 0 || rows == 0 {
+            return 0;
+        }
+        let per_group = compressed / groups;
+        let batch_rows = (self.inner.options.batch_size as u64)
+            .min(rows / groups)
+            .max(1);
+        // Decoded Arrow data takes about the uncompressed Parquet size (plus offsets).
+        let per_batch = uncompressed / rows * batch_rows + uncompressed / rows.max(1);
+        let prefetch = self.inner.prefetch as u64;
+        prefetch * (per_group + 2 * per_batch) + 2 * per_batch
+    }
+
+    /// Rows a scan yields when that is known from footers alone (no filter); reads (and
+    /// caches, for the scan) every footer.
+    pub fn known_row_count(&self) -> Option<u64> {
+        if self.inner.options.filter.is_some() {
+            return None;
+        }
+        self.count_rows().ok()
+    }
+
+    /// Row groups decoded at once by a scan (bounds its memory with `prefetch`).
+    pub fn prefetch(&self) -> usize {
+        self.inner.prefetch
+    }
+
     /// Number of rows: from footers alone when there is no filter, otherwise by scanning
     /// only the filter's columns.
     pub fn count_rows(&self) -> Result<u64> {

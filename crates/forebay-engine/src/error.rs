@@ -1,0 +1,138 @@
+//! The engine's one error type. Every variant names the stage (and, where there is one, the
+//! batch or file) so that a failed run says where it failed and why.
+
+use std::fmt;
+
+/// Result alias used throughout `forebay-engine`.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// An error raised by a user's function, kept as the original value so that bindings can
+/// re-raise it unchanged (a Python exception with its traceback, for example).
+pub type UserError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Which batch a stage was working on: enough for a person to find the rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchLabel(pub String);
+
+impl fmt::Display for BatchLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Errors of a pipeline run.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Reading the input failed (the message names the file).
+    #[error("stage 'read_parquet': {0}")]
+    Source(#[from] forebay_parquet::ParquetError),
+
+    /// The user's function raised. `error` is the original error value.
+    #[error("stage '{stage}': the function failed on {batch}: {error}")]
+    UserFunction {
+        stage: String,
+        batch: BatchLabel,
+        error: UserError,
+    },
+
+    /// The user's function returned something that is not a usable batch (wrong type, a
+    /// batch missing a column the pipeline needs, ...).
+    #[error("stage '{stage}': {reason} (on {batch})")]
+    BadOutput {
+        stage: String,
+        batch: BatchLabel,
+        reason: String,
+    },
+
+    /// A worker process died while running a batch (and no retry was left).
+    #[error(
+        "stage '{stage}': worker process {pid} died while processing {batch} ({how}){retries}"
+    )]
+    WorkerDied {
+        stage: String,
+        batch: BatchLabel,
+        pid: u32,
+        how: String,
+        /// Empty, or a note on the retries that were made.
+        retries: String,
+    },
+
+    /// A worker process could not be started or spoke nonsense.
+    #[error("stage '{stage}': worker process: {reason}")]
+    Worker { stage: String, reason: String },
+
+    /// Writing output failed (the message names the file).
+    #[error("stage '{stage}': {path}: {reason}")]
+    Write {
+        stage: String,
+        path: String,
+        reason: String,
+    },
+
+    /// Something that must be held in memory cannot fit under the memory limit.
+    #[error(
+        "{what} needs {needed} bytes, more than the memory limit of {limit} bytes allows; {advice}"
+    )]
+    MemoryLimit {
+        what: String,
+        needed: u64,
+        limit: u64,
+        advice: String,
+    },
+
+    /// The object store that exchanges and holds batches failed.
+    #[error("stage '{stage}': object store: {source}")]
+    Store {
+        stage: String,
+        #[source]
+        source: Box<forebay_store::StoreError>,
+    },
+
+    /// The checkpoint filter failed.
+    #[error("stage '{stage}': {source}")]
+    Checkpoint {
+        stage: String,
+        #[source]
+        source: Box<forebay_checkpoint::CheckpointError>,
+    },
+
+    /// The run was cancelled (Ctrl-C, the consumer went away, or another stage failed).
+    #[error("the pipeline was cancelled")]
+    Cancelled,
+
+    /// A configuration value is not usable.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl EngineError {
+    /// The stage the error happened in, when there is one.
+    pub fn stage(&self) -> Option<&str> {
+        match self {
+            EngineError::Source(_) => Some("read_parquet"),
+            EngineError::UserFunction { stage, .. }
+            | EngineError::BadOutput { stage, .. }
+            | EngineError::WorkerDied { stage, .. }
+            | EngineError::Worker { stage, .. }
+            | EngineError::Write { stage, .. }
+            | EngineError::Store { stage, .. }
+            | EngineError::Checkpoint { stage, .. } => Some(stage),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn store(stage: &str, source: forebay_store::StoreError) -> Self {
+        EngineError::Store {
+            stage: stage.to_string(),
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn write(stage: &str, path: impl Into<String>, reason: impl fmt::Display) -> Self {
+        EngineError::Write {
+            stage: stage.to_string(),
+            path: path.into(),
+            reason: reason.to_string(),
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! # forebay-engine: memory-capped pipelines over forebay's components
+//!
+//! Owns pipelines: a source (a forebay-parquet scan, each batch with its provenance), map
+//! stages (a Rust function, Python on threads or in worker processes through bindings, the
+//! checkpoint filter), and a sink (an iterator handed to the caller, or a Parquet writer that
+//! publishes each file atomically), connected by queues bounded in batches and bytes, all
+//! under one memory pool with a hard cap. It does not own Python (the bindings implement
+//! [`MapFn`] for Python callables) or the file formats of the components.
+//!
+//! ```text
+//!             ┌──────────────────── MemoryPool (hard cap; every batch in flight reserved) ───────────────────┐
+//!  Parquet ──► source ──► queue ──► map stage ──► queue ──► … ──► sink
+//!  (scan)    (waits for    (bytes +   dispatcher      │             ├─ iter: re-chunk / shuffle ─► prefetch ─► caller
+//!             room: back-   batches)  (batch_size)    │             └─ write_parquet: workers ─► temp ─► rename (atomic)
+//!             pressure)               workers × N     │
+//!                                     ordered? ──► reorder buffer ──over budget──► forebay-store ──► forebay-spill
+//!                                     processes? ──► batches by object id through forebay-store
+//! ```
+//!
+//! * **Memory.** [`MemoryPool`] charges every batch by the distinct allocations it
+//!   references (a one-row slice of a 128 MB buffer costs 128 MB; batches sharing a buffer
+//!   are charged once). Queues, stages, buffers and the scan's prefetch window are holders;
+//!   their bytes add up to the pool's. Only the source waits for room, so backpressure starts
+//!   at the source and nothing downstream deadlocks.
+//! * **Order.** By default batches flow as they finish; with `preserve_order` a stage's
+//!   outputs are re-ordered in a bounded window, held batches beyond the window's byte budget
+//!   move into the run's object store (and on to disk when it is full).
+//! * **Failure.** The first error anywhere cancels the run; every thread stops within
+//!   ~50 ms; the caller gets that error, naming the stage and the batch (a user function's
+//!   error is kept as the original value).
+//! * **Worker processes** ([`process`]): batches travel through a forebay-store by object id;
+//!   a dead worker is detected by its socket and its batch retried or reported.
+//!
+//! ```no_run
+//! use forebay_engine::{IterOptions, MapStage, ParquetSink, Pipeline, Source};
+//! use forebay_parquet::{DatasetSource, ParquetDataset};
+//!
+//! let dataset = ParquetDataset::builder(DatasetSource::uris(["data/"]))
+//!     .with_columns(["id", "text"])
+//!     .build()?;
+//! let stats = Pipeline::new(Source::Parquet(dataset))
+//!     .with_memory_limit(1 << 30)
+//!     .map(MapStage::rust("identity", |batch| Ok(batch)).with_concurrency(2))
+//!     .write_parquet(ParquetSink::new("out/"))?;
+//! println!("{} rows in {} files", stats.rows, stats.files.len());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod batch;
+mod error;
+mod events;
+pub mod memory;
+mod pipeline;
+pub mod process;
+mod progress;
+mod queue;
+mod rechunk;
+mod reorder;
+mod resources;
+mod shuffle;
+mod source;
+mod stage;
+mod stats;
+mod writer;
+
+pub use batch::{EngineBatch, Origin};
+pub use error::{BatchLabel, EngineError, Result, UserError};
+pub use events::{EventSink, PipelineEvent};
+pub use memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, PoolSnapshot, Reservation};
+pub use pipeline::{
+    default_memory_limit, BatchStream, IterOptions, Pipeline, PipelineOptions, Poll, RunningWrite,
+};
+pub use source::{BatchIterator, Source};
+pub use stage::{MapFn, MapStage, MapWorker, StageFailure, WorkerContext};
+pub use stats::{RunStats, StageStats};
+pub use writer::{ParquetSink, WriteMode, WriteStats, WrittenFile, DEFAULT_ROWS_PER_FILE};

@@ -1,0 +1,658 @@
+//! One memory pool with a hard cap, and the reservations that every batch in flight holds.
+//!
+//! ```text
+//!   batch ──buffers──► [(allocation address, bytes), ...] ──► pool registry
+//!                                                              │ address seen before? holder += 1
+//!                                                              │ new? used += bytes (this
+//!                                                              │       reservation owns the charge)
+//!   Reservation (RAII) ◄─────────────────────────────────────────┘
+//!     ├─ move_to(consumer)   the batch changed hands (stage → queue → stage)
+//!     └─ drop                holder -= 1; the last holder frees the bytes
+//! ```
+//!
+//! A reservation is charged by the *distinct underlying allocations* its batch references,
+//! not by the rows it holds: a one-row slice of a 128 MB buffer costs 128 MB, and two batches
+//! sharing a buffer (slices of one batch, a dictionary shared by a row group's batches) are
+//! charged once. The charge of an allocation belongs to its first holder and moves to the
+//! next holder when that one lets go, so at every moment the bytes held by the consumers
+//! (stages, queues, buffers) add up exactly to the pool's `used`.
+//!
+//! Only the source waits for room ([`Admission::Wait`], with headroom for what the stages
+//! downstream will allocate); every other holder is charged at once ([`Admission::Now`]).
+//! Holders downstream of the source always make progress (the sink drains), so waiting at
+//! the source alone cannot deadlock, and the pool returns under its limit as they drain.
+//!
+//! Allocations Arrow does not own (buffers imported through the C data interface from
+//! pyarrow, mapped files) report no capacity; they are charged from the start of the
+//! allocation to the end of the furthest slice seen.
+//!
+//! A reservation keeps a handle on each buffer it is charged for, so an allocation cannot be
+//! freed (and its address reused by another batch) while it is on the books: the pool's
+//! charge is memory that is really alive.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use arrow::array::{ArrayData, RecordBatch};
+use arrow::buffer::Buffer;
+
+use crate::error::{EngineError, Result};
+
+/// A flag that stops a run: set once, seen by every waiting holder within ~50 ms.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+    /// `Err(Cancelled)` once cancelled.
+    pub fn check(&self) -> Result<()> {
+        if self.is_cancelled() {
+            Err(EngineError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// How a reservation is admitted.
+#[derive(Debug, Clone, Copy)]
+pub enum Admission<'a> {
+    /// Wait until `used + bytes + headroom <= limit`, or until no batch is held at all (so
+    /// that a batch larger than what the limit leaves still gets through alone). For the
+    /// source.
+    Wait {
+        headroom: usize,
+        cancel: &'a CancelToken,
+    },
+    /// Charge now, even over the limit (the source then waits until holders drain).
+    Now,
+}
+
+/// A pool with a hard cap on the bytes of the batches in flight. Cheap to clone.
+#[derive(Clone)]
+pub struct MemoryPool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    limit: usize,
+    state: Mutex<State>,
+    /// Signalled whenever bytes are freed.
+    room: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    used: usize,
+    /// Of `used`: plain bytes (fixed budgets such as the object store's arena), which a
+    /// waiting source cannot expect to be freed.
+    plain: usize,
+    peak: usize,
+    /// Allocation start address → its charge and holders.
+    allocations: HashMap<usize, Allocation>,
+    reservations: HashMap<u64, ReservationState>,
+    consumers: Vec<ConsumerState>,
+    next_reservation: u64,
+}
+
+struct Allocation {
+    bytes: usize,
+    /// Reservations referencing it; the first one owns (is charged for) its bytes.
+    holders: Vec<u64>,
+}
+
+struct ReservationState {
+    consumer: usize,
+    /// Bytes this reservation is charged for (allocations it owns + plain bytes).
+    owned: usize,
+    /// Plain bytes (not tied to an allocation), freed with the reservation.
+    plain: usize,
+    /// The allocations it references, kept alive while it is on the books.
+    allocations: Vec<(usize, Buffer)>,
+}
+
+struct ConsumerState {
+    name: String,
+    held: usize,
+    peak: usize,
+}
+
+/// What one consumer holds, in a [`PoolSnapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSnapshot {
+    pub name: String,
+    /// Bytes charged to this consumer now.
+    pub held: usize,
+    /// The most it ever held.
+    pub peak: usize,
+}
+
+/// A consistent view of the pool (taken under its lock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    pub limit: usize,
+    pub used: usize,
+    pub peak: usize,
+    pub consumers: Vec<ConsumerSnapshot>,
+}
+
+impl MemoryPool {
+    /// A pool that admits at most `limit` bytes (through [`Admission::Wait`]).
+    pub fn new(limit: usize) -> MemoryPool {
+        MemoryPool {
+            shared: Arc::new(Shared {
+                limit,
+                state: Mutex::new(State::default()),
+                room: Condvar::new(),
+            }),
+        }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.shared.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        self.shared.lock().used
+    }
+
+    /// The most bytes ever charged at once.
+    pub fn peak(&self) -> usize {
+        self.shared.lock().peak
+    }
+
+    /// Register a holder of batches (a stage, a queue, a buffer) under a display name.
+    pub fn consumer(&self, name: impl Into<String>) -> MemoryConsumer {
+        let mut state = self.shared.lock();
+        state.consumers.push(ConsumerState {
+            name: name.into(),
+            held: 0,
+            peak: 0,
+        });
+        MemoryConsumer {
+            pool: self.clone(),
+            index: state.consumers.len() - 1,
+        }
+    }
+
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let state = self.shared.lock();
+        PoolSnapshot {
+            limit: self.shared.limit,
+            used: state.used,
+            peak: state.peak,
+            consumers: state
+                .consumers
+                .iter()
+                .map(|c| ConsumerSnapshot {
+                    name: c.name.clone(),
+                    held: c.held,
+                    peak: c.peak,
+                })
+                .collect(),
+        }
+    }
+
+    /// Wake every waiter (after a cancellation, so that it notices at once).
+    pub fn wake_all(&self) {
+        self.shared.room.notify_all();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the counters half-updated in a way
+        // that matters more than the panic itself; keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A named holder of reservations. Cheap to clone.
+#[derive(Clone)]
+pub struct MemoryConsumer {
+    pool: MemoryPool,
+    index: usize,
+}
+
+impl MemoryConsumer {
+    pub fn pool(&self) -> &MemoryPool {
+        &self.pool
+    }
+
+    /// Reserve the allocations `batch` references.
+    pub fn reserve_batch(
+        &self,
+        batch: &RecordBatch,
+        admission: Admission<'_>,
+    ) -> Result<Reservation> {
+        self.reserve(batch_buffers(batch), 0, admission)
+    }
+
+    /// Reserve plain bytes (memory that is not an Arrow batch: a fixed budget, an arena).
+    pub fn reserve_bytes(&self, bytes: usize, admission: Admission<'_>) -> Result<Reservation> {
+        self.reserve(Vec::new(), bytes, admission)
+    }
+
+    fn reserve(
+        &self,
+        extents: Vec<Extent>,
+        plain: usize,
+        admission: Admission<'_>,
+    ) -> Result<Reservation> {
+        let shared = &self.pool.shared;
+        let mut state = shared.lock();
+        if let Admission::Wait { headroom, cancel } = admission {
+            loop {
+                cancel.check()?;
+                let new = new_bytes(&state, &extents) + plain;
+                let batches_held = state.used - state.plain;
+                if batches_held == 0 || state.used + new + headroom <= shared.limit {
+                    break;
+                }
+                state = shared
+                    .room
+                    .wait_timeout(state, Duration::from_millis(50))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        let id = state.next_reservation;
+        state.next_reservation += 1;
+        let mut owned = plain;
+        let mut keys = Vec::with_capacity(extents.len());
+        for Extent {
+            address,
+            bytes,
+            buffer,
+        } in extents
+        {
+            match state.allocations.get_mut(&address) {
+                Some(allocation) => {
+                    if allocation.holders.contains(&id) {
+                        continue; // the batch references this allocation twice
+                    }
+                    allocation.holders.push(id);
+                    keys.push((address, buffer));
+                    if bytes > allocation.bytes {
+                        // A longer slice of an allocation of unknown capacity: the owner is
+                        // charged for the extra extent.
+                        let extra = bytes - allocation.bytes;
+                        allocation.bytes = bytes;
+                        let owner = allocation.holders[0];
+                        charge(&mut state, owner, id, extra, &mut owned);
+                    }
+                }
+                None => {
+                    state.allocations.insert(
+                        address,
+                        Allocation {
+                            bytes,
+                            holders: vec![id],
+                        },
+                    );
+                    keys.push((address, buffer));
+                    owned += bytes;
+                }
+            }
+        }
+        state.used += owned;
+        state.plain += plain;
+        state.peak = state.peak.max(state.used);
+        let consumer = &mut state.consumers[self.index];
+        consumer.held += owned;
+        consumer.peak = consumer.peak.max(consumer.held);
+        state.reservations.insert(
+            id,
+            ReservationState {
+                consumer: self.index,
+                owned,
+                plain,
+                allocations: keys,
+            },
+        );
+        Ok(Reservation {
+            pool: self.pool.clone(),
+            id,
+        })
+    }
+}
+
+/// Charge `extra` bytes of a grown allocation to its owner (`owned` when the owner is the
+/// reservation being created, which is added to the books afterwards).
+fn charge(state: &mut State, owner: u64, creating: u64, extra: usize, owned: &mut usize) {
+    if owner == creating {
+        *owned += extra;
+        return;
+    }
+    state.used += extra;
+    state.peak = state.peak.max(state.used);
+    if let Some(r) = state.reservations.get_mut(&owner) {
+        r.owned += extra;
+        let consumer = r.consumer;
+        let c = &mut state.consumers[consumer];
+        c.held += extra;
+        c.peak = c.peak.max(c.held);
+    }
+}
+
+fn new_bytes(state: &State, extents: &[Extent]) -> usize {
+    extents
+        .iter()
+        .map(|e| match state.allocations.get(&e.address) {
+            Some(a) => e.bytes.saturating_sub(a.bytes),
+            None => e.bytes,
+        })
+        .sum()
+}
+
+/// The charge for one batch (or plain bytes) in the pool. Dropping it releases the charge
+/// (an allocation still referenced by another reservation passes to that one).
+pub struct Reservation {
+    pool: MemoryPool,
+    id: u64,
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("id", &self.id)
+            .field("owned", &self.owned())
+            .finish()
+    }
+}
+
+impl Reservation {
+    /// Bytes this reservation is charged for now (allocations it owns, plus plain bytes).
+    pub fn owned(&self) -> usize {
+        self.pool
+            .shared
+            .lock()
+            .reservations
+            .get(&self.id)
+            .map_or(0, |r| r.owned)
+    }
+
+    /// The batch changed hands: charge `consumer` from now on.
+    pub fn move_to(&self, consumer: &MemoryConsumer) {
+        let mut state = self.pool.shared.lock();
+        let Some(r) = state.reservations.get_mut(&self.id) else {
+            return;
+        };
+        let (from, owned) = (r.consumer, r.owned);
+        if from == consumer.index {
+            return;
+        }
+        r.consumer = consumer.index;
+        state.consumers[from].held -= owned;
+        let to = &mut state.consumers[consumer.index];
+        to.held += owned;
+        to.peak = to.peak.max(to.held);
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let shared = &self.pool.shared;
+        let mut state = shared.lock();
+        let Some(r) = state.reservations.remove(&self.id) else {
+            return;
+        };
+        let mut freed = r.plain;
+        state.consumers[r.consumer].held -= r.plain;
+        // The buffer handles are dropped after the lock (freeing memory outside it).
+        let mut handles = Vec::with_capacity(r.allocations.len());
+        for (address, buffer) in r.allocations {
+            handles.push(buffer);
+            let Some(allocation) = state.allocations.get_mut(&address) else {
+                continue;
+            };
+            let was_owner = allocation.holders.first() == Some(&self.id);
+            allocation.holders.retain(|h| *h != self.id);
+            if !was_owner {
+                continue;
+            }
+            let (bytes, heir) = (allocation.bytes, allocation.holders.first().copied());
+            state.consumers[r.consumer].held -= bytes;
+            match heir {
+                None => {
+                    state.allocations.remove(&address);
+                    freed += bytes;
+                }
+                Some(next) => {
+                    // The charge passes to the next holder.
+                    if let Some(heir) = state.reservations.get_mut(&next) {
+                        heir.owned += bytes;
+                        let consumer = heir.consumer;
+                        let c = &mut state.consumers[consumer];
+                        c.held += bytes;
+                        c.peak = c.peak.max(c.held);
+                    }
+                }
+            }
+        }
+        state.used -= freed;
+        state.plain -= r.plain;
+        drop(state);
+        drop(handles);
+        if freed > 0 {
+            shared.room.notify_all();
+        }
+    }
+}
+
+/// One allocation a batch references.
+struct Extent {
+    address: usize,
+    bytes: usize,
+    buffer: Buffer,
+}
+
+/// The distinct allocations a batch references, each with its largest extent.
+fn batch_buffers(batch: &RecordBatch) -> Vec<Extent> {
+    let mut out = Vec::new();
+    for column in batch.columns() {
+        collect_array(&column.to_data(), &mut out);
+    }
+    out.sort_unstable_by_key(|e| e.address);
+    // Keep the largest extent per address.
+    out.dedup_by(|later, earlier| {
+        if later.address == earlier.address {
+            earlier.bytes = earlier.bytes.max(later.bytes);
+            true
+        } else {
+            false
+        }
+    });
+    out
+}
+
+/// Bytes of the distinct allocations a batch references (what reserving it alone costs).
+pub fn batch_memory(batch: &RecordBatch) -> usize {
+    batch_buffers(batch).iter().map(|e| e.bytes).sum()
+}
+
+fn collect_array(data: &ArrayData, out: &mut Vec<Extent>) {
+    for buffer in data.buffers() {
+        push_buffer(buffer, out);
+    }
+    if let Some(nulls) = data.nulls() {
+        push_buffer(nulls.buffer(), out);
+    }
+    for child in data.child_data() {
+        collect_array(child, out);
+    }
+}
+
+fn push_buffer(buffer: &Buffer, out: &mut Vec<Extent>) {
+    let bytes = match buffer.capacity() {
+        0 => buffer.ptr_offset() + buffer.len(),
+        capacity => capacity,
+    };
+    if bytes > 0 {
+        out.push(Extent {
+            address: buffer.data_ptr().as_ptr() as usize,
+            bytes,
+            buffer: buffer.clone(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn batch(n: usize) -> RecordBatch {
+        let ints = Int64Array::from_iter_values(0..n as i64);
+        let strings = StringArray::from_iter_values((0..n).map(|i| format!("s{i}")));
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("i", DataType::Int64, false),
+                Field::new("s", DataType::Utf8, false),
+            ])),
+            vec![Arc::new(ints), Arc::new(strings)],
+        )
+        .unwrap()
+    }
+
+    fn held(pool: &MemoryPool) -> usize {
+        pool.snapshot().consumers.iter().map(|c| c.held).sum()
+    }
+
+    #[test]
+    fn a_slice_costs_its_whole_allocation_and_shared_buffers_count_once() {
+        let pool = MemoryPool::new(1 << 30);
+        let a = pool.consumer("a");
+        let b = pool.consumer("b");
+        let big = batch(100_000);
+        let whole = batch_memory(&big);
+        let one_row = big.slice(5, 1);
+        assert_eq!(
+            batch_memory(&one_row),
+            whole,
+            "a slice references whole allocations"
+        );
+
+        let r1 = a.reserve_batch(&one_row, Admission::Now).unwrap();
+        assert_eq!(pool.used(), whole);
+        let r2 = b
+            .reserve_batch(&big.slice(50_000, 10), Admission::Now)
+            .unwrap();
+        assert_eq!(pool.used(), whole, "the second holder adds nothing");
+        assert_eq!(held(&pool), pool.used());
+        assert_eq!((r1.owned(), r2.owned()), (whole, 0));
+
+        // The owner lets go: the charge passes to the other holder, the pool stays put.
+        drop(r1);
+        assert_eq!(pool.used(), whole);
+        assert_eq!(r2.owned(), whole);
+        let snap = pool.snapshot();
+        assert_eq!((snap.consumers[0].held, snap.consumers[1].held), (0, whole));
+        drop(r2);
+        assert_eq!(pool.used(), 0);
+        assert_eq!(pool.peak(), whole);
+    }
+
+    #[test]
+    fn moving_between_consumers_keeps_the_sum() {
+        let pool = MemoryPool::new(1 << 30);
+        let (q, s) = (pool.consumer("queue"), pool.consumer("stage"));
+        let b = batch(1000);
+        let r = q.reserve_batch(&b, Admission::Now).unwrap();
+        r.move_to(&s);
+        let snap = pool.snapshot();
+        assert_eq!(snap.consumers[0].held, 0);
+        assert_eq!(snap.consumers[1].held, batch_memory(&b));
+        assert_eq!(held(&pool), pool.used());
+        let plain = q.reserve_bytes(123, Admission::Now).unwrap();
+        assert_eq!(pool.used(), batch_memory(&b) + 123);
+        drop((r, plain));
+        assert_eq!((pool.used(), held(&pool)), (0, 0));
+    }
+
+    #[test]
+    fn the_source_waits_for_room_and_cancellation_wakes_it() {
+        let one = batch(10_000);
+        let size = batch_memory(&one);
+        let pool = MemoryPool::new(size * 2);
+        let c = pool.consumer("source");
+        let cancel = CancelToken::new();
+        let wait = Admission::Wait {
+            headroom: 0,
+            cancel: &cancel,
+        };
+        let r1 = c.reserve_batch(&batch(10_000), wait).unwrap();
+        let r2 = c.reserve_batch(&batch(10_000), wait).unwrap();
+        // Full: a third waits until one is released.
+        let pool2 = pool.clone();
+        let waiter = std::thread::spawn(move || {
+            let cancel = CancelToken::new();
+            let c = pool2.consumer("late");
+            c.reserve_batch(
+                &batch(10_000),
+                Admission::Wait {
+                    headroom: 0,
+                    cancel: &cancel,
+                },
+            )
+            .map(|r| r.owned())
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!waiter.is_finished());
+        drop(r1);
+        assert_eq!(waiter.join().unwrap().unwrap(), size);
+        // Cancelled while waiting.
+        let cancel2 = CancelToken::new();
+        let c2 = c.clone();
+        let cancel_in = cancel2.clone();
+        let blocked = std::thread::spawn(move || {
+            let extra = batch(10_000);
+            let _keep = c2.reserve_batch(&extra, Admission::Now).unwrap();
+            c2.reserve_batch(
+                &batch(10_000),
+                Admission::Wait {
+                    headroom: 0,
+                    cancel: &cancel_in,
+                },
+            )
+            .map(|_| ())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        cancel2.cancel();
+        assert!(matches!(
+            blocked.join().unwrap(),
+            Err(EngineError::Cancelled)
+        ));
+        drop(r2);
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_limit_passes_alone() {
+        let pool = MemoryPool::new(16);
+        let cancel = CancelToken::new();
+        let r = pool
+            .consumer("source")
+            .reserve_batch(
+                &batch(1000),
+                Admission::Wait {
+                    headroom: 0,
+                    cancel: &cancel,
+                },
+            )
+            .unwrap();
+        assert!(pool.used() > pool.limit());
+        drop(r);
+    }
+}

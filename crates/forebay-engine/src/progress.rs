@@ -1,0 +1,82 @@
+//! The progress bar of a long run: rows done, rows/s, bytes spilled, on stderr.
+//!
+//! Drawn by indicatif, which draws nothing when stderr is not a terminal; off entirely with
+//! `progress: false`. The total is known (a bar with an ETA) when the source can count its
+//! rows from footers; otherwise a spinner with counts.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// A running progress display; dropping it clears it.
+pub(crate) struct Progress {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Progress {
+    /// Start drawing `label`: rows from `rows_done`, spilled bytes from `spilled`, with
+    /// `total` rows computed on the drawing thread (footers may need reading).
+    pub(crate) fn start(
+        label: String,
+        rows_done: Arc<AtomicU64>,
+        spilled: Arc<dyn Fn() -> u64 + Send + Sync>,
+        total: Box<dyn FnOnce() -> Option<u64> + Send>,
+    ) -> Progress {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_in = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("forebay-progress".into())
+            .spawn(move || {
+                let target = ProgressDrawTarget::stderr_with_hz(4);
+                if target.is_hidden() {
+                    return; // not a terminal: draw nothing
+                }
+                let bar = ProgressBar::with_draw_target(None, target);
+                bar.set_style(spinner_style());
+                bar.set_prefix(label);
+                bar.enable_steady_tick(Duration::from_millis(250));
+                if let Some(n) = total() {
+                    bar.set_length(n);
+                    bar.set_style(bar_style());
+                }
+                while !stop_in.load(Ordering::Relaxed) {
+                    bar.set_position(rows_done.load(Ordering::Relaxed));
+                    let spilled = spilled();
+                    if spilled > 0 {
+                        bar.set_message(format!("spilled {}", indicatif::HumanBytes(spilled)));
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                bar.set_position(rows_done.load(Ordering::Relaxed));
+                bar.finish_and_clear();
+            })
+            .ok();
+        Progress { stop, thread }
+    }
+}
+
+fn bar_style() -> ProgressStyle {
+    ProgressStyle::with_template(
+        "{prefix} [{bar:30}] {human_pos}/{human_len} rows, {per_sec}, eta {eta} {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ")
+}
+
+fn spinner_style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix} {spinner} {human_pos} rows, {per_sec} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner())
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Re-chunking a stream of batches into batches of exactly `batch_size` rows (the last one
+//! may be smaller).
+//!
+//! ```text
+//!  in:  [ 100 rows ][ 250 rows              ][ 30 ]
+//!  out: [ 128: slice 0..100 + 28 of next (copy)][128: slice][ 94 + 30 (copy) ] ...
+//! ```
+//!
+//! A chunk that lies inside one input batch is a zero-copy slice (it shares, and is charged
+//! through, the input's allocations); only a chunk that spans input batches is concatenated.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+
+use crate::batch::{EngineBatch, Origin};
+use crate::error::{EngineError, Result};
+use crate::memory::{Admission, MemoryConsumer};
+
+pub(crate) struct Rechunker {
+    stage: String,
+    target: usize,
+    pending: VecDeque<EngineBatch>,
+    rows: usize,
+    holder: MemoryConsumer,
+    next_seq: u64,
+}
+
+impl Rechunker {
+    /// `holder` is charged for the rows waiting to complete a chunk.
+    pub(crate) fn new(stage: &str, target: usize, holder: MemoryConsumer) -> Rechunker {
+        Rechunker {
+            stage: stage.to_string(),
+            target: target.max(1),
+            pending: VecDeque::new(),
+            rows: 0,
+            holder,
+            next_seq: 0,
+        }
+    }
+
+    /// Add a batch; returns the chunks it completes.
+    pub(crate) fn push(&mut self, batch: EngineBatch) -> Result<Vec<EngineBatch>> {
+        if batch.batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        batch.move_to(&self.holder);
+        self.rows += batch.batch.num_rows();
+        self.pending.push_back(batch);
+        let mut out = Vec::new();
+        while self.rows >= self.target {
+            out.push(self.take(self.target)?);
+        }
+        Ok(out)
+    }
+
+    /// The rows left at the end of the input (fewer than `batch_size`), if any.
+    pub(crate) fn finish(&mut self) -> Result<Option<EngineBatch>> {
+        if self.rows == 0 {
+            return Ok(None);
+        }
+        self.take(self.rows).map(Some)
+    }
+
+    fn take(&mut self, n: usize) -> Result<EngineBatch> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let head = self
+            .pending
+            .front()
+            .expect("rows > 0 means a pending batch");
+        let head_rows = head.batch.num_rows();
+        if head_rows >= n {
+            // Inside one batch: a zero-copy slice.
+            let head = self.pending.pop_front().expect("checked");
+            self.rows -= n;
+            let (front, back) = split_origin(&head.origin, n);
+            let chunk = head.batch.slice(0, n);
+            if head_rows > n {
+                let rest = head.batch.slice(n, head_rows - n);
+                let reservation = self.holder.reserve_batch(&rest, Admission::Now)?;
+                self.pending.push_front(EngineBatch {
+                    batch: rest,
+                    seq: head.seq,
+                    origin: back.into(),
+                    reservation,
+                });
+            }
+            let reservation = self.holder.reserve_batch(&chunk, Admission::Now)?;
+            // `head` (and its reservation) goes now: the pieces hold the allocations.
+            drop(head);
+            return Ok(EngineBatch {
+                batch: chunk,
+                seq,
+                origin: front.into(),
+                reservation,
+            });
+        }
+        // Spans batches: gather slices, concatenate (one copy).
+        let mut parts: Vec<RecordBatch> = Vec::new();
+        let mut origin: Vec<Origin> = Vec::new();
+        let mut consumed = Vec::new();
+        let mut needed = n;
+        while needed > 0 {
+            let head = self.pending.pop_front().expect("rows counted");
+            let rows = head.batch.num_rows();
+            if rows <= needed {
+                needed -= rows;
+                parts.push(head.batch.clone());
+                origin.extend(head.origin.iter().cloned());
+                consumed.push(head);
+            } else {
+                let (front, back) = split_origin(&head.origin, needed);
+                parts.push(head.batch.slice(0, needed));
+                origin.extend(front);
+                let rest = head.batch.slice(needed, rows - needed);
+                let reservation = self.holder.reserve_batch(&rest, Admission::Now)?;
+                self.pending.push_front(EngineBatch {
+                    batch: rest,
+                    seq: head.seq,
+                    origin: back.into(),
+                    reservation,
+                });
+                consumed.push(head);
+                needed = 0;
+            }
+        }
+        self.rows -= n;
+        let schema = parts[0].schema();
+        let chunk = arrow::compute::concat_batches(&schema, &parts).map_err(|e| {
+            EngineError::BadOutput {
+                stage: self.stage.clone(),
+                batch: crate::batch::label(seq, &origin),
+                reason: format!(
+                    "batches with different schemas cannot be re-chunked into batch_size \
+                     {}: {e}",
+                    self.target
+                ),
+            }
+        })?;
+        let reservation = self.holder.reserve_batch(&chunk, Admission::Now)?;
+        drop(parts);
+        drop(consumed);
+        Ok(EngineBatch {
+            batch: chunk,
+            seq,
+            origin: Arc::from(origin),
+            reservation,
+        })
+    }
+}
+
+/// Split an origin list covering a batch's rows at row `at`: (rows before, rows from).
+pub(crate) fn split_origin(origin: &[Origin], at: usize) -> (Vec<Origin>, Vec<Origin>) {
+    let (mut front, mut back) = (Vec::new(), Vec::new());
+    let mut seen = 0;
+    for o in origin {
+        let len = o.rows.len();
+        if seen + len <= at {
+            front.push(o.clone());
+        } else if seen >= at {
+            back.push(o.clone());
+        } else {
+            let cut = o.rows.start + (at - seen);
+            front.push(Origin {
+                rows: o.rows.start..cut,
+                ..o.clone()
+            });
+            back.push(Origin {
+                rows: cut..o.rows.end,
+                ..o.clone()
+            });
+        }
+        seen += len;
+    }
+    (front, back)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{batch_memory, MemoryPool};
+    use arrow::array::{Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    fn input(pool: &MemoryPool, seq: u64, start: i64, n: usize) -> EngineBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![Arc::new(Int64Array::from_iter_values(
+                start..start + n as i64,
+            ))],
+        )
+        .unwrap();
+        let reservation = pool
+            .consumer("in")
+            .reserve_batch(&batch, Admission::Now)
+            .unwrap();
+        EngineBatch {
+            batch,
+            seq,
+            origin: vec![Origin {
+                provenance: None,
+                source_seq: seq,
+                rows: 0..n,
+            }]
+            .into(),
+            reservation,
+        }
+    }
+
+    fn values(b: &EngineBatch) -> Vec<i64> {
+        b.batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .values()
+            .to_vec()
+    }
+
+    #[test]
+    fn chunks_have_exact_sizes_and_keep_row_order() {
+        let pool = MemoryPool::new(1 << 30);
+        let mut r = Rechunker::new("s", 128, pool.consumer("stage"));
+        let mut out = Vec::new();
+        let mut start = 0;
+        for (seq, n) in [100usize, 250, 30, 1, 500].into_iter().enumerate() {
+            out.extend(r.push(input(&pool, seq as u64, start, n)).unwrap());
+            start += n as i64;
+        }
+        out.extend(r.finish().unwrap());
+        let sizes: Vec<usize> = out.iter().map(|b| b.batch.num_rows()).collect();
+        assert_eq!(sizes, vec![128, 128, 128, 128, 128, 128, 113]);
+        let all: Vec<i64> = out.iter().flat_map(values).collect();
+        assert_eq!(all, (0..start).collect::<Vec<_>>());
+        // Origins cover each chunk's rows exactly.
+        for b in &out {
+            let covered: usize = b.origin.iter().map(|o| o.rows.len()).sum();
+            assert_eq!(covered, b.batch.num_rows());
+        }
+        assert_eq!(out[0].origin.len(), 2, "first chunk spans input 0 and 1");
+        assert_eq!(out[0].origin[1].rows, 0..28);
+    }
+
+    #[test]
+    fn a_chunk_inside_one_batch_is_a_zero_copy_slice() {
+        let pool = MemoryPool::new(1 << 30);
+        let mut r = Rechunker::new("s", 100, pool.consumer("stage"));
+        let b = input(&pool, 0, 0, 1000);
+        let address = b.batch.column(0).to_data().buffers()[0].data_ptr();
+        let whole = batch_memory(&b.batch);
+        let out = r.push(b).unwrap();
+        assert_eq!(out.len(), 10);
+        for chunk in &out {
+            assert_eq!(
+                chunk.batch.column(0).to_data().buffers()[0].data_ptr(),
+                address
+            );
+        }
+        // Ten slices of one allocation are charged once.
+        assert_eq!(pool.used(), whole);
+        drop(out);
+        assert_eq!(pool.used(), 0);
+    }
+}

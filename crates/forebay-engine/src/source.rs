@@ -1,0 +1,153 @@
+//! Where a pipeline's batches come from: a forebay-parquet scan (with each batch's
+//! provenance), or any iterator of batches.
+//!
+//! ```text
+//!  ParquetDataset::scan ──► source thread ──reserve (waits for room: backpressure)──► queue
+//!     │ the scan's own prefetch window (column chunks, decoded batches in its channels)
+//!     └─ reserved for the whole run as plain bytes, estimated from the footer
+//! ```
+//!
+//! The source is the only holder that waits for room in the pool, leaving headroom for what
+//! the stages downstream allocate.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use forebay_parquet::ParquetDataset;
+
+use crate::batch::{EngineBatch, Origin};
+use crate::error::{BatchLabel, EngineError, Result, UserError};
+use crate::memory::{batch_memory, Admission};
+use crate::queue::BatchQueue;
+use crate::resources::RunResources;
+use crate::stats::StageCounters;
+
+/// Batches from a Rust iterator (for tests and embedders with their own data).
+pub type BatchIterator =
+    Box<dyn Iterator<Item = std::result::Result<RecordBatch, UserError>> + Send>;
+
+/// The input of a pipeline.
+pub enum Source {
+    /// A Parquet dataset, scanned in order (file, then row group).
+    Parquet(ParquetDataset),
+    /// Batches of one schema from an iterator.
+    Batches {
+        schema: SchemaRef,
+        batches: BatchIterator,
+    },
+}
+
+impl Source {
+    /// The schema of the source's batches.
+    pub fn schema(&self) -> SchemaRef {
+        match self {
+            Source::Parquet(d) => d.schema(),
+            Source::Batches { schema, .. } => schema.clone(),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Source::Parquet(_) => "read_parquet",
+            Source::Batches { .. } => "source",
+        }
+    }
+}
+
+/// Read the source into `output` until it ends, downstream stops, or the run is cancelled.
+/// `headroom`: bytes per batch in flight downstream (workers × a batch) kept free.
+pub(crate) fn run_source(
+    source: Source,
+    output: Arc<BatchQueue>,
+    resources: RunResources,
+    counters: Arc<StageCounters>,
+    downstream_workers: usize,
+) -> Result<()> {
+    let cancel = resources.cancel_token().clone();
+    let name = source.name();
+    let holder = resources.pool().consumer(name);
+    let admit = |batch: &RecordBatch| {
+        let headroom = downstream_workers * batch_memory(batch);
+        holder.reserve_batch(
+            batch,
+            Admission::Wait {
+                headroom,
+                cancel: &cancel,
+            },
+        )
+    };
+    match source {
+        Source::Parquet(dataset) => {
+            let window = dataset.scan_window_bytes() as usize;
+            let _window = resources
+                .pool()
+                .consumer(format!("{name} (scan prefetch window)"))
+                .reserve_bytes(window, Admission::Now)?;
+            let mut scan = dataset.scan();
+            let mut seq = 0u64;
+            while let Some(item) = scan.next_blocking() {
+                cancel.check()?;
+                let item = item?;
+                let rows = item.batch.num_rows();
+                let reservation = admit(&item.batch)?;
+                let batch = EngineBatch {
+                    batch: item.batch,
+                    seq,
+                    origin: Arc::from(vec![Origin {
+                        provenance: Some(item.provenance),
+                        source_seq: seq,
+                        rows: 0..rows,
+                    }]),
+                    reservation,
+                };
+                seq += 1;
+                counters.record_in(rows);
+                counters.record_out(rows);
+                if !output.push(batch, &cancel)? {
+                    break; // downstream has all it needs
+                }
+            }
+        }
+        Source::Batches { schema, batches } => {
+            for (seq, item) in batches.enumerate() {
+                cancel.check()?;
+                let seq = seq as u64;
+                let batch = item.map_err(|error| EngineError::UserFunction {
+                    stage: name.to_string(),
+                    batch: BatchLabel(format!("source batch {seq}")),
+                    error,
+                })?;
+                if batch.schema() != schema {
+                    return Err(EngineError::BadOutput {
+                        stage: name.to_string(),
+                        batch: BatchLabel(format!("source batch {seq}")),
+                        reason: format!(
+                            "schema {:?} differs from the source's {:?}",
+                            batch.schema(),
+                            schema
+                        ),
+                    });
+                }
+                let rows = batch.num_rows();
+                let reservation = admit(&batch)?;
+                counters.record_in(rows);
+                counters.record_out(rows);
+                let batch = EngineBatch {
+                    batch,
+                    seq,
+                    origin: Arc::from(vec![Origin {
+                        provenance: None,
+                        source_seq: seq,
+                        rows: 0..rows,
+                    }]),
+                    reservation,
+                };
+                if !output.push(batch, &cancel)? {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}

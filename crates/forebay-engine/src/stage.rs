@@ -1,0 +1,513 @@
+//! Map stages: a function applied to every batch by `concurrency` workers.
+//!
+//! ```text
+//!  input queue ──► dispatcher ──(re-chunk to batch_size)──► task 0, 1, 2 ...
+//!                      │ (preserve_order: no task more than `window` ahead of the next to emit)
+//!                      ▼
+//!          worker 0 … worker N-1   each: its own MapWorker (a closure, a Python object on a
+//!                      │           thread, a worker process), call(batch) -> batches
+//!                      ▼
+//!          unordered: push as finished ─┐
+//!          ordered: ReorderBuffer ──────┴──► output queue
+//! ```
+//!
+//! A worker is charged for the batch it works on; its outputs are reserved before its input
+//! is released, so the pool never undercounts a batch in hand.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use forebay_checkpoint::SharedCheckpointIndex;
+use forebay_store::ObjectStore;
+
+use crate::batch::EngineBatch;
+use crate::error::{BatchLabel, EngineError, Result, UserError};
+use crate::events::PipelineEvent;
+use crate::memory::{Admission, CancelToken, MemoryConsumer};
+use crate::queue::BatchQueue;
+use crate::rechunk::Rechunker;
+use crate::reorder::ReorderBuffer;
+use crate::resources::RunResources;
+use crate::stats::StageCounters;
+
+/// How a worker failed on a batch; the stage adds its name and the batch's label.
+#[derive(Debug)]
+pub enum StageFailure {
+    /// The user's function raised (the original error).
+    User(UserError),
+    /// The function returned something unusable.
+    BadOutput(String),
+    /// The worker process died on this batch.
+    WorkerDied {
+        pid: u32,
+        how: String,
+        retries: String,
+    },
+    /// Anything else (store, checkpoint, cancellation).
+    Engine(EngineError),
+}
+
+impl From<EngineError> for StageFailure {
+    fn from(e: EngineError) -> Self {
+        StageFailure::Engine(e)
+    }
+}
+
+impl StageFailure {
+    fn into_error(self, stage: &str, batch: BatchLabel) -> EngineError {
+        match self {
+            StageFailure::User(error) => EngineError::UserFunction {
+                stage: stage.to_string(),
+                batch,
+                error,
+            },
+            StageFailure::BadOutput(reason) => EngineError::BadOutput {
+                stage: stage.to_string(),
+                batch,
+                reason,
+            },
+            StageFailure::WorkerDied { pid, how, retries } => EngineError::WorkerDied {
+                stage: stage.to_string(),
+                batch,
+                pid,
+                how,
+                retries,
+            },
+            StageFailure::Engine(e) => e,
+        }
+    }
+}
+
+/// What a worker may use of its run.
+pub struct WorkerContext<'a> {
+    /// The stage's name.
+    pub stage: &'a str,
+    /// The worker's position among the stage's workers.
+    pub index: usize,
+    pub(crate) resources: &'a RunResources,
+}
+
+impl WorkerContext<'_> {
+    /// Set when the run stops; long calls should check it.
+    pub fn cancel_token(&self) -> &CancelToken {
+        self.resources.cancel_token()
+    }
+
+    /// The run's object store (created on first use, its capacity charged to the pool).
+    pub fn store(&self) -> Result<Arc<ObjectStore>> {
+        self.resources.store(self.stage)
+    }
+
+    /// Report an event (a worker started, died, ...).
+    pub fn emit(&self, event: PipelineEvent) {
+        self.resources.emit(event)
+    }
+}
+
+/// A function a stage applies to batches. `start_worker` is called once per worker, on the
+/// worker's own thread, before its first batch (construct per-worker state there: a model,
+/// a Python object, a process).
+pub trait MapFn: Send + Sync + 'static {
+    fn start_worker(
+        &self,
+        ctx: &WorkerContext<'_>,
+    ) -> std::result::Result<Box<dyn MapWorker>, StageFailure>;
+}
+
+/// One worker's state; `call` maps one batch to zero or more batches.
+pub trait MapWorker: Send {
+    fn call(
+        &mut self,
+        batch: RecordBatch,
+        ctx: &WorkerContext<'_>,
+    ) -> std::result::Result<Vec<RecordBatch>, StageFailure>;
+
+    /// The stage is done with this worker (stop a process, release a model).
+    fn close(&mut self) {}
+}
+
+/// A Rust closure as a [`MapFn`]; every worker shares it.
+struct RustFn<F>(Arc<F>);
+
+impl<F> MapFn for RustFn<F>
+where
+    F: Fn(RecordBatch) -> std::result::Result<RecordBatch, UserError> + Send + Sync + 'static,
+{
+    fn start_worker(
+        &self,
+        _: &WorkerContext<'_>,
+    ) -> std::result::Result<Box<dyn MapWorker>, StageFailure> {
+        Ok(Box::new(RustFn(self.0.clone())))
+    }
+}
+
+impl<F> MapWorker for RustFn<F>
+where
+    F: Fn(RecordBatch) -> std::result::Result<RecordBatch, UserError> + Send + Sync + 'static,
+{
+    fn call(
+        &mut self,
+        batch: RecordBatch,
+        _: &WorkerContext<'_>,
+    ) -> std::result::Result<Vec<RecordBatch>, StageFailure> {
+        (self.0)(batch).map(|b| vec![b]).map_err(StageFailure::User)
+    }
+}
+
+/// Drops rows whose id a checkpoint index holds (the resume filter).
+struct CheckpointFilterFn(SharedCheckpointIndex);
+
+impl MapFn for CheckpointFilterFn {
+    fn start_worker(
+        &self,
+        _: &WorkerContext<'_>,
+    ) -> std::result::Result<Box<dyn MapWorker>, StageFailure> {
+        Ok(Box::new(CheckpointFilterFn(self.0.clone())))
+    }
+}
+
+impl MapWorker for CheckpointFilterFn {
+    fn call(
+        &mut self,
+        batch: RecordBatch,
+        ctx: &WorkerContext<'_>,
+    ) -> std::result::Result<Vec<RecordBatch>, StageFailure> {
+        let index = self.0.read().map_err(|_| {
+            StageFailure::BadOutput("the checkpoint index was poisoned by an earlier panic".into())
+        })?;
+        let out = index
+            .filter_or_unchanged(&batch)
+            .map_err(|e| EngineError::Checkpoint {
+                stage: ctx.stage.to_string(),
+                source: Box::new(e),
+            })?;
+        Ok(vec![out.unwrap_or(batch)])
+    }
+}
+
+/// A map stage: a function, how many workers run it, and the batch size it sees.
+#[derive(Clone)]
+pub struct MapStage {
+    pub(crate) name: String,
+    pub(crate) function: Arc<dyn MapFn>,
+    pub(crate) concurrency: usize,
+    pub(crate) batch_size: Option<usize>,
+    pub(crate) required_columns: Vec<String>,
+}
+
+impl MapStage {
+    /// A stage named `name` (shown in errors, statistics and the progress bar).
+    pub fn new(name: impl Into<String>, function: impl MapFn) -> MapStage {
+        MapStage {
+            name: name.into(),
+            function: Arc::new(function),
+            concurrency: 1,
+            batch_size: None,
+            required_columns: Vec::new(),
+        }
+    }
+
+    /// A stage that applies a Rust closure to each batch.
+    pub fn rust<F>(name: impl Into<String>, f: F) -> MapStage
+    where
+        F: Fn(RecordBatch) -> std::result::Result<RecordBatch, UserError> + Send + Sync + 'static,
+    {
+        MapStage::new(name, RustFn(Arc::new(f)))
+    }
+
+    /// A stage that drops rows a checkpoint already holds (by its id column).
+    pub fn checkpoint_filter(index: SharedCheckpointIndex) -> MapStage {
+        MapStage::new("checkpoint_filter", CheckpointFilterFn(index))
+    }
+
+    /// Workers running the function at once (default 1).
+    pub fn with_concurrency(mut self, workers: usize) -> MapStage {
+        self.concurrency = workers.max(1);
+        self
+    }
+
+    /// Rows per call: input is re-chunked to exactly this many rows (the last call of the
+    /// run may get fewer). Default: batches as they arrive.
+    pub fn with_batch_size(mut self, rows: usize) -> MapStage {
+        self.batch_size = Some(rows);
+        self
+    }
+
+    /// Columns every output batch must have (an error names the stage otherwise).
+    pub fn with_required_columns<I, S>(mut self, columns: I) -> MapStage
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.required_columns = columns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The parts of a running stage its threads share.
+struct Running {
+    stage: MapStage,
+    input: Arc<BatchQueue>,
+    output: Arc<BatchQueue>,
+    resources: RunResources,
+    holder: MemoryConsumer,
+    counters: Arc<StageCounters>,
+    /// `Some` when order is preserved; the condvar wakes the dispatcher's window wait.
+    reorder: Option<(Mutex<ReorderBuffer>, Condvar)>,
+    out_seq: AtomicU64,
+    window: u64,
+}
+
+struct Task {
+    index: u64,
+    batch: EngineBatch,
+}
+
+/// Start a stage's threads: one dispatcher and `concurrency` workers.
+pub(crate) fn spawn_stage(
+    stage: MapStage,
+    input: Arc<BatchQueue>,
+    output: Arc<BatchQueue>,
+    resources: RunResources,
+    counters: Arc<StageCounters>,
+    preserve_order: bool,
+    reorder_budget: usize,
+) -> Vec<JoinHandle<()>> {
+    let holder = resources.pool().consumer(stage.name.clone());
+    let reorder = preserve_order.then(|| {
+        let held = resources
+            .pool()
+            .consumer(format!("{} (reorder buffer)", stage.name));
+        (
+            Mutex::new(ReorderBuffer::new(
+                &stage.name,
+                reorder_budget,
+                held,
+                resources.clone(),
+            )),
+            Condvar::new(),
+        )
+    });
+    let window = (stage.concurrency as u64 * 4).max(8);
+    let running = Arc::new(Running {
+        stage,
+        input,
+        output,
+        resources,
+        holder,
+        counters,
+        reorder,
+        out_seq: AtomicU64::new(0),
+        window,
+    });
+    let (task_tx, task_rx) = crossbeam_channel::bounded::<Task>(0);
+    let mut threads = Vec::new();
+    let r = running.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name(format!("forebay-{}-dispatch", r.stage.name))
+            .spawn(move || {
+                if let Err(e) = dispatch(&r, task_tx) {
+                    r.resources.fail(e);
+                }
+            })
+            .expect("cannot start a thread"),
+    );
+    for index in 0..running.stage.concurrency {
+        let r = running.clone();
+        let rx = task_rx.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("forebay-{}-{index}", r.stage.name))
+                .spawn(move || {
+                    if let Err(e) = work(&r, index, rx) {
+                        r.resources.fail(e);
+                    }
+                    r.output.sender_done();
+                })
+                .expect("cannot start a thread"),
+        );
+    }
+    threads
+}
+
+fn dispatch(r: &Running, tasks: crossbeam_channel::Sender<Task>) -> Result<()> {
+    let cancel = r.resources.cancel_token();
+    let mut rechunker = r
+        .stage
+        .batch_size
+        .map(|n| Rechunker::new(&r.stage.name, n, r.holder.clone()));
+    let mut next_index = 0u64;
+    let send = |index: &mut u64, batch: EngineBatch| -> Result<bool> {
+        if let Some((reorder, turned)) = &r.reorder {
+            let mut state = reorder.lock().unwrap_or_else(|p| p.into_inner());
+            while *index >= state.next_index() + r.window {
+                cancel.check()?;
+                state = turned
+                    .wait_timeout(state, Duration::from_millis(50))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        batch.move_to(&r.holder);
+        let mut task = Task {
+            index: *index,
+            batch,
+        };
+        loop {
+            cancel.check()?;
+            match tasks.send_timeout(task, Duration::from_millis(50)) {
+                Ok(()) => break,
+                Err(crossbeam_channel::SendTimeoutError::Timeout(t)) => task = t,
+                Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => return Ok(false),
+            }
+        }
+        *index += 1;
+        Ok(true)
+    };
+    while let Some(batch) = r.input.pop(cancel)? {
+        r.counters.record_in(batch.batch.num_rows());
+        let chunks = match rechunker.as_mut() {
+            Some(rc) => rc.push(batch)?,
+            None => vec![batch],
+        };
+        for chunk in chunks {
+            if !send(&mut next_index, chunk)? {
+                r.input.close_receiver();
+                return Ok(());
+            }
+        }
+    }
+    if let Some(rest) = rechunker
+        .as_mut()
+        .map(|rc| rc.finish())
+        .transpose()?
+        .flatten()
+    {
+        send(&mut next_index, rest)?;
+    }
+    Ok(())
+}
+
+fn work(r: &Running, index: usize, tasks: crossbeam_channel::Receiver<Task>) -> Result<()> {
+    let cancel = r.resources.cancel_token();
+    let ctx = WorkerContext {
+        stage: &r.stage.name,
+        index,
+        resources: &r.resources,
+    };
+    let mut worker = r.stage.function.start_worker(&ctx).map_err(|f| {
+        f.into_error(
+            &r.stage.name,
+            BatchLabel(format!("worker {index} start-up (before its first batch)")),
+        )
+    })?;
+    let result = (|| -> Result<()> {
+        loop {
+            let task = match tasks.recv_timeout(Duration::from_millis(50)) {
+                Ok(task) => task,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    cancel.check()?;
+                    continue;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            cancel.check()?;
+            let label = task.batch.label();
+            let started = Instant::now();
+            let outputs = worker
+                .call(task.batch.batch.clone(), &ctx)
+                .map_err(|f| f.into_error(&r.stage.name, label.clone()))?;
+            r.counters.record_busy(started.elapsed());
+            let mut reserved = Vec::with_capacity(outputs.len());
+            for batch in outputs {
+                check_output(&r.stage, &batch, &label)?;
+                if batch.num_rows() == 0 {
+                    continue;
+                }
+                let reservation = r.holder.reserve_batch(&batch, Admission::Now)?;
+                reserved.push(EngineBatch {
+                    batch,
+                    seq: 0,
+                    origin: task.batch.origin.clone(),
+                    reservation,
+                });
+            }
+            drop(task.batch);
+            emit(r, task.index, reserved)?;
+        }
+    })();
+    worker.close();
+    result
+}
+
+fn check_output(stage: &MapStage, batch: &RecordBatch, label: &BatchLabel) -> Result<()> {
+    for column in &stage.required_columns {
+        if batch.schema().index_of(column).is_err() {
+            let names: Vec<String> = batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            return Err(EngineError::BadOutput {
+                stage: stage.name.clone(),
+                batch: label.clone(),
+                reason: format!(
+                    "the function's output has no column '{column}' (it has {names:?}); the \
+                     pipeline needs it after this stage, so the function must keep it"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Hand a task's outputs downstream (in task order when order is preserved).
+fn emit(r: &Running, index: u64, outputs: Vec<EngineBatch>) -> Result<()> {
+    let cancel = r.resources.cancel_token();
+    match &r.reorder {
+        None => {
+            for mut b in outputs {
+                b.seq = r.out_seq.fetch_add(1, Ordering::Relaxed);
+                r.counters.record_out(b.batch.num_rows());
+                if !r.output.push(b, cancel)? {
+                    r.input.close_receiver(); // downstream stopped (a limit): stop too
+                    return Ok(());
+                }
+            }
+        }
+        Some((reorder, turned)) => {
+            let mut state = reorder.lock().unwrap_or_else(|p| p.into_inner());
+            let before = state.spilled_bytes;
+            let ready = state.insert(index, outputs)?;
+            let spilled = state.spilled_bytes - before;
+            if spilled > 0 {
+                r.counters.record_spill(spilled);
+                r.resources.emit(PipelineEvent::Spilled {
+                    stage: r.stage.name.clone(),
+                    bytes: spilled,
+                });
+            }
+            // Pushed while holding the buffer, so that outputs leave in order.
+            for mut b in ready {
+                b.seq = r.out_seq.fetch_add(1, Ordering::Relaxed);
+                r.counters.record_out(b.batch.num_rows());
+                if !r.output.push(b, cancel)? {
+                    r.input.close_receiver();
+                    break;
+                }
+            }
+            drop(state);
+            turned.notify_all();
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! Per-stage counters of a run, and the statistics reported after it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Counters a stage updates while it runs.
+#[derive(Debug, Default)]
+pub(crate) struct StageCounters {
+    rows_in: AtomicU64,
+    rows_out: AtomicU64,
+    batches_in: AtomicU64,
+    batches_out: AtomicU64,
+    busy_nanos: AtomicU64,
+    spilled_bytes: AtomicU64,
+}
+
+impl StageCounters {
+    pub(crate) fn record_in(&self, rows: usize) {
+        self.rows_in.fetch_add(rows as u64, Ordering::Relaxed);
+        self.batches_in.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn record_out(&self, rows: usize) {
+        self.rows_out.fetch_add(rows as u64, Ordering::Relaxed);
+        self.batches_out.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn record_busy(&self, elapsed: Duration) {
+        self.busy_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn record_spill(&self, bytes: u64) {
+        self.spilled_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    pub(crate) fn spilled(&self) -> u64 {
+        self.spilled_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn snapshot(&self, name: &str, peak_bytes: u64, held_bytes: u64) -> StageStats {
+        StageStats {
+            name: name.to_string(),
+            rows_in: self.rows_in.load(Ordering::Relaxed),
+            rows_out: self.rows_out.load(Ordering::Relaxed),
+            batches_in: self.batches_in.load(Ordering::Relaxed),
+            batches_out: self.batches_out.load(Ordering::Relaxed),
+            busy: Duration::from_nanos(self.busy_nanos.load(Ordering::Relaxed)),
+            peak_bytes,
+            held_bytes,
+            spilled_bytes: self.spilled_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What one stage did in a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageStats {
+    pub name: String,
+    pub rows_in: u64,
+    pub rows_out: u64,
+    pub batches_in: u64,
+    pub batches_out: u64,
+    /// Time spent inside the stage's function, summed over its workers.
+    pub busy: Duration,
+    /// The most memory the stage (and its queues and buffers) held at once.
+    pub peak_bytes: u64,
+    /// Memory it holds now (0 after the run).
+    pub held_bytes: u64,
+    /// Bytes moved out of memory by the stage (reorder buffer, held batches).
+    pub spilled_bytes: u64,
+}
+
+/// What a run did, stage by stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunStats {
+    pub stages: Vec<StageStats>,
+    pub wall: Duration,
+    pub memory_limit: u64,
+    /// The most memory the pool held at once.
+    pub peak_bytes: u64,
+    /// Bytes the object store wrote to spill files.
+    pub store_spilled_bytes: u64,
+}

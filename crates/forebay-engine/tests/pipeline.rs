@@ -1,0 +1,510 @@
+//! Pipelines end to end: order, re-chunking, limits, errors, memory accounting, spilling of
+//! held batches, and the Parquet sink. Each test checks results against an independent
+//! reference (the rows it generated itself, a re-read of the files written).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use forebay_engine::{
+    EngineError, IterOptions, MapStage, ParquetSink, Pipeline, PipelineEvent, Source, UserError,
+    WriteMode,
+};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]))
+}
+
+fn batch_of(values: impl IntoIterator<Item = i64>) -> RecordBatch {
+    RecordBatch::try_new(
+        schema(),
+        vec![Arc::new(Int64Array::from_iter_values(values))],
+    )
+    .unwrap()
+}
+
+/// Batches of consecutive values with uneven sizes (deterministic).
+fn uneven_source(batches: usize) -> (Source, i64) {
+    let mut out = Vec::new();
+    let mut next = 0i64;
+    for i in 0..batches {
+        let n = 1 + (i * 7919 % 400) as i64;
+        out.push(batch_of(next..next + n));
+        next += n;
+    }
+    let iter = out.into_iter().map(Ok::<_, UserError>);
+    (
+        Source::Batches {
+            schema: schema(),
+            batches: Box::new(iter),
+        },
+        next,
+    )
+}
+
+fn values(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+fn collect(stream: forebay_engine::BatchStream) -> Vec<RecordBatch> {
+    stream.map(|b| b.unwrap()).collect()
+}
+
+/// A map that multiplies by `k`, sleeping a little on some batches to shuffle finish order.
+fn times(name: &str, k: i64) -> MapStage {
+    let calls = Arc::new(AtomicUsize::new(0));
+    MapStage::rust(name, move |b| {
+        let n = calls.fetch_add(1, Ordering::Relaxed);
+        if n.is_multiple_of(3) {
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        let x = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        Ok(batch_of(x.values().iter().map(|v| v * k)))
+    })
+}
+
+#[test]
+fn ordered_stages_with_batch_sizes_keep_every_row_in_order() {
+    let (source, n) = uneven_source(120);
+    let stream = Pipeline::new(source)
+        .with_preserve_order(true)
+        .map(times("double", 2).with_concurrency(3).with_batch_size(128))
+        .map(times("triple", 3).with_concurrency(2))
+        .iter(IterOptions {
+            batch_size: Some(100),
+            ..Default::default()
+        })
+        .unwrap();
+    let out = collect(stream);
+    assert_eq!(values(&out), (0..n).map(|v| v * 6).collect::<Vec<_>>());
+    let sizes: Vec<usize> = out.iter().map(|b| b.num_rows()).collect();
+    assert!(
+        sizes[..sizes.len() - 1].iter().all(|&s| s == 100),
+        "{sizes:?}"
+    );
+}
+
+#[test]
+fn unordered_runs_yield_every_row_exactly_once() {
+    let (source, n) = uneven_source(200);
+    let out = collect(
+        Pipeline::new(source)
+            .map(times("double", 2).with_concurrency(4).with_batch_size(50))
+            .iter(IterOptions::default())
+            .unwrap(),
+    );
+    let mut got = values(&out);
+    got.sort_unstable();
+    assert_eq!(got, (0..n).map(|v| v * 2).collect::<Vec<_>>());
+}
+
+#[test]
+fn drop_last_and_local_shuffle() {
+    let (source, n) = uneven_source(50);
+    let out = collect(
+        Pipeline::new(source)
+            .iter(IterOptions {
+                batch_size: Some(64),
+                drop_last: true,
+                ..Default::default()
+            })
+            .unwrap(),
+    );
+    assert!(out.iter().all(|b| b.num_rows() == 64));
+    assert_eq!(values(&out), (0..(n / 64) * 64).collect::<Vec<_>>());
+
+    let shuffled = |seed| {
+        let (source, _) = uneven_source(50);
+        values(&collect(
+            Pipeline::new(source)
+                .iter(IterOptions {
+                    batch_size: Some(64),
+                    local_shuffle: Some((1000, Some(seed))),
+                    ..Default::default()
+                })
+                .unwrap(),
+        ))
+    };
+    let a = shuffled(1);
+    assert_ne!(a, (0..n).collect::<Vec<_>>());
+    let mut sorted = a.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+    assert_eq!(a, shuffled(1));
+}
+
+#[test]
+fn a_failing_function_stops_the_run_and_names_stage_and_batch() {
+    let (source, _) = uneven_source(100);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let seen_in = seen.clone();
+    let stage = MapStage::rust("parse", move |b| {
+        if seen_in.fetch_add(1, Ordering::SeqCst) == 10 {
+            return Err("row 17 is not a number".into());
+        }
+        Ok(b)
+    })
+    .with_concurrency(2);
+    let mut stream = Pipeline::new(source)
+        .map(stage)
+        .iter(IterOptions::default())
+        .unwrap();
+    let err = loop {
+        match stream.next() {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => break e,
+            None => panic!("the run must fail"),
+        }
+    };
+    let text = err.to_string();
+    match &err {
+        EngineError::UserFunction { stage, error, .. } => {
+            assert_eq!(stage, "parse");
+            assert_eq!(error.to_string(), "row 17 is not a number");
+        }
+        other => panic!("wrong error {other:?}"),
+    }
+    assert!(
+        text.contains("stage 'parse'") && text.contains("batch"),
+        "{text}"
+    );
+    assert!(stream.next().is_none(), "the stream ends after the error");
+    // The run stopped: far from all 100 batches were processed.
+    assert!(seen.load(Ordering::SeqCst) < 60);
+}
+
+#[test]
+fn a_limit_stops_an_endless_source() {
+    let pulled = Arc::new(AtomicU64::new(0));
+    let p = pulled.clone();
+    let endless = (0i64..).map(move |i| {
+        p.fetch_add(1, Ordering::Relaxed);
+        Ok::<_, UserError>(batch_of(i * 100..(i + 1) * 100))
+    });
+    let out = collect(
+        Pipeline::new(Source::Batches {
+            schema: schema(),
+            batches: Box::new(endless),
+        })
+        .map(times("double", 2).with_concurrency(2))
+        .limit(1050)
+        .iter(IterOptions::default())
+        .unwrap(),
+    );
+    let mut got = values(&out);
+    assert_eq!(got.len(), 1050);
+    got.sort_unstable();
+    got.dedup();
+    assert_eq!(got.len(), 1050);
+    assert!(pulled.load(Ordering::Relaxed) < 100, "the source stopped");
+}
+
+#[test]
+fn memory_stays_under_the_limit_with_a_slow_consumer() {
+    // 300 batches of 1 MiB through a 2-worker stage, 12 MiB limit, consumer slower than all.
+    let big = |i: i64| batch_of((0..131_072).map(move |v| v + i));
+    let source = Source::Batches {
+        schema: schema(),
+        batches: Box::new((0..300).map(move |i| Ok::<_, UserError>(big(i)))),
+    };
+    let limit = 12 << 20;
+    let mut stream = Pipeline::new(source)
+        .with_memory_limit(limit)
+        .map(times("double", 2).with_concurrency(2))
+        .iter(IterOptions {
+            prefetch_batches: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut rows = 0;
+    let mut peak_used = 0;
+    while let Some(b) = stream.next() {
+        rows += b.unwrap().num_rows();
+        if let Some(m) = stream.memory() {
+            peak_used = peak_used.max(m.used);
+            let held: usize = m.consumers.iter().map(|c| c.held).sum();
+            assert_eq!(held, m.used, "holders add up to the pool");
+        }
+        std::thread::sleep(Duration::from_millis(4)); // slower than the source and the stage
+    }
+    assert_eq!(rows, 300 * 131_072);
+    let stats = stream.stats().unwrap();
+    assert!(
+        stats.peak_bytes as usize <= limit,
+        "peak {} > limit {limit}",
+        stats.peak_bytes
+    );
+    // The queues filled up behind the slow consumer (so the limit was what held it back).
+    assert!(
+        peak_used > limit / 3,
+        "the pipeline used its budget ({peak_used})"
+    );
+}
+
+#[test]
+fn held_batches_beyond_the_reorder_budget_go_to_the_store_and_come_back() {
+    // 120 batches of 2,000 rows (16 KiB); 16 tasks may run ahead of a slow head, more than
+    // the reorder budget (an eighth of the 1 MiB limit) holds.
+    let n = 120 * 2000;
+    let source = Source::Batches {
+        schema: schema(),
+        batches: Box::new(
+            (0..120i64).map(|i| Ok::<_, UserError>(batch_of(i * 2000..(i + 1) * 2000))),
+        ),
+    };
+    let slow_first = MapStage::rust("slow head", move |b| {
+        let x = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        if x.value(0) == 0 {
+            std::thread::sleep(Duration::from_millis(400)); // the head holds everything up
+        }
+        Ok(b)
+    })
+    .with_concurrency(4);
+    let spills = Arc::new(AtomicU64::new(0));
+    let spills_in = spills.clone();
+    let mut options = forebay_engine::PipelineOptions {
+        memory_limit: 1 << 20,
+        preserve_order: true,
+        ..Default::default()
+    };
+    options.events = Some(Arc::new(move |e: &PipelineEvent| {
+        if let PipelineEvent::Spilled { bytes, .. } = e {
+            spills_in.fetch_add(*bytes, Ordering::Relaxed);
+        }
+    }));
+    let mut stream = Pipeline::new(source)
+        .with_options(options)
+        .map(slow_first)
+        .iter(IterOptions::default())
+        .unwrap();
+    let mut out = Vec::new();
+    for b in stream.by_ref() {
+        out.push(b.unwrap());
+    }
+    assert_eq!(values(&out), (0..n).collect::<Vec<_>>(), "order restored");
+    let stats = stream.stats().unwrap();
+    let stage = stats.stages.iter().find(|s| s.name == "slow head").unwrap();
+    assert!(stage.spilled_bytes > 0, "{stats:?}");
+    assert_eq!(spills.load(Ordering::Relaxed), stage.spilled_bytes);
+}
+
+#[test]
+fn a_missing_required_column_names_the_stage() {
+    let (source, _) = uneven_source(5);
+    let rename = MapStage::rust("rename", |b: RecordBatch| {
+        let schema = Arc::new(Schema::new(vec![Field::new("y", DataType::Int64, false)]));
+        Ok(RecordBatch::try_new(schema, b.columns().to_vec())?)
+    })
+    .with_required_columns(["x"]);
+    let err = Pipeline::new(source)
+        .map(rename)
+        .iter(IterOptions::default())
+        .unwrap()
+        .find_map(|b| b.err())
+        .unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("stage 'rename'") && text.contains("no column 'x'"),
+        "{text}"
+    );
+}
+
+fn read_back(dir: &std::path::Path) -> Vec<i64> {
+    let ds = forebay_parquet::ParquetDataset::open([dir.display().to_string()]).unwrap();
+    let batches: Vec<RecordBatch> = ds.scan().map(|b| b.unwrap().batch).collect();
+    values(&batches)
+}
+
+#[test]
+fn write_parquet_publishes_whole_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let (source, n) = uneven_source(60);
+    let stats = Pipeline::new(source)
+        .map(times("double", 2).with_concurrency(2))
+        .write_parquet(
+            ParquetSink::new(out.display().to_string())
+                .with_rows_per_file(1000)
+                .with_compression("snappy")
+                .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(stats.rows, n as u64);
+    assert_eq!(stats.files.len(), (n as usize).div_ceil(1000));
+    assert!(stats.files.iter().all(|f| f.rows <= 1000 && f.bytes > 0));
+    let mut got = read_back(&out);
+    got.sort_unstable();
+    assert_eq!(got, (0..n).map(|v| v * 2).collect::<Vec<_>>());
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.ends_with(".parquet") && !n.starts_with('.')),
+        "{names:?}"
+    );
+
+    // mode="error" refuses a directory with data; "overwrite" replaces it.
+    let (source, _) = uneven_source(3);
+    let err = Pipeline::new(source)
+        .write_parquet(
+            ParquetSink::new(out.display().to_string()).with_mode(WriteMode::ErrorIfExists),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("use mode='append' or 'overwrite'"),
+        "{err}"
+    );
+    let (source, m) = uneven_source(3);
+    Pipeline::new(source)
+        .write_parquet(ParquetSink::new(out.display().to_string()).with_mode(WriteMode::Overwrite))
+        .unwrap();
+    assert_eq!(read_back(&out), (0..m).collect::<Vec<_>>());
+}
+
+#[test]
+fn an_unusable_output_path_fails_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let source = Source::Batches {
+        schema: schema(),
+        batches: Box::new((0..10).map(move |i| {
+            p.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, UserError>(batch_of(i..i + 1))
+        })),
+    };
+    let err = Pipeline::new(source)
+        .write_parquet(ParquetSink::new(file.join("out").display().to_string()))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("write_parquet") && text.contains("a-file"),
+        "{text}"
+    );
+    assert_eq!(pulled.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_failed_write_leaves_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let (source, _) = uneven_source(40);
+    let fail_late = Arc::new(AtomicUsize::new(0));
+    let f = fail_late.clone();
+    let stage = MapStage::rust("boom", move |b| {
+        if f.fetch_add(1, Ordering::SeqCst) == 30 {
+            return Err("boom".into());
+        }
+        Ok(b)
+    });
+    let err = Pipeline::new(source)
+        .map(stage)
+        .write_parquet(ParquetSink::new(out.display().to_string()).with_rows_per_file(2000))
+        .unwrap_err();
+    assert!(err.to_string().contains("boom"));
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().to_string();
+        assert!(!name.starts_with('.'), "temporary file left: {name}");
+    }
+    // Whatever was published is complete and readable.
+    let _ = read_back(&out);
+}
+
+/// Every batch the test creates is built on buffers it tracks; the pool must account for
+/// all of them while they live anywhere in the pipeline (no hidden buffers).
+mod hidden_buffers {
+    use super::*;
+    use arrow::buffer::{Buffer, ScalarBuffer};
+    use std::ptr::NonNull;
+
+    static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+    struct Tracked(Vec<i64>);
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            LIVE_BYTES.fetch_sub(self.0.len() * 8, Ordering::SeqCst);
+        }
+    }
+
+    fn tracked_batch(values: Vec<i64>) -> RecordBatch {
+        let len = values.len();
+        LIVE_BYTES.fetch_add(len * 8, Ordering::SeqCst);
+        let owner = Arc::new(Tracked(values));
+        let ptr = NonNull::new(owner.0.as_ptr() as *mut u8).unwrap();
+        // SAFETY (test): the Vec lives as long as `owner`, which the buffer holds.
+        let buffer = unsafe { Buffer::from_custom_allocation(ptr, len * 8, owner) };
+        batch_from(ScalarBuffer::new(buffer, 0, len))
+    }
+
+    fn batch_from(values: ScalarBuffer<i64>) -> RecordBatch {
+        RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::new(values, None))]).unwrap()
+    }
+
+    #[test]
+    fn the_pool_accounts_for_every_live_batch() {
+        const BATCH: usize = 16_384; // 128 KiB per batch
+        let source = Source::Batches {
+            schema: schema(),
+            batches: Box::new((0..400i64).map(|i| {
+                Ok::<_, UserError>(tracked_batch((0..BATCH as i64).map(|v| v + i).collect()))
+            })),
+        };
+        let map = MapStage::rust("add one", |b: RecordBatch| {
+            let x = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            Ok(tracked_batch(x.values().iter().map(|v| v + 1).collect()))
+        })
+        .with_concurrency(2);
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let mut stream = Pipeline::new(source)
+            .with_memory_limit(4 << 20)
+            .map(map)
+            .iter(IterOptions {
+                prefetch_batches: 4,
+                ..Default::default()
+            })
+            .unwrap();
+        let mut n = 0;
+        while let Some(b) = stream.next() {
+            let b = b.unwrap();
+            n += b.num_rows();
+            drop(b);
+            std::thread::sleep(Duration::from_millis(2)); // a slow consumer: queues fill
+            let live = LIVE_BYTES.load(Ordering::SeqCst);
+            let memory = stream.memory().unwrap();
+            let held: usize = memory.consumers.iter().map(|c| c.held).sum();
+            samples.lock().unwrap().push((live, memory.used, held));
+        }
+        assert_eq!(n, 400 * BATCH);
+        let samples = samples.lock().unwrap();
+        // Buffers in transit between two holders (being created by the source or a worker
+        // and not yet reserved): at most one per producing thread (source + 2 workers).
+        let in_transit = 3 * BATCH * 8;
+        for &(live, used, held) in samples.iter() {
+            assert_eq!(held, used, "the holders' bytes add up to the pool's");
+            assert!(
+                live <= used + in_transit,
+                "{live} bytes of batches alive, only {used} reserved: a hidden buffer"
+            );
+        }
+        // The queues really filled up (so a hidden queue would have shown).
+        let max_used = samples.iter().map(|s| s.1).max().unwrap();
+        assert!(max_used >= 8 * BATCH * 8, "max used {max_used}");
+    }
+}
