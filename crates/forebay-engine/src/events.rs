@@ -17,7 +17,6 @@ pub enum PipelineEvent {
         stage: String,
         pid: u32,
         how: String,
-        batch: String,
         retrying: bool,
     },
     /// Batches moved out of memory (into the object store, or on to disk).

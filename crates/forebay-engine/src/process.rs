@@ -321,16 +321,19 @@ impl MapWorker for PoolWorker {
                     return Err(StageFailure::Engine(EngineError::Cancelled));
                 }
                 Err(Received::TimedOut) => unreachable!("no deadline while running a task"),
-                Err(Received::Died(_)) | Err(Received::Io(_)) => {
+                Err(ended @ (Received::Died(_) | Received::Io(_))) => {
                     let mut dead = self.worker.take().expect("in use");
                     let pid = dead.pid;
-                    let how = describe_exit(dead.reap());
+                    let status = match ended {
+                        Received::Died(status) => status,
+                        _ => dead.reap(),
+                    };
+                    let how = describe_exit(status);
                     let retrying = attempts < self.pool.max_retries;
                     ctx.emit(PipelineEvent::WorkerDied {
                         stage: ctx.stage.to_string(),
                         pid,
                         how: how.clone(),
-                        batch: String::new(),
                         retrying,
                     });
                     if !retrying {
