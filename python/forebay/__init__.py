@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from . import _forebay
 from ._checkpoint import CheckpointFilter
+from ._config import configure
 from ._dataset import Dataset, read_parquet
 from ._forebay import (
     CheckpointError,
@@ -21,13 +22,17 @@ from ._forebay import (
     DatasetNotFoundError,
     ForebayError,
     InvalidFilterError,
+    MemoryLimitExceeded,
     ObjectNotFoundError,
     ParquetError,
     SchemaMismatchError,
     SpillError,
+    StageError,
     StorageError,
     StoreError,
     StoreFullError,
+    WorkerDiedError,
+    WriteError,
 )
 from ._spill import RemoteSpillTarget, SpillArea
 from ._store import ObjectRef, ObjectStore, ObjectWriter
@@ -43,6 +48,7 @@ __all__ = [
     "DatasetNotFoundError",
     "ForebayError",
     "InvalidFilterError",
+    "MemoryLimitExceeded",
     "ObjectNotFoundError",
     "ObjectRef",
     "ObjectStore",
@@ -52,8 +58,12 @@ __all__ = [
     "SchemaMismatchError",
     "SpillArea",
     "SpillError",
+    "StageError",
     "StorageError",
     "StoreError",
     "StoreFullError",
+    "WorkerDiedError",
+    "WriteError",
+    "configure",
     "read_parquet",
 ]

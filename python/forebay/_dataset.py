@@ -1,33 +1,328 @@
-"""``forebay.read_parquet`` and ``forebay.Dataset``: a lazy Parquet dataset read by Rust."""
+"""``forebay.read_parquet`` and ``forebay.Dataset``: a lazy dataset read by Rust, with a
+plan of steps (``map_batches``, ``limit``) that forebay-engine runs under one memory cap.
+
+    >>> ds = forebay.read_parquet("data/", columns=["id", "text"])
+    >>> out = ds.map_batches(Embed, batch_size=1000, compute="processes", concurrency=2)
+    >>> out.write_parquet("embeddings/")          # or: for batch in out.iter_batches(): ...
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from . import _forebay
+from . import _config, _forebay
 from ._filters import normalize_filter
+from ._udf import ITER_FORMATS, MAP_FORMATS, FunctionSpec, check_format, make_worker, to_format
+
+
+@dataclass(frozen=True)
+class _MapStep:
+    spec: FunctionSpec
+    compute: str
+    concurrency: int
+    batch_size: int | None
+    max_retries: int
+
+    def add_to(self, pipeline: _forebay.RsPipeline) -> None:
+        if self.compute == "threads":
+            spec = self.spec
+            pipeline.add_threads(
+                spec.stage, lambda: make_worker(spec), self.concurrency, self.batch_size, []
+            )
+        else:
+            from ._worker import encode_init
+
+            pipeline.add_processes(
+                self.spec.stage,
+                [sys.executable, "-m", "forebay._worker"],
+                encode_init(self.spec),
+                self.concurrency,
+                self.batch_size,
+                self.max_retries,
+                [],
+            )
+
+
+@dataclass(frozen=True)
+class _LimitStep:
+    rows: int
+
+    def add_to(self, pipeline: _forebay.RsPipeline) -> None:
+        pipeline.add_limit(self.rows)
+
+
+_Step = _MapStep | _LimitStep
 
 
 class Dataset:
-    """A lazy Parquet dataset. Nothing is decoded until you iterate.
+    """A lazy Parquet dataset and the steps to apply to it. Nothing runs until you consume
+    it (``iter_batches``, ``write_parquet``, ``to_arrow``, ``count``, ``take``, iteration).
 
-    Iterating yields ``pyarrow.RecordBatch`` objects in a deterministic order (file, then row
-    group). The object implements ``__arrow_c_stream__``, so ``pyarrow.table(ds)``,
-    ``polars.from_arrow(ds)`` and DuckDB (``duckdb.sql("select * from ds")``) consume it
-    without copying.
+    Iterating yields ``pyarrow.RecordBatch`` objects; without steps, in a deterministic order
+    (file, then row group). The object implements ``__arrow_c_stream__``, so
+    ``pyarrow.table(ds)``, ``polars.from_arrow(ds)`` and DuckDB
+    (``duckdb.sql("select * from ds")``) consume it without copying.
     """
 
-    def __init__(self, _inner: _forebay.RsDataset):
+    def __init__(self, _inner: _forebay.RsDataset, _steps: tuple[_Step, ...] = ()):
         self._inner = _inner
+        self._steps = _steps
+        self._last_stats: dict[str, Any] | None = None
+        self._schema: pa.Schema | None = None
+
+    def _with(self, step: _Step) -> Dataset:
+        return Dataset(self._inner, (*self._steps, step))
+
+    def _has_maps(self) -> bool:
+        return any(isinstance(s, _MapStep) for s in self._steps)
+
+    # ------------------------------------------------------------------ steps
+
+    def map_batches(
+        self,
+        fn: Callable[..., Any] | type,
+        *,
+        batch_size: int | None = None,
+        batch_format: str = "pyarrow",
+        compute: str = "threads",
+        concurrency: int | None = None,
+        fn_args: Sequence[Any] | None = None,
+        fn_kwargs: Mapping[str, Any] | None = None,
+        fn_constructor_args: Sequence[Any] | None = None,
+        fn_constructor_kwargs: Mapping[str, Any] | None = None,
+        max_retries: int = 0,
+    ) -> Dataset:
+        """Apply ``fn`` to every batch (Ray Data's names and meaning).
+
+        fn: a function ``fn(batch, *fn_args, **fn_kwargs) -> batch``, or a class: constructed
+            once per worker with ``fn_constructor_args`` / ``fn_constructor_kwargs`` (load a
+            model there), its instances then called like the function. A batch may be
+            returned as a ``pyarrow.Table`` or ``RecordBatch``, a dict of numpy arrays, a
+            ``pandas.DataFrame``, or a generator of them; with fewer, more or other rows and
+            columns than the input.
+        batch_size: rows per call; input is re-chunked across source batches (a zero-copy
+            slice when the rows lie in one batch, one copy when they span two). ``None``
+            (default): the source's batches as they come.
+        batch_format: what ``fn`` receives: ``"pyarrow"`` (a ``pyarrow.Table``, no copy),
+            ``"numpy"`` (dict of ndarrays; ``"default"`` is the same) or ``"pandas"``.
+        compute: ``"threads"`` (default): Python calls on forebay's threads (best when
+            ``fn`` releases the GIL: numpy, torch, I/O); ``"processes"``: worker processes
+            that receive and return batches through a shared-memory object store, never
+            pickled (best when ``fn`` holds the GIL). Functions and classes of your script
+            work in processes when ``cloudpickle`` is installed; without it your script must
+            guard its pipeline with ``if __name__ == "__main__":``.
+        concurrency: workers (threads or processes) calling ``fn`` at once; default
+            ``forebay.configure(num_threads=...)``, the number of cores.
+        fn_args, fn_kwargs: extra arguments of every call.
+        fn_constructor_args, fn_constructor_kwargs: arguments of the class's constructor.
+        max_retries: with ``compute="processes"``, times a batch is retried on a fresh
+            worker when its worker dies (SIGKILL, a crash in a C extension); 0: the run
+            fails with ``forebay.WorkerDiedError`` naming the batch.
+
+        An exception raised by ``fn`` stops the run and is re-raised by the consumer with
+        its original type and traceback (a note names the stage and the batch).
+        """
+        if not callable(fn):
+            raise TypeError(
+                f"map_batches: fn must be a function or a class, not {type(fn).__name__}"
+            )
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        fmt = check_format(batch_format, MAP_FORMATS)
+        if compute not in ("threads", "processes"):
+            raise ValueError(f"compute must be 'threads' or 'processes', not {compute!r}")
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if max_retries < 0:
+            raise ValueError("max_retries must be 0 or more")
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        spec = FunctionSpec(
+            fn=fn,
+            batch_format=fmt,
+            stage=f"map_batches({name})",
+            fn_args=tuple(fn_args or ()),
+            fn_kwargs=dict(fn_kwargs or {}),
+            fn_constructor_args=tuple(fn_constructor_args or ()),
+            fn_constructor_kwargs=dict(fn_constructor_kwargs or {}),
+        )
+        workers = concurrency or _config.settings()["num_threads"]
+        return self._with(_MapStep(spec, compute, workers, batch_size, max_retries))
+
+    def limit(self, n: int) -> Dataset:
+        """The first ``n`` rows (in the order steps produce them); reading stops once they
+        are through."""
+        if n < 0:
+            raise ValueError("limit must be 0 or more")
+        return self._with(_LimitStep(int(n)))
+
+    # ------------------------------------------------------------------ running
+
+    def _pipeline(self, preserve_order: bool) -> _forebay.RsPipeline:
+        settings = _config.settings()
+        pipeline = _forebay.RsPipeline(
+            self._inner,
+            settings["memory_limit"],
+            preserve_order,
+            settings["progress"],
+            settings["spill_dir"],
+        )
+        for step in self._steps:
+            step.add_to(pipeline)
+        return pipeline
+
+    def iter_batches(
+        self,
+        *,
+        batch_size: int | None = 256,
+        prefetch_batches: int = 4,
+        batch_format: str = "pyarrow",
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        preserve_order: bool = False,
+    ) -> Iterator[Any]:
+        """Run the pipeline and stream its output (for training loops and inference).
+
+        batch_size: rows per batch, re-chunked across batches (the last may be smaller);
+            ``None``: batches as produced.
+        prefetch_batches: batches prepared ahead of the consumer (default 4), counted in the
+            memory limit like everything else in flight.
+        batch_format: ``"pyarrow"`` (a ``pyarrow.Table`` over the data, no copy), ``"numpy"``
+            (dict of ndarrays, zero-copy for numeric columns without nulls), ``"pandas"``, or
+            ``"torch"`` (dict of tensors sharing memory with the batch; numeric columns;
+            needs PyTorch: ``pip install forebay[torch]``).
+        drop_last: drop the last batch if it has fewer than ``batch_size`` rows.
+        local_shuffle_buffer_size: shuffle rows within a buffer of at least this many rows
+            (as Ray: batches are drawn at random from the buffer); None: no shuffle.
+        local_shuffle_seed: seed of that shuffle, for a reproducible order.
+        preserve_order: keep the source's order through concurrent steps (a bounded reorder
+            buffer; held batches beyond its budget are spilled); default: yield whatever is
+            ready first.
+
+        Stopping early (``break``, an exception, Ctrl-C) stops the run within a second and
+        leaves no worker process behind.
+        """
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        if prefetch_batches < 1:
+            raise ValueError("prefetch_batches must be at least 1")
+        fmt = check_format(batch_format, ITER_FORMATS)
+        if fmt == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                raise ImportError(
+                    "iter_batches(batch_format='torch') needs PyTorch: pip install forebay[torch]"
+                ) from None
+        if local_shuffle_buffer_size is not None and local_shuffle_buffer_size < 1:
+            raise ValueError("local_shuffle_buffer_size must be at least 1")
+        stream = self._pipeline(preserve_order).iter(
+            batch_size,
+            prefetch_batches,
+            drop_last,
+            local_shuffle_buffer_size,
+            local_shuffle_seed,
+        )
+        return self._drive(stream, fmt)
+
+    def _drive(self, stream: _forebay.RsBatchStream, fmt: str | None) -> Iterator[Any]:
+        """Yield the stream's batches (converted to ``fmt``), logging its events; stops the
+        run if the consumer stops early or an exception (Ctrl-C) interrupts it."""
+        finished = False
+        try:
+            while True:
+                state, batch = stream.poll(0.1)
+                _config.log_events(stream.drain_events())
+                if state == 1:
+                    continue  # nothing yet; Ctrl-C is seen between polls
+                if state == 2:
+                    finished = True
+                    return
+                yield batch if fmt is None else to_format(batch, fmt)
+        finally:
+            if not finished:
+                stream.cancel()
+            _config.log_events(stream.drain_events())
+            self._last_stats = stream.stats()
+
+    def write_parquet(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        rows_per_file: int | None = None,
+        compression: str = "zstd",
+        mode: str = "append",
+        storage_options: Mapping[str, str] | None = None,
+        concurrency: int = 1,
+        preserve_order: bool = False,
+    ) -> dict[str, Any]:
+        """Run the pipeline into Parquet files under ``path`` (a directory or a URI such as
+        ``s3://bucket/out/``); returns ``{"rows", "files", "bytes", "seconds", "paths"}``.
+
+        rows_per_file: start a new file after this many rows (default 1,048,576).
+        compression: ``"zstd"`` (default), ``"snappy"``, ``"gzip"``, ``"lz4"``, ``"brotli"`` or
+            ``"none"``.
+        mode: ``"append"`` (default: new files beside existing ones), ``"overwrite"`` (delete
+            the directory's ``*.parquet`` first) or ``"error"`` (fail if it has any).
+        storage_options: object_store options for URIs (as in :func:`read_parquet`).
+        concurrency: files written at once (each writer its own files).
+        preserve_order: keep the source's order through concurrent steps.
+
+        Each file appears atomically: locally under a hidden temporary name, then renamed;
+        on object stores when its upload completes. An error or Ctrl-C leaves no partial file.
+        """
+        if rows_per_file is not None and rows_per_file < 1:
+            raise ValueError("rows_per_file must be at least 1")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        running = self._pipeline(preserve_order).write(
+            os.fspath(path),
+            {str(k): str(v) for k, v in storage_options.items()} if storage_options else None,
+            compression,
+            rows_per_file,
+            concurrency,
+            mode,
+        )
+        try:
+            while True:
+                result = running.wait(0.1)
+                _config.log_events(running.drain_events())
+                if result is not None:
+                    return result
+        except BaseException:
+            running.cancel()
+            raise
+        finally:
+            _config.log_events(running.drain_events())
+            self._last_stats = running.stats()
+
+    def stats(self) -> dict[str, Any] | None:
+        """What the last run of this dataset did: ``wall_s``, ``memory_limit``,
+        ``peak_bytes`` (the most memory in flight at once), ``store_spilled_bytes``, and per
+        stage (``stages``): ``rows_in``, ``rows_out``, ``batches_in``, ``batches_out``,
+        ``busy_s`` (time inside its function), ``peak_bytes``, ``spilled_bytes``. None before
+        the first run."""
+        return self._last_stats
+
+    # ------------------------------------------------------------------ reading
 
     @property
     def schema(self) -> pa.Schema:
-        """Schema of the batches (projection and dictionary columns applied)."""
-        return self._inner.schema()
+        """Schema of the output. Without ``map_batches`` steps, from the files' footers;
+        with them, the first output batch's (running the pipeline up to that batch)."""
+        if not self._has_maps():
+            return self._inner.schema()
+        if self._schema is None:
+            first = self.limit(1)
+            batches = list(first._drive(first._pipeline(False).iter(None, 1, False), None))
+            self._schema = batches[0].schema if batches else pa.schema([])
+        return self._schema
 
     @property
     def files(self) -> list[str]:
@@ -35,19 +330,21 @@ class Dataset:
         return self._inner.files()
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
-        return iter(self._inner.scan())
-
-    def iter_batches(self) -> Iterator[pa.RecordBatch]:
-        """Stream the batches (same as iterating the dataset)."""
-        return iter(self)
+        if not self._steps:
+            return iter(self._inner.scan())
+        return self._drive(self._pipeline(True).iter(None, 4, False), None)
 
     def iter_batches_with_provenance(self) -> Iterator[tuple[pa.RecordBatch, dict[str, Any]]]:
-        """Stream ``(batch, provenance)`` pairs.
+        """Stream ``(batch, provenance)`` pairs of the source (no steps may be applied).
 
         ``provenance`` has ``file``, ``file_index``, ``row_group``, ``row_group_first_row``,
         ``batch_index`` and ``first_row`` (index within the file of the batch's first row;
         ``None`` when a filter removed rows, since rows are then not consecutive).
         """
+        if self._steps:
+            raise ValueError(
+                "iter_batches_with_provenance reads the source; this dataset has steps"
+            )
         scan = self._inner.scan()
         while True:
             item = scan.next_with_provenance()
@@ -56,14 +353,31 @@ class Dataset:
             yield item
 
     def to_arrow(self) -> pa.Table:
-        """Read everything into a ``pyarrow.Table``."""
-        return pa.Table.from_batches(list(self), schema=self.schema)
+        """Run the pipeline and collect its output into a ``pyarrow.Table``."""
+        batches = list(self)
+        if batches:
+            return pa.Table.from_batches(batches)
+        return pa.Table.from_batches(
+            [], schema=self.schema if not self._has_maps() else pa.schema([])
+        )
 
     to_table = to_arrow
 
+    def count(self) -> int:
+        """Rows the pipeline outputs (from the files' footers when there are no steps and no
+        filter; otherwise by running it)."""
+        if not self._steps:
+            return self._inner.count_rows()
+        return sum(b.num_rows for b in self)
+
     def count_rows(self) -> int:
-        """Row count: from file footers alone when there is no filter."""
+        """Row count of the source: from file footers alone when there is no filter."""
         return self._inner.count_rows()
+
+    def take(self, n: int = 20) -> list[dict[str, Any]]:
+        """The first ``n`` output rows as dicts (as Ray's ``take``)."""
+        rows: list[dict[str, Any]] = self.limit(n).to_arrow().to_pylist()
+        return rows
 
     def metrics(self) -> dict[str, int]:
         """I/O and pruning counters accumulated over this dataset's scans.
@@ -76,11 +390,27 @@ class Dataset:
         return self._inner.metrics()
 
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
-        return self._inner.__arrow_c_stream__(requested_schema)
+        if not self._steps:
+            return self._inner.__arrow_c_stream__(requested_schema)
+        batches = iter(self)
+        first = next(batches, None)
+        schema = first.schema if first is not None else self.schema
+
+        def chained() -> Iterator[pa.RecordBatch]:
+            if first is not None:
+                yield first
+            yield from batches
+
+        reader = pa.RecordBatchReader.from_batches(schema, chained())
+        return reader.__arrow_c_stream__(requested_schema)
 
     def __repr__(self) -> str:
         files = self.files
-        return f"<forebay.Dataset {len(files)} file(s), schema: {', '.join(self.schema.names)}>"
+        steps = "".join(
+            f" -> {s.spec.stage}" if isinstance(s, _MapStep) else f" -> limit({s.rows})"
+            for s in self._steps
+        )
+        return f"<forebay.Dataset {len(files)} file(s){steps}>"
 
 
 def read_parquet(

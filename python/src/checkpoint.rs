@@ -19,7 +19,7 @@ use crate::errors::{checkpoint_err, detached_py, CheckpointError};
 /// A checkpoint index (the Rust half of `forebay.CheckpointFilter`). Probes share a read
 /// lock, so many Python threads can filter at once; inserts and writes take the write lock.
 #[pyclass(module = "forebay._forebay", frozen)]
-struct RsCheckpointIndex {
+pub(crate) struct RsCheckpointIndex {
     index: SharedCheckpointIndex,
 }
 
@@ -28,6 +28,11 @@ fn array_from_py(obj: &Bound<'_, PyAny>) -> PyResult<arrow::array::ArrayRef> {
 }
 
 impl RsCheckpointIndex {
+    /// The index itself, shared with the engine's checkpoint filter stage.
+    pub(crate) fn shared(&self) -> SharedCheckpointIndex {
+        self.index.clone()
+    }
+
     fn read(&self) -> PyResult<std::sync::RwLockReadGuard<'_, CheckpointIndex>> {
         self.index
             .read()

@@ -102,12 +102,41 @@ pub(crate) fn store_err(e: RsStoreError) -> PyErr {
     }
 }
 
+create_exception!(
+    _forebay,
+    StageError,
+    ForebayError,
+    "A pipeline stage failed: its function returned something unusable, its worker could not start, or the object store failed."
+);
+create_exception!(
+    _forebay,
+    WorkerDiedError,
+    StageError,
+    "A worker process died while running a batch (SIGKILL, a crash in native code), with no retry left."
+);
+create_exception!(
+    _forebay,
+    WriteError,
+    ForebayError,
+    "Writing output failed (an unusable path, a full disk, a failed upload); no partial file is left."
+);
+create_exception!(
+    _forebay,
+    MemoryLimitExceeded,
+    ForebayError,
+    "Something that must be held in memory does not fit under the memory limit."
+);
+
 pub(crate) fn spill_err(err: forebay_spill::SpillError) -> PyErr {
     SpillError::new_err(err.to_string())
 }
 
 pub(crate) fn checkpoint_err(err: RsCheckpointError) -> PyErr {
     CheckpointError::new_err(err.to_string())
+}
+
+pub(crate) fn checkpoint_err_message(message: String) -> PyErr {
+    CheckpointError::new_err(message)
 }
 
 pub(crate) fn to_py_err(err: RsParquetError) -> PyErr {
@@ -171,5 +200,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StoreError", py.get_type::<StoreError>())?;
     m.add("ObjectNotFoundError", py.get_type::<ObjectNotFoundError>())?;
     m.add("StoreFullError", py.get_type::<StoreFullError>())?;
+    m.add("StageError", py.get_type::<StageError>())?;
+    m.add("WorkerDiedError", py.get_type::<WorkerDiedError>())?;
+    m.add("WriteError", py.get_type::<WriteError>())?;
+    m.add("MemoryLimitExceeded", py.get_type::<MemoryLimitExceeded>())?;
     Ok(())
 }

@@ -11,9 +11,11 @@
 //! | `checkpoint` | `forebay.CheckpointFilter` |
 //! | `spill`, `remote_spill` | `forebay.SpillArea`, `forebay.RemoteSpillTarget` |
 //! | `store` | `forebay.ObjectStore` |
+//! | `engine` | running `forebay.Dataset` pipelines (`map_batches`, `iter_batches`, `write_parquet`) |
 
 mod checkpoint;
 mod dataset;
+mod engine;
 mod errors;
 mod remote_spill;
 mod spill;
@@ -56,6 +58,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     spill::register(m)?;
     remote_spill::register(m)?;
     store::register(m)?;
+    engine::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

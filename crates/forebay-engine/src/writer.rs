@@ -346,6 +346,7 @@ impl OutputTarget {
             writer,
             shown,
             rows: 0,
+            published: false,
         })
     }
 }
@@ -375,6 +376,8 @@ struct OpenFile {
     writer: FileWriter,
     shown: String,
     rows: u64,
+    /// Set once the file is under its final name; until then, dropping removes it.
+    published: bool,
 }
 
 impl OpenFile {
@@ -451,6 +454,7 @@ impl OpenFile {
                 .map_err(|e| EngineError::write(STAGE, &shown, e))?
             }
         };
+        self.published = true;
         Ok(WrittenFile {
             path: shown,
             rows: self.rows,
@@ -461,12 +465,14 @@ impl OpenFile {
 
 impl Drop for OpenFile {
     fn drop(&mut self) {
-        // Not published (an error or a cancellation): remove the partial file.
+        if self.published {
+            return;
+        }
+        // An error or a cancellation: remove the partial file / abort the upload.
         match &mut self.writer {
             FileWriter::Local { writer, temp, .. } => {
-                if writer.take().is_some() {
-                    let _ = fs::remove_file(&*temp);
-                }
+                drop(writer.take());
+                let _ = fs::remove_file(&*temp);
             }
             FileWriter::Remote { writer } => {
                 if let Some(w) = writer.take() {

@@ -1,0 +1,69 @@
+"""``forebay.configure``: defaults for every pipeline run in this process."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ._store import parse_size
+
+log = logging.getLogger("forebay")
+
+
+def _default_memory_limit() -> int:
+    """A quarter of the machine's memory (at least 256 MiB)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 << 30
+    return max(total // 4, 256 << 20)
+
+
+_config: dict[str, Any] = {
+    "memory_limit": _default_memory_limit(),
+    "num_threads": os.cpu_count() or 1,
+    "spill_dir": None,
+    "progress": True,
+}
+
+
+def configure(
+    *,
+    memory_limit: int | str | None = None,
+    num_threads: int | None = None,
+    spill_dir: str | os.PathLike[str] | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Set defaults for pipeline runs; returns the settings now in force.
+
+    memory_limit: hard cap on the memory of batches in flight in one run (bytes, or a size
+        such as ``"4GiB"``); default a quarter of the machine's memory. The source waits when
+        the cap is reached; batches a run must hold beyond it go to disk.
+    num_threads: default ``concurrency`` of ``map_batches(compute="threads")`` and of
+        ``compute="processes"``; default the number of cores.
+    spill_dir: where held batches are spilled (default: the system temp directory).
+    progress: draw a progress bar on stderr during long runs (only when stderr is a
+        terminal). Default True.
+    Arguments left as ``None`` keep their current value.
+    """
+    if memory_limit is not None:
+        _config["memory_limit"] = parse_size(memory_limit)
+    if num_threads is not None:
+        if num_threads < 1:
+            raise ValueError("num_threads must be at least 1")
+        _config["num_threads"] = int(num_threads)
+    if spill_dir is not None:
+        _config["spill_dir"] = os.fspath(spill_dir)
+    if progress is not None:
+        _config["progress"] = bool(progress)
+    return dict(_config)
+
+
+def settings() -> dict[str, Any]:
+    return dict(_config)
+
+
+def log_events(events: list[tuple[str, str]]) -> None:
+    for level, message in events:
+        getattr(log, level, log.info)(message)

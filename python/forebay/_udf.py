@@ -1,0 +1,180 @@
+"""Running a user's function on batches: the batch formats it receives, the outputs it may
+return, and the exceptions that come back from worker processes.
+
+Used on the engine's threads (``compute="threads"``) and inside worker processes
+(``compute="processes"``, see ``forebay._worker``): both build a runner with
+:func:`make_worker` and call it with one ``pyarrow.RecordBatch`` at a time.
+
+Formats a function receives (``batch_format``):
+
+* ``"pyarrow"``: a ``pyarrow.Table`` over the batch's buffers (no copy);
+* ``"numpy"``: ``{column: numpy.ndarray}``, zero-copy for numeric columns without nulls,
+  fixed-size lists as 2-D arrays;
+* ``"pandas"``: a ``pandas.DataFrame`` (pandas converts, which copies most columns).
+
+A function may return any of those, a ``pyarrow.RecordBatch``, or a generator of them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ._forebay import StageError
+
+MAP_FORMATS = ("pyarrow", "numpy", "pandas")
+ITER_FORMATS = ("pyarrow", "numpy", "pandas", "torch")
+
+
+@dataclass
+class FunctionSpec:
+    """Everything a worker needs to call the user's function (picklable)."""
+
+    fn: Any
+    batch_format: str
+    stage: str
+    fn_args: Sequence[Any] = ()
+    fn_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    fn_constructor_args: Sequence[Any] = ()
+    fn_constructor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def check_format(batch_format: str, allowed: Sequence[str]) -> str:
+    fmt = "numpy" if batch_format == "default" else batch_format
+    if fmt not in allowed:
+        raise ValueError(
+            f"batch_format must be one of {', '.join(repr(f) for f in allowed)}, "
+            f"not {batch_format!r}"
+        )
+    return fmt
+
+
+def make_worker(spec: FunctionSpec) -> Callable[[pa.RecordBatch], list[pa.RecordBatch]]:
+    """Build one worker's runner: construct the class (once per worker) if ``fn`` is a
+    class, and return ``run(batch) -> [RecordBatch, ...]``."""
+    fn = spec.fn
+    if isinstance(fn, type):
+        call = fn(*spec.fn_constructor_args, **dict(spec.fn_constructor_kwargs))
+        if not callable(call):
+            raise TypeError(f"{fn.__name__} instances must be callable (define __call__)")
+    else:
+        call = fn
+    args, kwargs = tuple(spec.fn_args), dict(spec.fn_kwargs)
+    fmt, stage = spec.batch_format, spec.stage
+
+    def run(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return normalize_output(call(to_format(batch, fmt), *args, **kwargs), stage)
+
+    return run
+
+
+def to_format(batch: pa.RecordBatch, fmt: str) -> Any:
+    """The batch as the function (or the caller of iter_batches) wants it."""
+    if fmt == "pyarrow":
+        return pa.Table.from_batches([batch])
+    if fmt == "numpy":
+        return {
+            name: column_to_numpy(col)
+            for name, col in zip(batch.schema.names, batch.columns, strict=True)
+        }
+    if fmt == "pandas":
+        return batch.to_pandas()
+    if fmt == "torch":
+        return to_torch(batch)
+    raise ValueError(f"unknown batch format {fmt!r}")
+
+
+def column_to_numpy(column: pa.Array) -> np.ndarray:
+    """Zero-copy where Arrow's layout is numpy's (numeric, no nulls); fixed-size lists of
+    numbers become 2-D (or deeper) arrays."""
+    if pa.types.is_fixed_size_list(column.type) and column.null_count == 0:
+        size = column.type.list_size
+        flat = column_to_numpy(column.flatten())
+        return flat.reshape((len(column), size, *flat.shape[1:]))
+    array: np.ndarray = column.to_numpy(zero_copy_only=False)
+    return array
+
+
+def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
+    """``{column: torch.Tensor}`` sharing memory with the batch (numeric columns only)."""
+    import warnings
+
+    import torch
+
+    out = {}
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        array = column_to_numpy(col)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(
+                f"iter_batches(batch_format='torch'): column {name!r} has type {col.type}, "
+                f"which has no tensor form; select numeric columns, or use batch_format='numpy'"
+            )
+        with warnings.catch_warnings():
+            # Arrow's buffers are read-only; the tensor shares them (do not write into it).
+            warnings.simplefilter("ignore", UserWarning)
+            out[name] = torch.from_numpy(array)
+    return out
+
+
+def _numpy_to_arrow(values: Any) -> pa.Array:
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values
+    array = np.asarray(values)
+    if array.ndim > 1:
+        inner = _numpy_to_arrow(np.ascontiguousarray(array).reshape((-1, *array.shape[2:])))
+        return pa.FixedSizeListArray.from_arrays(inner, array.shape[1])
+    return pa.array(array)
+
+
+def normalize_output(out: Any, stage: str) -> list[pa.RecordBatch]:
+    """A function's result as record batches; ``StageError`` for anything else."""
+    if isinstance(out, pa.RecordBatch):
+        return [out]
+    if isinstance(out, pa.Table):
+        return list(out.to_batches())
+    if isinstance(out, Mapping):
+        try:
+            columns = {str(k): _numpy_to_arrow(v) for k, v in out.items()}
+            return list(pa.Table.from_pydict(columns).to_batches())
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as e:
+            raise StageError(f"the function returned a dict that is not a batch: {e}") from None
+    if type(out).__name__ == "DataFrame" and hasattr(out, "to_numpy"):
+        return list(pa.Table.from_pandas(out, preserve_index=False).to_batches())
+    if isinstance(out, types.GeneratorType | Iterable) and not isinstance(out, str | bytes):
+        batches: list[pa.RecordBatch] = []
+        for item in out:
+            batches.extend(normalize_output(item, stage))
+        return batches
+    raise StageError(
+        f"the function returned {type(out).__name__}; return a "
+        f"pyarrow.Table or RecordBatch, a dict of numpy arrays, a pandas.DataFrame, or a "
+        f"generator of them"
+    )
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process."""
+
+    def __str__(self) -> str:
+        return "\n\n" + str(self.args[0]).rstrip()
+
+
+def remote_exception(text: str, payload: bytes, note: str) -> BaseException:
+    """The exception a worker process reported, rebuilt: its original type and message,
+    with the worker's traceback as its cause."""
+    exc: BaseException
+    try:
+        exc = pickle.loads(payload)
+        if not isinstance(exc, BaseException):
+            raise TypeError("not an exception")
+    except Exception:  # noqa: BLE001 - an unpicklable error still reaches the user as text
+        exc = StageError(text.strip().splitlines()[-1] if text.strip() else "worker error")
+    exc.__cause__ = RemoteTraceback(text)
+    exc.add_note(note)
+    return exc

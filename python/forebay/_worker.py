@@ -1,0 +1,157 @@
+"""A worker process of ``map_batches(..., compute="processes")``.
+
+Started by the engine as ``python -m forebay._worker`` with its socket on the file
+descriptor ``FOREBAY_WORKER_FD`` and the run's object store at ``FOREBAY_STORE``. It speaks
+the engine's protocol (``forebay-engine``'s ``process`` module): it receives the function
+once (INIT), then task after task: the input batch's object id, to which it answers with the
+ids of its output batches, put into the same store. Arrow data never crosses the socket.
+
+The function is shipped with cloudpickle when it is installed (so functions and classes
+defined in the user's script work, as in Ray); otherwise with pickle, and the worker imports
+the user's script as ``__mp_main__`` first, as ``multiprocessing`` does (the script must then
+guard its own pipeline with ``if __name__ == "__main__":``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+import traceback
+from typing import Any
+
+INIT, READY, INIT_FAILED, TASK, DONE, FAILED, SHUTDOWN = 1, 2, 3, 4, 5, 6, 7
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = sock.recv(n)
+        if not chunk:
+            return None  # the parent is gone
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _receive(sock: socket.socket) -> tuple[int, bytes] | None:
+    header = _read_exact(sock, 5)
+    if header is None:
+        return None
+    length, kind = struct.unpack("<IB", header)
+    payload = _read_exact(sock, length - 1) if length > 1 else b""
+    if payload is None:
+        return None
+    return kind, payload
+
+
+def _send(sock: socket.socket, kind: int, payload: bytes = b"") -> None:
+    sock.sendall(struct.pack("<IB", len(payload) + 1, kind) + payload)
+
+
+def _error_payload(exc: BaseException) -> bytes:
+    text = "".join(traceback.format_exception(exc)).encode()
+    try:
+        pickled = _dumps(exc)
+        pickle.loads(pickled)  # the parent must be able to load it
+    except Exception:  # noqa: BLE001 - an unpicklable exception travels as its text only
+        pickled = b""
+    return struct.pack("<I", len(text)) + text + pickled
+
+
+def _dumps(obj: Any) -> bytes:
+    """cloudpickle when available (functions of the user's script travel by value)."""
+    if _has_cloudpickle():
+        import cloudpickle
+
+        return bytes(cloudpickle.dumps(obj))
+    return pickle.dumps(obj)
+
+
+def encode_init(spec: Any) -> bytes:
+    """The INIT message for ``spec`` (called in the parent)."""
+    main = sys.modules.get("__main__")
+    envelope = {
+        "spec": _dumps(spec),
+        "sys_path": list(sys.path),
+        "main_path": getattr(main, "__file__", None),
+        "cloudpickle": _has_cloudpickle(),
+    }
+    return pickle.dumps(envelope)
+
+
+def _has_cloudpickle() -> bool:
+    if os.environ.get("FOREBAY_NO_CLOUDPICKLE"):
+        return False
+    try:
+        import cloudpickle  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+def _load_spec(payload: bytes) -> Any:
+    envelope = pickle.loads(payload)
+    for entry in envelope["sys_path"]:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    main_path = envelope["main_path"]
+    if not envelope["cloudpickle"] and main_path and os.path.exists(main_path):
+        # As multiprocessing's spawn: run the user's script as __mp_main__ so that pickled
+        # references to its functions resolve.
+        import runpy
+
+        module = runpy.run_path(main_path, run_name="__mp_main__")
+        main = type(sys)("__mp_main__")
+        main.__dict__.update(module)
+        sys.modules["__mp_main__"] = sys.modules["__main__"] = main
+    return pickle.loads(envelope["spec"])
+
+
+def main() -> None:
+    # Ctrl-C is the parent's to handle: it stops this worker itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(os.environ["FOREBAY_WORKER_FD"]))
+    from forebay._store import ObjectRef, ObjectStore
+    from forebay._udf import make_worker
+
+    store = ObjectStore.attach(os.environ["FOREBAY_STORE"])
+    first = _receive(sock)
+    if first is None:
+        return
+    try:
+        run = make_worker(_load_spec(first[1]))
+    except BaseException as exc:  # noqa: BLE001 - report any start-up failure to the parent
+        _send(sock, INIT_FAILED, _error_payload(exc))
+        return
+    _send(sock, READY)
+    while True:
+        message = _receive(sock)
+        if message is None or message[0] == SHUTDOWN:
+            return
+        kind, payload = message
+        if kind != TASK:
+            return  # not the protocol this worker speaks: leave, the parent reports it
+        task = payload[:8]
+        try:
+            (object_id,) = struct.unpack("<16s", payload[8:24])
+            ref = ObjectRef(int.from_bytes(object_id, "little"), store.path)
+            table = store.get(ref)
+            outputs = []
+            for batch in table.to_batches():
+                outputs.extend(run(batch))
+            del table
+            ids = [store.put(out)._id for out in outputs]
+            reply = task + struct.pack("<I", len(ids))
+            reply += b"".join(i.to_bytes(16, "little") for i in ids)
+            _send(sock, DONE, reply)
+        except BaseException as exc:  # noqa: BLE001 - the user's error goes to the parent
+            _send(sock, FAILED, task + _error_payload(exc))
+
+
+if __name__ == "__main__":
+    main()

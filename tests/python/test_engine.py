@@ -1,0 +1,630 @@
+"""forebay.Dataset pipelines: map_batches (threads and processes), iter_batches,
+write_parquet, the rest of the Dataset API, memory accounting and error paths. Results are
+checked against pyarrow reading the same files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import forebay
+
+ROWS = 20_000
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """4 files x 5,000 rows (row groups of 1,200): id, text, score."""
+    root = tmp_path_factory.mktemp("engine-data")
+    for part in range(4):
+        ids = np.arange(part * 5000, (part + 1) * 5000)
+        table = pa.table({"id": ids, "text": [f"row-{i}" for i in ids], "score": (ids % 97) / 97.0})
+        pq.write_table(table, root / f"part-{part}.parquet", row_group_size=1200)
+    return root
+
+
+def ids_of(table: pa.Table) -> list[int]:
+    return table.column("id").to_pylist()
+
+
+# ---------------------------------------------------------------- map_batches
+
+
+def add_length(batch: pa.Table) -> pa.Table:
+    return batch.append_column("length", pc.utf8_length(batch["text"]))
+
+
+def test_map_batches_function_matches_pyarrow(data):
+    out = forebay.read_parquet(str(data)).map_batches(add_length).to_arrow()
+    expected = add_length(pq.read_table(data))
+    assert sorted(ids_of(out)) == list(range(ROWS))
+    assert out.sort_by("id").equals(expected.sort_by("id"))
+
+
+def test_batch_size_rechunks_across_source_batches(data):
+    sizes = []
+
+    def record(batch: pa.Table) -> pa.Table:
+        sizes.append(batch.num_rows)
+        return batch
+
+    ds = forebay.read_parquet(str(data), batch_size=700)
+    out = ds.map_batches(record, batch_size=1000, concurrency=1).to_arrow()
+    assert out.num_rows == ROWS
+    assert sizes == [1000] * (ROWS // 1000), "source batches of 700 rows, re-chunked"
+
+
+def test_class_constructed_once_per_worker_with_arguments(data, tmp_path):
+    log = tmp_path / "constructed"
+
+    class Scale:
+        def __init__(self, factor, *, offset):
+            with open(log, "a") as f:
+                f.write("x")
+            self.factor, self.offset = factor, offset
+
+        def __call__(self, batch, extra, *, bonus):
+            return {"id": batch["id"], "y": batch["id"] * self.factor + self.offset + extra + bonus}
+
+    out = (
+        forebay.read_parquet(str(data), columns=["id"])
+        .map_batches(
+            Scale,
+            batch_format="numpy",
+            concurrency=3,
+            fn_constructor_args=(2,),
+            fn_constructor_kwargs={"offset": 1},
+            fn_args=(10,),
+            fn_kwargs={"bonus": 100},
+        )
+        .to_arrow()
+        .sort_by("id")
+    )
+    assert out.column("y").to_pylist() == [i * 2 + 111 for i in range(ROWS)]
+    assert log.read_text() == "xxx", "one instance per worker"
+
+
+@pytest.mark.parametrize("batch_format", ["pyarrow", "numpy", "pandas", "default"])
+def test_batch_formats_reach_the_function(data, batch_format):
+    seen = set()
+
+    def check(batch):
+        seen.add(type(batch).__name__)
+        if batch_format in ("numpy", "default"):
+            assert isinstance(batch["id"], np.ndarray)
+            return {"id": batch["id"] + 1}
+        if batch_format == "pandas":
+            batch["id"] = batch["id"] + 1
+            return batch[["id"]]
+        return pa.table({"id": pc.add(batch["id"], 1)})
+
+    out = forebay.read_parquet(str(data)).map_batches(check, batch_format=batch_format).to_arrow()
+    assert sorted(ids_of(out)) == list(range(1, ROWS + 1))
+    expected = {"pyarrow": "Table", "numpy": "dict", "default": "dict", "pandas": "DataFrame"}
+    assert seen == {expected[batch_format]}
+
+
+def test_chained_steps_and_generators(data):
+    def split(batch):  # a generator: several outputs per call
+        yield batch.slice(0, 10)
+        yield batch.slice(10)
+
+    out = (
+        forebay.read_parquet(str(data))
+        .map_batches(split)
+        .map_batches(lambda b: b.filter(pc.equal(pc.bit_wise_and(b["id"], 1), 0)))
+        .map_batches(add_length, batch_size=333)
+        .to_arrow()
+    )
+    assert sorted(ids_of(out)) == list(range(0, ROWS, 2))
+    assert out.column_names == ["id", "text", "score", "length"]
+
+
+def test_numpy_columns_are_zero_copy_and_2d_outputs_become_fixed_size_lists(data):
+    def embed(batch):
+        assert not batch["id"].flags.owndata, "a view of the Arrow buffer"
+        return {"id": batch["id"], "vec": np.stack([batch["id"], batch["id"] * 2], axis=1)}
+
+    out = forebay.read_parquet(str(data)).map_batches(embed, batch_format="numpy").to_arrow()
+    assert out.schema.field("vec").type == pa.list_(pa.int64(), 2)
+    row = out.sort_by("id").slice(7, 1).to_pylist()[0]
+    assert row == {"id": 7, "vec": [7, 14]}
+
+
+# ---------------------------------------------------------------- processes
+
+
+def test_processes_run_a_class_of_the_callers_module(data):
+    class Tag:
+        def __init__(self, prefix):
+            self.prefix = prefix
+            self.pid = os.getpid()
+
+        def __call__(self, batch):
+            return batch.append_column(
+                "worker", pa.array([f"{self.prefix}{self.pid}"] * batch.num_rows)
+            )
+
+    out = (
+        forebay.read_parquet(str(data))
+        .map_batches(Tag, fn_constructor_args=("pid-",), compute="processes", concurrency=2)
+        .to_arrow()
+    )
+    assert sorted(ids_of(out)) == list(range(ROWS))
+    workers = set(out.column("worker").to_pylist())
+    assert len(workers) == 2 and f"pid-{os.getpid()}" not in workers
+
+
+def run_script(tmp_path, body: str, env=None, timeout=120) -> subprocess.CompletedProcess:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize("cloudpickle", [True, False])
+def test_processes_run_functions_defined_in_the_users_script(data, tmp_path, cloudpickle):
+    """With cloudpickle, as in Ray; without it, as multiprocessing (a guarded script)."""
+    result = run_script(
+        tmp_path,
+        f"""
+        import forebay, pyarrow.compute as pc
+
+        def shout(batch):
+            return batch.set_column(1, "text", pc.utf8_upper(batch["text"]))
+
+        if __name__ == "__main__":
+            t = forebay.read_parquet({str(data)!r}).map_batches(
+                shout, compute="processes", concurrency=2).to_arrow()
+            print(t.num_rows, sorted(t.column("text").to_pylist())[0])
+        """,
+        env={} if cloudpickle else {"FOREBAY_NO_CLOUDPICKLE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(ROWS), "ROW-0"]
+
+
+def test_a_worker_killed_by_sigkill_fails_naming_the_batch(data):
+    def die_on_row_7000(batch):
+        if 7000 in batch["id"].to_pylist():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+    ds = forebay.read_parquet(str(data)).map_batches(die_on_row_7000, compute="processes")
+    with pytest.raises(forebay.WorkerDiedError) as raised:
+        ds.to_arrow()
+    message = str(raised.value)
+    assert "SIGKILL" in message and "map_batches(" in message, message
+    assert "part-1.parquet" in message and "row group" in message, message
+
+
+def test_a_segfault_in_native_code_is_reported(data):
+    def crash(batch):
+        import ctypes
+
+        ctypes.string_at(0)  # SIGSEGV, as a broken C extension would
+        return batch
+
+    with pytest.raises(forebay.WorkerDiedError, match="SIGSEGV"):
+        forebay.read_parquet(str(data)).map_batches(crash, compute="processes").to_arrow()
+
+
+def test_a_dead_worker_is_replaced_and_the_batch_retried(data, tmp_path):
+    marker = tmp_path / "died"
+
+    def die_once(batch):
+        if 7000 in batch["id"].to_pylist() and not marker.exists():
+            marker.write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+    out = (
+        forebay.read_parquet(str(data))
+        .map_batches(die_once, compute="processes", concurrency=2, max_retries=1)
+        .to_arrow()
+    )
+    assert marker.exists()
+    assert sorted(ids_of(out)) == list(range(ROWS)), "every row exactly once"
+
+
+class BadRowError(ValueError):
+    pass
+
+
+def bad_row(batch):
+    if 12_345 in batch["id"].to_pylist():
+        raise BadRowError("row 12345 has no text")
+    return batch
+
+
+@pytest.mark.parametrize("compute", ["threads", "processes"])
+def test_a_user_exception_is_reraised_with_its_traceback(data, compute):
+    ds = forebay.read_parquet(str(data)).map_batches(bad_row, compute=compute)
+    with pytest.raises(BadRowError, match="row 12345 has no text") as raised:
+        ds.to_arrow()
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert "map_batches(bad_row)" in notes and "part-2.parquet" in notes, notes
+    if compute == "threads":
+        frames = [f.name for f in raised.traceback]
+        assert "bad_row" in frames, frames
+    else:
+        cause = str(raised.value.__cause__)
+        assert "bad_row" in cause and "raise BadRowError" in cause, cause
+
+
+# ---------------------------------------------------------------- iter_batches
+
+
+def test_iter_batches_sizes_order_and_drop_last(data):
+    ds = forebay.read_parquet(str(data))
+    batches = list(ds.iter_batches(batch_size=3000, preserve_order=True))
+    assert [b.num_rows for b in batches] == [3000] * 6 + [2000]
+    assert isinstance(batches[0], pa.Table)
+    assert ids_of(pa.concat_tables(batches)) == list(range(ROWS))
+    dropped = list(ds.iter_batches(batch_size=3000, drop_last=True, preserve_order=True))
+    assert [b.num_rows for b in dropped] == [3000] * 6
+
+
+def slow_on_first_batch(batch):
+    if batch["id"][0].as_py() == 0:
+        time.sleep(0.5)
+    return batch
+
+
+def test_preserve_order_restores_order_behind_concurrent_workers(data):
+    ds = forebay.read_parquet(str(data), batch_size=500).map_batches(
+        slow_on_first_batch, concurrency=4
+    )
+    ordered = ids_of(pa.concat_tables(ds.iter_batches(batch_size=None, preserve_order=True)))
+    assert ordered == list(range(ROWS))
+    unordered = ids_of(pa.concat_tables(ds.iter_batches(batch_size=None)))
+    assert sorted(unordered) == list(range(ROWS)) and unordered != ordered
+
+
+def test_local_shuffle_is_seeded(data):
+    ds = forebay.read_parquet(str(data), columns=["id"])
+
+    def run(seed):
+        return ids_of(
+            pa.concat_tables(
+                ds.iter_batches(
+                    batch_size=256, local_shuffle_buffer_size=4000, local_shuffle_seed=seed
+                )
+            )
+        )
+
+    a = run(1)
+    assert sorted(a) == list(range(ROWS)) and a != list(range(ROWS))
+    assert a == run(1) and a != run(2)
+
+
+def test_iter_batch_formats(data):
+    ds = forebay.read_parquet(str(data), columns=["id", "score"])
+    first = next(iter(ds.iter_batches(batch_size=100, batch_format="numpy")))
+    assert set(first) == {"id", "score"} and first["id"].dtype == np.int64
+    assert not first["id"].flags.owndata, "numpy batches are views of Arrow buffers"
+    frame = next(iter(ds.iter_batches(batch_size=100, batch_format="pandas")))
+    assert list(frame.columns) == ["id", "score"] and len(frame) == 100
+    try:
+        import torch
+    except ImportError:
+        with pytest.raises(ImportError, match=r"forebay\[torch\]"):
+            ds.iter_batches(batch_format="torch")
+    else:
+        tensors = next(iter(ds.iter_batches(batch_size=100, batch_format="torch")))
+        assert tensors["id"].dtype == torch.int64 and tensors["id"].shape == (100,)
+
+
+def test_stopping_early_stops_the_run(data):
+    ds = forebay.read_parquet(str(data), batch_size=100).map_batches(
+        lambda b: (time.sleep(0.01), b)[1]
+    )
+    it = ds.iter_batches(batch_size=100)
+    next(it)
+    started = time.monotonic()
+    it.close()
+    assert time.monotonic() - started < 1.0
+    stats = ds.stats()
+    assert stats is not None
+    mapped = next(s for s in stats["stages"] if s["name"].startswith("map_batches"))
+    assert mapped["rows_in"] < ROWS
+
+
+# ---------------------------------------------------------------- write_parquet
+
+
+def test_write_parquet_round_trips_and_publishes_only_whole_files(data, tmp_path):
+    out = tmp_path / "out"
+    result = (
+        forebay.read_parquet(str(data))
+        .map_batches(add_length, concurrency=2)
+        .write_parquet(out, rows_per_file=6000, compression="snappy")
+    )
+    assert result["rows"] == ROWS and result["files"] == 4 and result["bytes"] > 0
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 4 and all(n.endswith(".parquet") and not n.startswith(".") for n in names)
+    written = pq.read_table(out)
+    assert written.sort_by("id").equals(add_length(pq.read_table(data)).sort_by("id"))
+    assert pq.ParquetFile(out / names[0]).metadata.row_group(0).column(0).compression == "SNAPPY"
+
+
+def test_write_modes(data, tmp_path):
+    ds = forebay.read_parquet(str(data)).limit(10)
+    ds.write_parquet(tmp_path / "o")
+    ds.write_parquet(tmp_path / "o")  # append
+    assert pq.read_table(tmp_path / "o").num_rows == 20
+    with pytest.raises(forebay.WriteError, match="mode='append' or 'overwrite'"):
+        ds.write_parquet(tmp_path / "o", mode="error")
+    ds.write_parquet(tmp_path / "o", mode="overwrite")
+    assert pq.read_table(tmp_path / "o").num_rows == 10
+    with pytest.raises(ValueError, match="mode"):
+        ds.write_parquet(tmp_path / "o", mode="replace")
+    with pytest.raises(ValueError, match="compression"):
+        ds.write_parquet(tmp_path / "o", compression="zip")
+
+
+# ---------------------------------------------------------------- the Dataset API
+
+
+def test_limit_take_count_schema_stats(data):
+    ds = forebay.read_parquet(str(data)).map_batches(add_length)
+    assert ds.count() == ROWS
+    assert ds.schema.names == ["id", "text", "score", "length"]
+    rows = forebay.read_parquet(str(data)).take(3)
+    assert rows == [{"id": i, "text": f"row-{i}", "score": (i % 97) / 97.0} for i in range(3)]
+    limited = ds.limit(1234)
+    assert limited.to_arrow().num_rows == 1234
+    stats = limited.stats()
+    assert [s["name"] for s in stats["stages"]] == [
+        "read_parquet",
+        "map_batches(add_length)",
+        "limit(1234)",
+        "iter_batches",
+    ]
+    mapped = stats["stages"][1]
+    assert mapped["rows_in"] < ROWS, "reading stopped early"
+    assert mapped["busy_s"] > 0 and mapped["peak_bytes"] > 0
+    assert stats["peak_bytes"] <= stats["memory_limit"]
+
+
+def test_polars_and_duckdb_consume_a_pipeline(data):
+    import duckdb
+    import polars as pl
+
+    ds = forebay.read_parquet(str(data)).map_batches(add_length)
+    assert pl.from_arrow(pa.table(ds)).height == ROWS
+    assert duckdb.sql("select count(*) from ds").fetchall() == [(ROWS,)]
+
+
+def test_configure(data):
+    before = forebay.configure()
+    try:
+        settings = forebay.configure(memory_limit="64MiB", num_threads=2)
+        assert settings["memory_limit"] == 64 << 20 and settings["num_threads"] == 2
+        ds = forebay.read_parquet(str(data)).map_batches(add_length)
+        ds.to_arrow()
+        assert ds.stats()["memory_limit"] == 64 << 20
+        with pytest.raises(ValueError):
+            forebay.configure(memory_limit="lots")
+    finally:
+        forebay.configure(memory_limit=before["memory_limit"], num_threads=before["num_threads"])
+
+
+def test_events_reach_python_logging(data, caplog):
+    with caplog.at_level(logging.DEBUG, logger="forebay"):
+        forebay.read_parquet(str(data)).map_batches(
+            add_length, compute="processes", concurrency=1
+        ).to_arrow()
+    text = caplog.text
+    assert "pipeline started" in text and "worker process" in text and "finished" in text
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_memory_is_accounted_while_running(data):
+    """The pool's bytes equal the sum of what every stage and queue holds, sampled during a
+    run with a slow consumer; the run stays under its limit."""
+    before = forebay.configure()
+    forebay.configure(memory_limit="8MiB")
+    try:
+        ds = forebay.read_parquet(str(data), batch_size=500).map_batches(add_length, concurrency=2)
+        stream = ds._pipeline(False).iter(100, 4, False)
+        samples = []
+        while True:
+            state, _ = stream.poll(0.1)
+            if state == 2:
+                break
+            memory = stream.memory()
+            if memory is not None:
+                samples.append(memory)
+            time.sleep(0.002)
+        assert len(samples) > 50
+        for m in samples:
+            assert sum(m["holders"].values()) == m["used"], m
+            assert m["peak"] <= m["limit"]
+        names = set(samples[-1]["holders"])
+        assert {"read_parquet", "map_batches(add_length)", "iter_batches (prefetched)"} <= names
+        assert max(m["holders"]["iter_batches (prefetched)"] for m in samples) > 0
+    finally:
+        forebay.configure(memory_limit=before["memory_limit"])
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_bad_outputs_name_the_stage(data, tmp_path):
+    with pytest.raises(forebay.StageError, match=r"map_batches\(<lambda>\).*returned int"):
+        forebay.read_parquet(str(data)).map_batches(lambda b: 42).to_arrow()
+
+    def drop_a_column_sometimes(batch):
+        return batch.drop_columns(["text"]) if batch["id"][0].as_py() >= 10_000 else batch
+
+    with pytest.raises(forebay.StageError, match=r"write_parquet.*schema"):
+        forebay.read_parquet(str(data)).map_batches(drop_a_column_sometimes).write_parquet(
+            tmp_path / "o", concurrency=1, preserve_order=True
+        )
+    leftovers = [p.name for p in (tmp_path / "o").iterdir() if p.name.startswith(".")]
+    assert not leftovers
+
+
+def test_bad_arguments(data):
+    ds = forebay.read_parquet(str(data))
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="batch_size"):
+            ds.map_batches(add_length, batch_size=bad)
+        with pytest.raises(ValueError, match="batch_size"):
+            ds.iter_batches(batch_size=bad)
+    with pytest.raises(ValueError, match="batch_format"):
+        ds.map_batches(add_length, batch_format="arrow")
+    with pytest.raises(ValueError, match="batch_format"):
+        ds.iter_batches(batch_format="tensorflow")
+    with pytest.raises(ValueError, match="compute"):
+        ds.map_batches(add_length, compute="gpus")
+    with pytest.raises(TypeError, match="fn"):
+        ds.map_batches("not callable")
+
+
+def test_an_unwritable_output_path(data, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(forebay.WriteError, match=r"write_parquet.*file"):
+        forebay.read_parquet(str(data)).write_parquet(blocker / "out")
+
+
+def test_a_full_disk_while_writing(data, tmp_path):
+    """RLIMIT_FSIZE stands in for a full disk: the write fails naming the file, and no
+    partial file is left under a final (or temporary) name."""
+    out = tmp_path / "out"
+    result = run_script(
+        tmp_path,
+        f"""
+        import resource, signal, forebay
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY))
+        try:
+            forebay.read_parquet({str(data)!r}).write_parquet(
+                {str(out)!r}, compression="none", rows_per_file=20000)
+        except forebay.WriteError as e:
+            print("WriteError:", e)
+        """,
+    )
+    assert "WriteError:" in result.stdout, result.stdout + result.stderr
+    assert "write_parquet" in result.stdout and str(out) in result.stdout
+    assert list(out.iterdir()) == [], "no partial file"
+
+
+# ---------------------------------------------------------------- interruption
+
+
+def _worker_processes_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text().split()
+        except OSError:
+            continue
+        if b"forebay._worker" in cmdline and int(stat[3]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("compute", ["threads", "processes"])
+def test_ctrl_c_stops_within_a_second_and_leaves_nothing_behind(data, tmp_path, compute):
+    out = tmp_path / "out"
+    script = tmp_path / "job.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time, forebay
+            def slow(batch):
+                time.sleep(0.05)
+                return batch
+            if __name__ == "__main__":
+                ds = forebay.read_parquet({str(data)!r}, batch_size=200).map_batches(
+                    slow, compute={compute!r}, concurrency=2)
+                print("started", flush=True)
+                try:
+                    ds.write_parquet({str(out)!r}, rows_per_file=100000)
+                except KeyboardInterrupt:
+                    print("interrupted", flush=True)
+                    sys.exit(3)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "started"
+    time.sleep(1.5)
+    workers = _worker_processes_of(proc.pid)
+    if compute == "processes":
+        assert len(workers) == 2, workers
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=10)
+    elapsed = time.monotonic() - sent
+    assert code == 3, proc.stderr.read()
+    assert elapsed < 1.0, f"stopped after {elapsed:.2f} s"
+    time.sleep(0.2)
+    assert all(not Path(f"/proc/{w}").exists() for w in workers), "no stray worker process"
+    assert not any(p.name.startswith(".") for p in out.iterdir()), "no temporary file left"
+
+
+def test_progress_bar_only_on_a_terminal(data, tmp_path):
+    body = f"""
+        import time, forebay
+        def slow(batch):
+            time.sleep(0.05)
+            return batch
+        forebay.read_parquet({str(data)!r}, batch_size=500).map_batches(slow).to_arrow()
+        """
+    plain = run_script(tmp_path, body)
+    assert plain.returncode == 0 and plain.stderr == "", "nothing drawn when stderr is a pipe"
+
+    import pty
+
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    proc.wait(timeout=60)
+    os.close(primary)
+    text = drawn.decode(errors="replace")
+    assert "rows" in text and "iter_batches" in text, text[:500]
