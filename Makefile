@@ -60,6 +60,7 @@ wheel-check: wheel-dev
 
 cargo-test:
 	$(CARGO) test --workspace --exclude forebay-python
+	$(CARGO) run --quiet --example engine_pipeline
 
 pytest: wheel-dev
 	$(PY) -m pytest -q tests/python
