@@ -11,6 +11,10 @@ Rust does the reading, filtering and decoding; Python receives Arrow data withou
 
 from __future__ import annotations
 
+from ._cpu import require_cpu_features
+
+require_cpu_features()  # before the extension loads: a clear error, not SIGILL
+
 from . import _forebay
 from ._checkpoint import CheckpointFilter
 from ._config import configure

@@ -193,8 +193,10 @@ class Dataset:
             ``None``: batches as produced.
         prefetch_batches: batches prepared ahead of the consumer (default 4), counted in the
             memory limit like everything else in flight.
-        batch_format: ``"pyarrow"`` (a ``pyarrow.Table`` over the data, no copy), ``"numpy"``
-            (dict of ndarrays, zero-copy for numeric columns without nulls), ``"pandas"``, or
+        batch_format: ``"pyarrow"`` (a ``pyarrow.Table`` over the data, no copy: a batch
+            whose rows span two source batches has two chunks), ``"numpy"`` (dict of
+            ndarrays, zero-copy for numeric columns without nulls that lie in one source
+            batch; joined otherwise), ``"pandas"``, or
             ``"torch"`` (dict of tensors sharing memory with the batch; numeric columns;
             needs PyTorch: ``pip install forebay[torch]``).
         drop_last: drop the last batch if it has fewer than ``batch_size`` rows.
@@ -237,14 +239,19 @@ class Dataset:
         finished = False
         try:
             while True:
-                state, batch = stream.poll(0.1)
+                state, pieces = stream.poll(0.1)
                 _config.log_events(stream.drain_events())
-                if state == 1:
-                    continue  # nothing yet; Ctrl-C is seen between polls
                 if state == 2:
                     finished = True
                     return
-                yield batch if fmt is None else to_format(batch, fmt)
+                if state == 1 or pieces is None:
+                    continue  # nothing yet; Ctrl-C is seen between polls
+                if fmt is not None:
+                    yield to_format(pa.Table.from_batches(pieces), fmt)
+                elif len(pieces) == 1:
+                    yield pieces[0]
+                else:
+                    yield pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
         finally:
             if not finished:
                 stream.cancel()

@@ -74,25 +74,27 @@ def make_worker(spec: FunctionSpec) -> Callable[[pa.RecordBatch], list[pa.Record
     return run
 
 
-def to_format(batch: pa.RecordBatch, fmt: str) -> Any:
-    """The batch as the function (or the caller of iter_batches) wants it."""
+def to_format(batch: pa.RecordBatch | pa.Table, fmt: str) -> Any:
+    """The batch (a RecordBatch, or a Table whose chunks are the slices of one batch) as the
+    function (or the caller of iter_batches) wants it."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
     if fmt == "pyarrow":
-        return pa.Table.from_batches([batch])
+        return table
     if fmt == "numpy":
-        return {
-            name: column_to_numpy(col)
-            for name, col in zip(batch.schema.names, batch.columns, strict=True)
-        }
+        return {name: column_to_numpy(table.column(i)) for i, name in enumerate(table.column_names)}
     if fmt == "pandas":
-        return batch.to_pandas()
+        return table.to_pandas()
     if fmt == "torch":
-        return to_torch(batch)
+        return to_torch(table)
     raise ValueError(f"unknown batch format {fmt!r}")
 
 
-def column_to_numpy(column: pa.Array) -> np.ndarray:
-    """Zero-copy where Arrow's layout is numpy's (numeric, no nulls); fixed-size lists of
-    numbers become 2-D (or deeper) arrays."""
+def column_to_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Zero-copy where Arrow's layout is numpy's (numeric, no nulls, one chunk); fixed-size
+    lists of numbers become 2-D (or deeper) arrays. A column in several chunks is joined
+    (one copy: numpy arrays are contiguous)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if pa.types.is_fixed_size_list(column.type) and column.null_count == 0:
         size = column.type.list_size
         flat = column_to_numpy(column.flatten())
@@ -101,14 +103,15 @@ def column_to_numpy(column: pa.Array) -> np.ndarray:
     return array
 
 
-def to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
+def to_torch(table: pa.Table) -> dict[str, Any]:
     """``{column: torch.Tensor}`` sharing memory with the batch (numeric columns only)."""
     import warnings
 
     import torch
 
     out = {}
-    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+    for i, name in enumerate(table.column_names):
+        col = table.column(i)
         array = column_to_numpy(col)
         if array.dtype.kind not in "biuf":
             raise TypeError(

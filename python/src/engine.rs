@@ -438,13 +438,14 @@ pub(crate) struct RsBatchStream {
 
 #[pymethods]
 impl RsBatchStream {
-    /// Wait up to `timeout` seconds with the GIL released: `(0, batch)`, `(1, None)` while
-    /// nothing is ready, `(2, None)` at the end; raises the run's error.
+    /// Wait up to `timeout` seconds with the GIL released: `(0, [RecordBatch, ...])` (the
+    /// zero-copy pieces of one output batch), `(1, None)` while nothing is ready, `(2, None)`
+    /// at the end; raises the run's error.
     fn poll<'py>(
         &self,
         py: Python<'py>,
         timeout: f64,
-    ) -> PyResult<(u8, Option<Bound<'py, PyAny>>)> {
+    ) -> PyResult<(u8, Option<Bound<'py, PyList>>)> {
         let polled = py.detach(|| {
             self.stream
                 .lock()
@@ -452,7 +453,13 @@ impl RsBatchStream {
                 .next_timeout(Duration::from_secs_f64(timeout.max(0.0)))
         });
         match polled {
-            Ok(Poll::Batch(b)) => Ok((0, Some(b.to_pyarrow(py)?))),
+            Ok(Poll::Batch(pieces)) => {
+                let list = PyList::empty(py);
+                for b in pieces {
+                    list.append(b.to_pyarrow(py)?)?;
+                }
+                Ok((0, Some(list)))
+            }
             Ok(Poll::Pending) => Ok((1, None)),
             Ok(Poll::Done) => Ok((2, None)),
             Err(e) => Err(engine_err(py, e)),

@@ -55,3 +55,12 @@ def test_every_argument_is_documented(name, func, doc):
     assert doc.strip(), f"{name} has no docstring"
     missing = [p.name for p in params if p.name not in doc]
     assert not missing, f"{name}: arguments {missing} are not documented"
+
+
+def test_cpu_check_names_missing_features():
+    from forebay._cpu import missing_features
+
+    modern = "processor: 0\nflags\t\t: fpu pni ssse3 cx16 sse4_1 sse4_2 popcnt avx2\n"
+    assert missing_features(modern) == []
+    old = "flags\t\t: fpu sse2 pni cx16\n"
+    assert missing_features(old) == ["popcnt", "sse4_1", "sse4_2", "ssse3"]

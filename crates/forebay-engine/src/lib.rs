@@ -47,6 +47,7 @@
 //! ```
 
 mod batch;
+mod concat;
 mod error;
 mod events;
 pub mod memory;

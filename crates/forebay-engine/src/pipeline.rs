@@ -206,7 +206,7 @@ impl Pipeline {
         let options = self.options.clone();
         let (mut run, last) = self.start("iter_batches", 0)?;
         let ready_holder = run.resources.pool().consumer("iter_batches (prefetched)");
-        let ready = Arc::new(BatchQueue::new(
+        let ready: Arc<BatchQueue<Vec<EngineBatch>>> = Arc::new(BatchQueue::new(
             ready_holder,
             iter.prefetch_batches.max(1),
             usize::MAX,
@@ -410,11 +410,12 @@ fn limit(
     Ok(())
 }
 
-/// The iter_batches step: re-chunk or shuffle, drop the last partial batch if asked, and
-/// feed the prefetch queue the caller reads.
+/// The iter_batches step: re-chunk (into zero-copy pieces) or shuffle, drop the last
+/// partial batch if asked, and feed the prefetch queue the caller reads. Each item of that
+/// queue is one output batch: the slices that make it up.
 fn shape(
     input: &BatchQueue,
-    ready: &BatchQueue,
+    ready: &BatchQueue<Vec<EngineBatch>>,
     resources: &RunResources,
     holder: &crate::memory::MemoryConsumer,
     options: &IterOptions,
@@ -422,12 +423,12 @@ fn shape(
     rows_out: &AtomicU64,
 ) -> Result<()> {
     let cancel = resources.cancel_token();
-    let deliver = |b: EngineBatch| -> Result<bool> {
-        counters.record_out(b.batch.num_rows());
-        rows_out.fetch_add(b.batch.num_rows() as u64, Ordering::Relaxed);
-        ready.push(b, cancel)
+    let deliver = |pieces: Vec<EngineBatch>| -> Result<bool> {
+        let rows: usize = pieces.iter().map(|b| b.batch.num_rows()).sum();
+        counters.record_out(rows);
+        rows_out.fetch_add(rows as u64, Ordering::Relaxed);
+        ready.push(pieces, cancel)
     };
-    let is_partial = |b: &EngineBatch| options.batch_size.is_some_and(|n| b.batch.num_rows() < n);
     if let Some((buffer_rows, seed)) = options.local_shuffle {
         let batch_size = options.batch_size.unwrap_or(256);
         let mut shuffler = LocalShuffler::new(buffer_rows, batch_size, seed, holder.clone());
@@ -435,7 +436,7 @@ fn shape(
             counters.record_in(b.batch.num_rows());
             shuffler.push(b);
             while let Some(out) = shuffler.next_batch(false)? {
-                if !deliver(out)? {
+                if !deliver(vec![out])? {
                     input.close_receiver();
                     return Ok(());
                 }
@@ -445,7 +446,7 @@ fn shape(
             if options.drop_last && out.batch.num_rows() < batch_size {
                 break;
             }
-            if !deliver(out)? {
+            if !deliver(vec![out])? {
                 break;
             }
         }
@@ -457,11 +458,11 @@ fn shape(
     while let Some(b) = input.pop(cancel)? {
         counters.record_in(b.batch.num_rows());
         let out = match rechunker.as_mut() {
-            Some(r) => r.push(b)?,
-            None => vec![b],
+            Some(r) => r.push_pieces(b)?,
+            None => vec![vec![b]],
         };
-        for b in out {
-            if !deliver(b)? {
+        for pieces in out {
+            if !deliver(pieces)? {
                 input.close_receiver();
                 return Ok(());
             }
@@ -469,11 +470,14 @@ fn shape(
     }
     if let Some(rest) = rechunker
         .as_mut()
-        .map(|r| r.finish())
+        .map(|r| r.finish_pieces())
         .transpose()?
         .flatten()
     {
-        if !(options.drop_last && is_partial(&rest)) {
+        let partial = options
+            .batch_size
+            .is_some_and(|n| rest.iter().map(|b| b.batch.num_rows()).sum::<usize>() < n);
+        if !(options.drop_last && partial) {
             deliver(rest)?;
         }
     }
@@ -626,14 +630,17 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 /// The output of a running pipeline, batch by batch. Dropping it stops the run.
 pub struct BatchStream {
-    ready: Arc<BatchQueue>,
+    ready: Arc<BatchQueue<Vec<EngineBatch>>>,
     run: Option<Run>,
     last_stats: Option<RunStats>,
 }
 
 /// The result of waiting for a batch for a while.
 pub enum Poll {
-    Batch(RecordBatch),
+    /// One output batch, as the zero-copy slices that make it up (usually one; an exact
+    /// `batch_size` chunk spanning source batches has several). Their rows, in order, are
+    /// the batch.
+    Batch(Vec<RecordBatch>),
     /// Nothing yet; ask again.
     Pending,
     /// The run ended successfully.
@@ -648,7 +655,9 @@ impl BatchStream {
         };
         let cancel: CancelToken = run.resources.cancel_token().clone();
         match self.ready.pop_timeout(&cancel, timeout) {
-            Ok(Ok(Some(batch))) => Ok(Poll::Batch(batch.into_batch())),
+            Ok(Ok(Some(pieces))) => Ok(Poll::Batch(
+                pieces.into_iter().map(EngineBatch::into_batch).collect(),
+            )),
             Ok(Err(())) => Ok(Poll::Pending),
             Ok(Ok(None)) | Err(_) => {
                 let run = self.run.take().expect("checked");
@@ -689,12 +698,28 @@ impl BatchStream {
     }
 }
 
+/// Batches as single record batches (pieces of one output batch are concatenated; use
+/// [`BatchStream::next_timeout`] to receive them without that copy).
 impl Iterator for BatchStream {
     type Item = Result<RecordBatch>;
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             match self.next_timeout(Duration::from_secs(3600)) {
-                Ok(Poll::Batch(b)) => return Some(Ok(b)),
+                Ok(Poll::Batch(pieces)) => {
+                    if pieces.len() == 1 {
+                        return pieces.into_iter().next().map(Ok);
+                    }
+                    let schema = pieces[0].schema();
+                    return Some(
+                        crate::concat::concat_batches(&schema, &pieces).map_err(|e| {
+                            EngineError::BadOutput {
+                                stage: "iter_batches".into(),
+                                batch: Default::default(),
+                                reason: format!("batches of different schemas: {e}"),
+                            }
+                        }),
+                    );
+                }
                 Ok(Poll::Pending) => continue,
                 Ok(Poll::Done) => return None,
                 Err(e) => return Some(Err(e)),

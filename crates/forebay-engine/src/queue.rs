@@ -17,16 +17,44 @@ use crate::batch::EngineBatch;
 use crate::error::Result;
 use crate::memory::{batch_memory, CancelToken, MemoryConsumer};
 
-pub(crate) struct BatchQueue {
+/// What a queue holds: a batch, or the pieces of one output batch (iter_batches).
+pub(crate) trait Queued: Send {
+    /// Bytes it references (for the queue's byte bound).
+    fn memory(&self) -> usize;
+    /// Charge `holder` for it.
+    fn move_to(&self, holder: &MemoryConsumer);
+}
+
+impl Queued for EngineBatch {
+    fn memory(&self) -> usize {
+        batch_memory(&self.batch)
+    }
+    fn move_to(&self, holder: &MemoryConsumer) {
+        EngineBatch::move_to(self, holder)
+    }
+}
+
+impl Queued for Vec<EngineBatch> {
+    fn memory(&self) -> usize {
+        self.iter().map(|b| batch_memory(&b.batch)).sum()
+    }
+    fn move_to(&self, holder: &MemoryConsumer) {
+        for b in self {
+            b.move_to(holder);
+        }
+    }
+}
+
+pub(crate) struct BatchQueue<T: Queued = EngineBatch> {
     holder: MemoryConsumer,
     max_batches: usize,
     max_bytes: usize,
-    state: Mutex<QueueState>,
+    state: Mutex<QueueState<T>>,
     changed: Condvar,
 }
 
-struct QueueState {
-    items: VecDeque<(EngineBatch, usize)>,
+struct QueueState<T> {
+    items: VecDeque<(T, usize)>,
     bytes: usize,
     /// Producers that have not finished yet.
     senders: usize,
@@ -36,7 +64,7 @@ struct QueueState {
 
 const POLL: Duration = Duration::from_millis(50);
 
-impl BatchQueue {
+impl<T: Queued> BatchQueue<T> {
     /// `holder` is charged for the waiting batches (its name is the queue's name in
     /// statistics).
     pub(crate) fn new(
@@ -44,7 +72,7 @@ impl BatchQueue {
         max_batches: usize,
         max_bytes: usize,
         senders: usize,
-    ) -> BatchQueue {
+    ) -> BatchQueue<T> {
         BatchQueue {
             holder,
             max_batches: max_batches.max(1),
@@ -59,11 +87,11 @@ impl BatchQueue {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, QueueState> {
+    fn lock(&self) -> MutexGuard<'_, QueueState<T>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn wait<'a>(&self, guard: MutexGuard<'a, QueueState>) -> MutexGuard<'a, QueueState> {
+    fn wait<'a>(&self, guard: MutexGuard<'a, QueueState<T>>) -> MutexGuard<'a, QueueState<T>> {
         self.changed
             .wait_timeout(guard, POLL)
             .unwrap_or_else(|p| p.into_inner())
@@ -72,8 +100,8 @@ impl BatchQueue {
 
     /// Add a batch, waiting while the queue is full. `Ok(false)`: the consumer side closed
     /// and the batch was dropped; the producer should stop.
-    pub(crate) fn push(&self, batch: EngineBatch, cancel: &CancelToken) -> Result<bool> {
-        let bytes = batch_memory(&batch.batch);
+    pub(crate) fn push(&self, batch: T, cancel: &CancelToken) -> Result<bool> {
+        let bytes = batch.memory();
         let mut state = self.lock();
         loop {
             cancel.check()?;
@@ -97,7 +125,7 @@ impl BatchQueue {
 
     /// Take the next batch, waiting while the queue is empty; `None` once every producer
     /// finished and the queue is drained.
-    pub(crate) fn pop(&self, cancel: &CancelToken) -> Result<Option<EngineBatch>> {
+    pub(crate) fn pop(&self, cancel: &CancelToken) -> Result<Option<T>> {
         let mut state = self.lock();
         loop {
             cancel.check()?;
@@ -119,7 +147,7 @@ impl BatchQueue {
         &self,
         cancel: &CancelToken,
         timeout: Duration,
-    ) -> Result<std::result::Result<Option<EngineBatch>, ()>> {
+    ) -> Result<std::result::Result<Option<T>, ()>> {
         let deadline = std::time::Instant::now() + timeout;
         let mut state = self.lock();
         loop {
@@ -162,9 +190,15 @@ impl BatchQueue {
         drop(state);
         self.changed.notify_all();
     }
+}
 
-    /// Wake waiters (after a cancellation).
-    pub(crate) fn wake(&self) {
+/// Something whose waiters a cancellation must wake.
+pub(crate) trait Wake: Send + Sync {
+    fn wake(&self);
+}
+
+impl<T: Queued> Wake for BatchQueue<T> {
+    fn wake(&self) {
         self.changed.notify_all();
     }
 }

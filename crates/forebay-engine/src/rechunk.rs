@@ -7,7 +7,11 @@
 //! ```
 //!
 //! A chunk that lies inside one input batch is a zero-copy slice (it shares, and is charged
-//! through, the input's allocations); only a chunk that spans input batches is concatenated.
+//! through, the input's allocations); only a chunk that spans input batches is concatenated
+//! ([`Rechunker::push`]). [`Rechunker::push_pieces`] never copies: a chunk is handed out as
+//! the slices that make it up (iter_batches gives those to Python as one multi-chunk
+//! `pyarrow.Table`; with batch sizes that do not divide the row groups, nearly every chunk
+//! spans two input batches, so concatenating would copy almost all the data).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -61,6 +65,65 @@ impl Rechunker {
             return Ok(None);
         }
         self.take(self.rows).map(Some)
+    }
+
+    /// Add a batch; returns the chunks it completes, each as the zero-copy slices of the
+    /// input batches it spans.
+    pub(crate) fn push_pieces(&mut self, batch: EngineBatch) -> Result<Vec<Vec<EngineBatch>>> {
+        if batch.batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        batch.move_to(&self.holder);
+        self.rows += batch.batch.num_rows();
+        self.pending.push_back(batch);
+        let mut out = Vec::new();
+        while self.rows >= self.target {
+            out.push(self.take_pieces(self.target)?);
+        }
+        Ok(out)
+    }
+
+    /// The rows left at the end, as pieces.
+    pub(crate) fn finish_pieces(&mut self) -> Result<Option<Vec<EngineBatch>>> {
+        if self.rows == 0 {
+            return Ok(None);
+        }
+        self.take_pieces(self.rows).map(Some)
+    }
+
+    fn take_pieces(&mut self, n: usize) -> Result<Vec<EngineBatch>> {
+        let mut pieces = Vec::new();
+        let mut needed = n;
+        while needed > 0 {
+            let head = self.pending.pop_front().expect("rows counted");
+            let rows = head.batch.num_rows();
+            if rows <= needed {
+                needed -= rows;
+                pieces.push(head);
+            } else {
+                let (front, back) = split_origin(&head.origin, needed);
+                let piece = head.batch.slice(0, needed);
+                let rest = head.batch.slice(needed, rows - needed);
+                let piece_reservation = self.holder.reserve_batch(&piece, Admission::Now)?;
+                let rest_reservation = self.holder.reserve_batch(&rest, Admission::Now)?;
+                pieces.push(EngineBatch {
+                    batch: piece,
+                    seq: head.seq,
+                    origin: front.into(),
+                    reservation: piece_reservation,
+                });
+                self.pending.push_front(EngineBatch {
+                    batch: rest,
+                    seq: head.seq,
+                    origin: back.into(),
+                    reservation: rest_reservation,
+                });
+                needed = 0;
+            }
+        }
+        self.rows -= n;
+        self.next_seq += 1;
+        Ok(pieces)
     }
 
     fn take(&mut self, n: usize) -> Result<EngineBatch> {
@@ -128,8 +191,8 @@ impl Rechunker {
         }
         self.rows -= n;
         let schema = parts[0].schema();
-        let chunk = arrow::compute::concat_batches(&schema, &parts).map_err(|e| {
-            EngineError::BadOutput {
+        let chunk =
+            crate::concat::concat_batches(&schema, &parts).map_err(|e| EngineError::BadOutput {
                 stage: self.stage.clone(),
                 batch: crate::batch::label(seq, &origin),
                 reason: format!(
@@ -137,8 +200,7 @@ impl Rechunker {
                      {}: {e}",
                     self.target
                 ),
-            }
-        })?;
+            })?;
         let reservation = self.holder.reserve_batch(&chunk, Admission::Now)?;
         drop(parts);
         drop(consumed);
@@ -242,6 +304,37 @@ mod tests {
         }
         assert_eq!(out[0].origin.len(), 2, "first chunk spans input 0 and 1");
         assert_eq!(out[0].origin[1].rows, 0..28);
+    }
+
+    #[test]
+    fn pieces_are_zero_copy_slices_of_exact_total_size() {
+        let pool = MemoryPool::new(1 << 30);
+        let mut r = Rechunker::new("s", 128, pool.consumer("stage"));
+        let mut groups = Vec::new();
+        let mut start = 0;
+        let mut inputs = Vec::new();
+        for (seq, n) in [100usize, 250, 30, 1, 500].into_iter().enumerate() {
+            let b = input(&pool, seq as u64, start, n);
+            inputs.push(b.batch.column(0).to_data().buffers()[0].data_ptr());
+            groups.extend(r.push_pieces(b).unwrap());
+            start += n as i64;
+        }
+        groups.extend(r.finish_pieces().unwrap());
+        let sizes: Vec<usize> = groups
+            .iter()
+            .map(|g| g.iter().map(|p| p.batch.num_rows()).sum())
+            .collect();
+        assert_eq!(sizes, vec![128, 128, 128, 128, 128, 128, 113]);
+        let all: Vec<i64> = groups.iter().flatten().flat_map(values).collect();
+        assert_eq!(all, (0..start).collect::<Vec<_>>());
+        for piece in groups.iter().flatten() {
+            let address = piece.batch.column(0).to_data().buffers()[0].data_ptr();
+            assert!(
+                inputs.contains(&address),
+                "every piece is a slice of an input"
+            );
+        }
+        assert_eq!(groups[0].len(), 2);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use forebay_store::{ObjectStore, StoreConfig};
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
 use crate::memory::{Admission, CancelToken, MemoryPool, Reservation};
-use crate::queue::BatchQueue;
+use crate::queue::Wake;
 
 /// Settings of the run's object store (worker exchange and held batches).
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ struct Inner {
     store: OnceLock<std::result::Result<(Arc<ObjectStore>, Reservation), String>>,
     events: Option<EventSink>,
     first_error: Mutex<Option<EngineError>>,
-    queues: Mutex<Vec<Arc<BatchQueue>>>,
+    queues: Mutex<Vec<Arc<dyn Wake>>>,
 }
 
 impl RunResources {
@@ -67,7 +67,7 @@ impl RunResources {
         }
     }
 
-    pub(crate) fn register_queue(&self, queue: Arc<BatchQueue>) {
+    pub(crate) fn register_queue(&self, queue: Arc<dyn Wake>) {
         self.inner
             .queues
             .lock()

@@ -118,7 +118,7 @@ impl LocalShuffler {
             batch: Default::default(),
             reason: format!("cannot mix batches in the local shuffle buffer: {e}"),
         };
-        let all = arrow::compute::concat_batches(&schema, &parts).map_err(merge_err)?;
+        let all = crate::concat::concat_batches(&schema, &parts).map_err(merge_err)?;
         let n = all.num_rows();
         let n32 = u32::try_from(n).map_err(|_| {
             EngineError::InvalidArgument(format!(

@@ -1,0 +1,399 @@
+"""Engine benchmarks: forebay pipelines vs the systems people use for the same jobs.
+
+    python benches/python/engine.py iter --scale-factor 1 [--rounds 5]
+    python benches/python/engine.py gil [--rounds 3]
+    python benches/python/engine.py sleep [--rounds 3]
+    python benches/python/engine.py overcap --scale-factor 5 [--memory-limit 400MiB]
+
+Scenarios:
+  iter     iterate all 16 columns of TPC-H lineitem in 65,536-row batches (prefetch 4),
+           the consumer does nothing: forebay vs polars (collect_batches) vs pyarrow
+           (dataset.to_batches) vs Ray Data (iter_batches).
+  gil      a function that holds the GIL (pure Python over the l_comment strings) in
+           map_batches: forebay threads vs forebay processes vs Ray Data with an actor pool.
+  sleep    a function that sleeps 25 ms per 10,000-row batch (a stand-in for a GPU model):
+           wall time from read_parquet to the last batch vs the function's own total time,
+           forebay vs Ray Data (one actor).
+  overcap  stream data 10x the memory limit through a map step to a consumer slower than
+           the source; system-wide used memory must stay within the limit + 10 %.
+
+Every measurement runs in a fresh subprocess (engines alternate: A B C, A B C, ...); the
+child imports its libraries first, then samples system-wide used memory (MemTotal -
+MemAvailable, every 10 ms, so helper processes such as Ray's count) and reports its rise
+over the run, with the run's time. Medians over rounds. Data comes from tpchgen-cli.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from measure import SystemMemorySampler, peak_rss_mb
+
+HERE = Path(__file__).resolve().parent
+BATCH = 65_536
+
+
+def lineitem(data_dir: Path, sf: float) -> list[str]:
+    out = data_dir / f"sf{sf:g}" / "lineitem"
+    if not out.exists():
+        cli = Path(sys.executable).with_name("tpchgen-cli")
+        subprocess.run(
+            [
+                str(cli),
+                "parquet",
+                "-s",
+                f"{sf:g}",
+                "--tables",
+                "lineitem",
+                "--parts",
+                "8",
+                "--output-dir",
+                str(out.parent),
+            ],
+            check=True,
+        )
+    return sorted(str(p) for p in out.glob("*.parquet"))
+
+
+# ---------------------------------------------------------------- children
+
+
+def start_ray() -> None:
+    import ray
+
+    # More logical CPUs than cores, or Ray's actor pools starve its read tasks on 2 cores.
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+
+
+def child_iter(engine: str, files: list[str]) -> dict:
+    if engine == "forebay":
+        import forebay
+
+        forebay.configure(progress=False)
+
+        def run():
+            rows = nbytes = 0
+            for b in forebay.read_parquet(files).iter_batches(
+                batch_size=BATCH, prefetch_batches=4, batch_format="pyarrow"
+            ):
+                rows += b.num_rows
+                nbytes = max(nbytes, b.nbytes)
+            return rows, nbytes
+
+    elif engine == "polars":
+        import polars as pl
+
+        def run():
+            rows = nbytes = 0
+            for df in pl.scan_parquet(files).collect_batches(chunk_size=BATCH):
+                rows += df.height
+                nbytes = max(nbytes, df.estimated_size())
+            return rows, nbytes
+
+    elif engine == "pyarrow":
+        import pyarrow.dataset as pds
+
+        def run():
+            rows = nbytes = 0
+            for b in pds.dataset(files, format="parquet").to_batches(batch_size=BATCH):
+                rows += b.num_rows
+                nbytes = max(nbytes, b.nbytes)
+            return rows, nbytes
+
+    elif engine == "ray":
+        import ray.data
+
+        start_ray()
+
+        def run():
+            rows = nbytes = 0
+            for b in ray.data.read_parquet(files).iter_batches(
+                batch_size=BATCH, prefetch_batches=4, batch_format="pyarrow"
+            ):
+                rows += b.num_rows
+                nbytes = max(nbytes, b.nbytes)
+            return rows, nbytes
+
+    else:
+        raise SystemExit(f"unknown engine {engine}")
+    with SystemMemorySampler() as mem:
+        started = time.perf_counter()
+        rows, nbytes = run()
+        seconds = time.perf_counter() - started
+    return {
+        "seconds": seconds,
+        "rise_mb": mem.rise_mb,
+        "rss_mb": peak_rss_mb(),
+        "rows": rows,
+        "batch_mb": nbytes / 1e6,
+    }
+
+
+def count_vowels_py(texts: list[str]) -> list[int]:
+    return [sum(1 for ch in t if ch in "aeiou") for t in texts]
+
+
+def child_gil(engine: str, files: list[str], rows: int) -> dict:
+    import pyarrow as pa
+
+    def vowels(batch):
+        return pa.table(
+            {
+                "l_orderkey": batch["l_orderkey"],
+                "vowels": count_vowels_py(batch["l_comment"].to_pylist()),
+            }
+        )
+
+    if engine.startswith("forebay"):
+        import forebay
+
+        forebay.configure(progress=False)
+        compute = engine.split("-")[1]
+
+        def run():
+            ds = forebay.read_parquet(files, columns=["l_orderkey", "l_comment"]).limit(rows)
+            out = ds.map_batches(vowels, batch_size=10_000, compute=compute, concurrency=2)
+            return sum(b.num_rows for b in out.iter_batches(batch_size=None))
+
+    elif engine == "ray":
+        import ray.data
+
+        start_ray()
+
+        class Vowels:
+            def __call__(self, batch):
+                return vowels(batch)
+
+        def run():
+            ds = ray.data.read_parquet(files, columns=["l_orderkey", "l_comment"]).limit(rows)
+            out = ds.map_batches(Vowels, batch_size=10_000, batch_format="pyarrow", concurrency=2)
+            return sum(
+                b.num_rows for b in out.iter_batches(batch_size=None, batch_format="pyarrow")
+            )
+
+    else:
+        raise SystemExit(f"unknown engine {engine}")
+    with SystemMemorySampler() as mem:
+        started = time.perf_counter()
+        n = run()
+        seconds = time.perf_counter() - started
+    return {"seconds": seconds, "rise_mb": mem.rise_mb, "rows": n}
+
+
+SLEEP_S = 0.025
+
+
+def child_sleep(engine: str, files: list[str], rows: int) -> dict:
+    import pyarrow as pa  # noqa: F401
+
+    if engine == "forebay":
+        import forebay
+
+        forebay.configure(progress=False)
+        own = []
+
+        def model(batch):
+            started = time.perf_counter()
+            time.sleep(SLEEP_S)
+            own.append(time.perf_counter() - started)
+            return batch
+
+        def run():
+            ds = forebay.read_parquet(files, columns=["l_orderkey", "l_comment"]).limit(rows)
+            out = ds.map_batches(model, batch_size=10_000, concurrency=1)
+            n = sum(b.num_rows for b in out.iter_batches(batch_size=None))
+            return n, sum(own)
+
+    elif engine == "ray":
+        import ray.data
+
+        start_ray()
+
+        class Model:
+            def __call__(self, batch):
+                started = time.perf_counter()
+                time.sleep(SLEEP_S)
+                batch["own_s"] = [time.perf_counter() - started] + [0.0] * (len(batch) - 1)
+                return batch
+
+        def run():
+            ds = ray.data.read_parquet(files, columns=["l_orderkey", "l_comment"]).limit(rows)
+            out = ds.map_batches(Model, batch_size=10_000, batch_format="pandas", concurrency=1)
+            n, own = 0, 0.0
+            for b in out.iter_batches(batch_size=None, batch_format="pandas"):
+                n += len(b)
+                own += float(b["own_s"].sum())
+            return n, own
+
+    else:
+        raise SystemExit(f"unknown engine {engine}")
+    started = time.perf_counter()
+    n, own = run()
+    wall = time.perf_counter() - started
+    return {"seconds": wall, "own_s": own, "rows": n}
+
+
+def child_overcap(files: list[str], limit: str, consumer_ms: float) -> dict:
+    import pyarrow.compute as pc
+
+    import forebay
+
+    forebay.configure(progress=False, memory_limit=limit)
+
+    def touch(batch):  # a map step that allocates its output
+        return batch.append_column("price2", pc.multiply(batch["l_extendedprice"], 2))
+
+    with SystemMemorySampler() as mem:
+        started = time.perf_counter()
+        ds = forebay.read_parquet(files).map_batches(touch, concurrency=2)
+        rows = 0
+        decoded = 0
+        for b in ds.iter_batches(batch_size=BATCH, prefetch_batches=4):
+            rows += b.num_rows
+            decoded += b.nbytes
+            time.sleep(consumer_ms / 1000)  # slower than the source
+        seconds = time.perf_counter() - started
+    stats = ds.stats()
+    return {
+        "seconds": seconds,
+        "rise_mb": mem.rise_mb,
+        "rss_mb": peak_rss_mb(),
+        "rows": rows,
+        "data_mb": decoded / 1e6,
+        "pool_peak_mb": stats["peak_bytes"] / 1e6,
+        "limit_mb": stats["memory_limit"] / 1e6,
+    }
+
+
+# ---------------------------------------------------------------- parent
+
+
+def in_child(*args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__)), "--child", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alternate(engines: list[str], rounds: int, kind: str, *args: str) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {e: [] for e in engines}
+    for r in range(rounds):
+        for e in engines:
+            res = in_child(kind, e, *args)
+            results[e].append(res)
+            print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
+    return results
+
+
+def med(rs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rs)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        kind, engine, *rest = sys.argv[2:]
+        if kind == "iter":
+            print(json.dumps(child_iter(engine, json.loads(rest[0]))))
+        elif kind == "gil":
+            print(json.dumps(child_gil(engine, json.loads(rest[0]), int(rest[1]))))
+        elif kind == "sleep":
+            print(json.dumps(child_sleep(engine, json.loads(rest[0]), int(rest[1]))))
+        elif kind == "overcap":
+            print(json.dumps(child_overcap(json.loads(rest[0]), rest[1], float(rest[2]))))
+        return
+
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("scenario", choices=["iter", "gil", "sleep", "overcap"])
+    p.add_argument("--scale-factor", type=float, default=1)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--data-dir", default=str(HERE.parents[1] / "bench-data"))
+    p.add_argument("--engines", default=None, help="comma-separated subset")
+    p.add_argument("--rows", type=int, default=1_200_000, help="rows for gil / sleep")
+    p.add_argument("--memory-limit", default="400MiB")
+    p.add_argument("--consumer-ms", type=float, default=20.0)
+    args = p.parse_args()
+    files = lineitem(Path(args.data_dir), args.scale_factor)
+    today = dt.date.today()
+
+    if args.scenario == "iter":
+        engines = (args.engines or "forebay,polars,pyarrow,ray").split(",")
+        res = alternate(engines, args.rounds, "iter", json.dumps(files))
+        base = med(res["forebay"], "seconds")
+        batch_mb = med(res["forebay"], "batch_mb")
+        print(
+            f"\niter_batches, lineitem SF{args.scale_factor:g}, 16 columns, {BATCH} rows, "
+            f"prefetch 4; medians of {args.rounds} ({today}); batch {batch_mb:.1f} MB, "
+            f"budget (4 + 2) x batch + 100 MB = {6 * batch_mb + 100:.0f} MB"
+        )
+        print(
+            f"{'engine':<10}{'seconds':>9}{'vs forebay':>12}{'sys rise MB':>13}{'max RSS MB':>12}"
+        )
+        for e in engines:
+            s = med(res[e], "seconds")
+            print(
+                f"{e:<10}{s:>9.3f}{s / base:>11.2f}x{med(res[e], 'rise_mb'):>13.0f}"
+                f"{med(res[e], 'rss_mb'):>12.0f}"
+            )
+    elif args.scenario == "gil":
+        engines = (args.engines or "forebay-threads,forebay-processes,ray").split(",")
+        res = alternate(engines, args.rounds, "gil", json.dumps(files), str(args.rows))
+        base = med(res["forebay-threads"], "seconds")
+        print(
+            f"\nGIL-holding map_batches (Python over l_comment), {args.rows} rows, concurrency 2, "
+            f"batch_size 10,000; medians of {args.rounds} ({today})"
+        )
+        print(f"{'engine':<20}{'seconds':>9}{'speed-up vs threads':>21}{'sys rise MB':>13}")
+        for e in engines:
+            s = med(res[e], "seconds")
+            print(f"{e:<20}{s:>9.3f}{base / s:>20.2f}x{med(res[e], 'rise_mb'):>13.0f}")
+    elif args.scenario == "sleep":
+        engines = (args.engines or "forebay,ray").split(",")
+        res = alternate(engines, args.rounds, "sleep", json.dumps(files), str(args.rows))
+        print(
+            f"\nsleep-bound map_batches ({SLEEP_S * 1000:.0f} ms per 10,000 rows), {args.rows} rows, "
+            f"one worker; medians of {args.rounds} ({today})"
+        )
+        print(f"{'engine':<10}{'wall s':>9}{'fn own s':>10}{'overhead':>10}")
+        for e in engines:
+            wall, own = med(res[e], "seconds"), med(res[e], "own_s")
+            print(f"{e:<10}{wall:>9.3f}{own:>10.3f}{(wall / own - 1) * 100:>9.1f}%")
+    else:
+        res = alternate(
+            ["forebay"],
+            args.rounds,
+            "overcap",
+            json.dumps(files),
+            args.memory_limit,
+            str(args.consumer_ms),
+        )
+        r = res["forebay"]
+        print(
+            f"\nover the cap: lineitem SF{args.scale_factor:g} through map_batches to a consumer "
+            f"sleeping {args.consumer_ms:g} ms per batch; medians of {args.rounds} ({today})"
+        )
+        print(
+            f"limit {med(r, 'limit_mb'):.0f} MB, data {med(r, 'data_mb'):.0f} MB "
+            f"({med(r, 'data_mb') / med(r, 'limit_mb'):.1f}x), time {med(r, 'seconds'):.1f} s, "
+            f"pool peak {med(r, 'pool_peak_mb'):.0f} MB, system rise {med(r, 'rise_mb'):.0f} MB "
+            f"(max {max(x['rise_mb'] for x in r):.0f}), max RSS {med(r, 'rss_mb'):.0f} MB"
+        )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    main()
