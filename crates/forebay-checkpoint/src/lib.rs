@@ -55,5 +55,7 @@ mod stream;
 pub use error::{CheckpointError, Result};
 pub use fingerprint::{IdFamily, FINGERPRINT_BITS};
 pub use index::{CheckpointIndex, DEFAULT_NUM_SHARDS, MAX_NUM_SHARDS};
-pub use persist::{clean_stale_temp_files, CheckpointLoader, WriteSummary, MANIFEST_FILE};
+pub use persist::{
+    clean_stale_temp_files, write_id_parts, CheckpointLoader, WriteSummary, MANIFEST_FILE,
+};
 pub use stream::{filter_in_parallel, FilteredBatches, SharedCheckpointIndex};

@@ -750,6 +750,34 @@ impl CheckpointIndex {
     /// files are not rewritten: a checkpoint is an append-only set of parts. On error the ids
     /// stay pending, so the write can be retried (re-written ids are harmless duplicates).
     pub fn write(&mut self, path: &str, storage_options: &StorageOptions) -> Result<WriteSummary> {
+        let target = self.prepare_target(path, storage_options)?;
+        let pending = self.take_pending();
+        let written = concat_pending(&pending).and_then(|ids| {
+            write_parts(
+                &target,
+                ids.as_ref(),
+                &self.id_column,
+                &self.id_type,
+                self.shard_bits,
+                |_| unique_part_name(),
+            )
+        });
+        match written {
+            Ok(summary) => Ok(summary),
+            Err(e) => {
+                self.restore_pending(pending);
+                Err(e)
+            }
+        }
+    }
+
+    /// Make `path` a checkpoint of this index's layout: create its manifest, or check the
+    /// one there (shard count, id family, id column) and remove dead writers' temp files.
+    pub fn prepare(&self, path: &str, storage_options: &StorageOptions) -> Result<()> {
+        self.prepare_target(path, storage_options).map(drop)
+    }
+
+    fn prepare_target(&self, path: &str, storage_options: &StorageOptions) -> Result<Target> {
         let target = Target::parse(path, storage_options)?;
         let wanted = Manifest {
             num_shards: self.num_shards(),
@@ -780,53 +808,108 @@ impl CheckpointIndex {
         if let Target::Local(dir) = &target {
             clean_stale_temp_files(dir);
         }
-        let pending = self.take_pending();
-        match self.write_parts(&target, &pending) {
-            Ok(summary) => Ok(summary),
-            Err(e) => {
-                self.restore_pending(pending);
-                Err(e)
-            }
-        }
+        Ok(target)
     }
+}
 
-    fn write_parts(&self, target: &Target, pending: &[ArrayRef]) -> Result<WriteSummary> {
-        let total: usize = pending.iter().map(|a| a.len()).sum();
-        if total == 0 {
-            return Ok(WriteSummary::default());
-        }
-        let arrow_err = |e: arrow::error::ArrowError| CheckpointError::Encode {
-            what: "checkpoint ids".into(),
-            reason: e.to_string(),
-        };
-        let parts: Vec<&dyn Array> = pending.iter().map(|a| a.as_ref()).collect();
-        let ids = arrow::compute::concat(&parts).map_err(arrow_err)?;
-        let mut fps = Vec::new();
-        fingerprints_into(ids.as_ref(), &mut fps);
-        let mut rows_by_shard: Vec<Vec<u32>> = vec![Vec::new(); self.num_shards()];
-        for (row, fp) in fps.iter().enumerate() {
-            rows_by_shard[shard_of(*fp, self.shard_bits)].push(row as u32);
-        }
-        let schema = Arc::new(Schema::new(vec![Field::new(
-            &self.id_column,
-            self.id_type.clone(),
-            false,
-        )]));
-        let mut summary = WriteSummary::default();
-        for (k, rows) in rows_by_shard.into_iter().enumerate() {
-            if rows.is_empty() {
-                continue;
-            }
-            let shard_ids =
-                arrow::compute::take(&ids, &UInt32Array::from(rows), None).map_err(arrow_err)?;
-            let batch = RecordBatch::try_new(schema.clone(), vec![shard_ids]).map_err(arrow_err)?;
-            let relative = format!("shard={k}/{}", unique_part_name());
-            let bytes = encode_parquet(&batch, &target.shown(&relative))?;
-            summary.files.push(target.put_atomic(&relative, bytes)?);
-            summary.ids += batch.num_rows();
-        }
-        Ok(summary)
+/// Write `ids` (of column `id_column`) under `root` as hash-partitioned part files all named
+/// `part_name`: `root/shard=<k>/<part_name>` for each shard `k` that gets ids, each written
+/// atomically. No manifest is written or read: this is for callers that stage parts and
+/// publish them into a checkpoint themselves (the engine's commit protocol). Nulls are
+/// skipped. Returns the files written, relative to `root`, and the ids written.
+pub fn write_id_parts(
+    root: &str,
+    storage_options: &StorageOptions,
+    id_column: &str,
+    ids: &dyn Array,
+    num_shards: usize,
+    part_name: &str,
+) -> Result<(Vec<String>, usize)> {
+    let target = Target::parse(root, storage_options)?;
+    let shard_bits = shard_bits_for(num_shards)?;
+    let ids = arrow::compute::filter(ids, &arrow::compute::is_not_null(ids).map_err(encode_err)?)
+        .map_err(encode_err)?;
+    let id_type = id_value_type(ids.data_type(), root, id_column)?;
+    let ids = if ids.data_type() == &id_type {
+        ids
+    } else {
+        arrow::compute::cast(&ids, &id_type).map_err(encode_err)?
+    };
+    let summary = write_parts(
+        &target,
+        ids.as_ref(),
+        id_column,
+        &id_type,
+        shard_bits,
+        |_| part_name.to_string(),
+    )?;
+    let base = target.shown("");
+    let relative = summary
+        .files
+        .iter()
+        .map(|f| {
+            f.strip_prefix(base.trim_end_matches('/'))
+                .unwrap_or(f)
+                .trim_start_matches('/')
+                .to_string()
+        })
+        .collect();
+    Ok((relative, summary.ids))
+}
+
+fn encode_err(e: arrow::error::ArrowError) -> CheckpointError {
+    CheckpointError::Encode {
+        what: "checkpoint ids".into(),
+        reason: e.to_string(),
     }
+}
+
+fn concat_pending(pending: &[ArrayRef]) -> Result<ArrayRef> {
+    let parts: Vec<&dyn Array> = pending.iter().map(|a| a.as_ref()).collect();
+    if parts.is_empty() {
+        return Ok(arrow::array::new_empty_array(&DataType::Null));
+    }
+    arrow::compute::concat(&parts).map_err(encode_err)
+}
+
+/// Write `ids` into one part file per shard that gets ids, named by `name_of(shard)`.
+fn write_parts(
+    target: &Target,
+    ids: &dyn Array,
+    id_column: &str,
+    id_type: &DataType,
+    shard_bits: u32,
+    name_of: impl Fn(usize) -> String,
+) -> Result<WriteSummary> {
+    if ids.is_empty() {
+        return Ok(WriteSummary::default());
+    }
+    let mut fps = Vec::new();
+    fingerprints_into(ids, &mut fps);
+    let num_shards = 1usize << shard_bits;
+    let mut rows_by_shard: Vec<Vec<u32>> = vec![Vec::new(); num_shards];
+    for (row, fp) in fps.iter().enumerate() {
+        rows_by_shard[shard_of(*fp, shard_bits)].push(row as u32);
+    }
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        id_column,
+        id_type.clone(),
+        false,
+    )]));
+    let mut summary = WriteSummary::default();
+    for (k, rows) in rows_by_shard.into_iter().enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let shard_ids =
+            arrow::compute::take(ids, &UInt32Array::from(rows), None).map_err(encode_err)?;
+        let batch = RecordBatch::try_new(schema.clone(), vec![shard_ids]).map_err(encode_err)?;
+        let relative = format!("shard={k}/{}", name_of(k));
+        let bytes = encode_parquet(&batch, &target.shown(&relative))?;
+        summary.files.push(target.put_atomic(&relative, bytes)?);
+        summary.ids += batch.num_rows();
+    }
+    Ok(summary)
 }
 
 #[cfg(test)]

@@ -8,10 +8,11 @@ use arrow::array::RecordBatch;
 use forebay_parquet::BatchProvenance;
 
 use crate::error::BatchLabel;
+use crate::lineage::UnitTicket;
 use crate::memory::{MemoryConsumer, Reservation};
 
 /// The rows of one source batch that a pipeline batch covers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Origin {
     /// Where the source batch came from (None for sources other than Parquet).
     pub provenance: Option<BatchProvenance>,
@@ -19,7 +20,20 @@ pub struct Origin {
     pub source_seq: u64,
     /// Rows of that source batch covered, counted from its first row.
     pub rows: std::ops::Range<usize>,
+    /// The input unit these rows come from, in checkpointed runs (see `lineage`): every
+    /// batch holds its own reference.
+    pub(crate) ticket: Option<Arc<UnitTicket>>,
 }
+
+impl PartialEq for Origin {
+    fn eq(&self, other: &Self) -> bool {
+        self.provenance == other.provenance
+            && self.source_seq == other.source_seq
+            && self.rows == other.rows
+    }
+}
+
+impl Eq for Origin {}
 
 /// A batch in flight. Its reservation is charged to whoever holds it (a stage or a queue)
 /// and released when it is dropped or handed to the caller.
@@ -28,8 +42,9 @@ pub struct EngineBatch {
     /// Position among the batches of the edge it travels on (the source's order, or the
     /// order of the tasks of the stage that produced it); used to restore order.
     pub seq: u64,
-    /// The source rows it covers (several when batches were re-chunked together).
-    pub origin: Arc<[Origin]>,
+    /// The source rows it covers (several when batches were re-chunked together). Each batch
+    /// owns its origins (cloning a batch's origins clones their lineage references).
+    pub origin: Vec<Origin>,
     pub(crate) reservation: Reservation,
 }
 
@@ -57,6 +72,14 @@ impl EngineBatch {
     /// The batch without its reservation (it leaves the pool's accounting).
     pub fn into_batch(self) -> RecordBatch {
         self.batch
+    }
+
+    /// Take the lineage references of its origins (to release them through the book).
+    pub(crate) fn take_tickets(&mut self) -> Vec<Arc<UnitTicket>> {
+        self.origin
+            .iter_mut()
+            .filter_map(|o| o.ticket.take())
+            .collect()
     }
 }
 

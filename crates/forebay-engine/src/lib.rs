@@ -47,9 +47,11 @@
 //! ```
 
 mod batch;
+mod commit;
 mod concat;
 mod error;
 mod events;
+mod lineage;
 pub mod memory;
 mod pipeline;
 pub mod process;
@@ -62,9 +64,11 @@ mod shuffle;
 mod source;
 mod stage;
 mod stats;
+mod storage;
 mod writer;
 
 pub use batch::{EngineBatch, Origin};
+pub use commit::{Checkpoint, OnChangedInput, ResumeReport};
 pub use error::{BatchLabel, EngineError, Result, UserError};
 pub use events::{EventSink, PipelineEvent};
 pub use memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, PoolSnapshot, Reservation};
@@ -74,4 +78,6 @@ pub use pipeline::{
 pub use source::{BatchIterator, Source};
 pub use stage::{MapFn, MapStage, MapWorker, StageFailure, WorkerContext};
 pub use stats::{RunStats, StageStats};
-pub use writer::{ParquetSink, WriteMode, WriteStats, WrittenFile, DEFAULT_ROWS_PER_FILE};
+pub use writer::{
+    ParquetSink, ResumeStats, WriteMode, WriteStats, WrittenFile, DEFAULT_ROWS_PER_FILE,
+};

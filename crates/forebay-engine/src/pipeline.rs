@@ -21,8 +21,10 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
 use crate::batch::EngineBatch;
+use crate::commit::{Checkpoint, CommitLog, ResumeReport};
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
+use crate::lineage::LineageBook;
 use crate::memory::{CancelToken, MemoryPool};
 use crate::progress::Progress;
 use crate::queue::BatchQueue;
@@ -32,7 +34,7 @@ use crate::shuffle::LocalShuffler;
 use crate::source::{run_source, Source};
 use crate::stage::{spawn_stage, MapStage};
 use crate::stats::{RunStats, StageCounters, StageStats};
-use crate::writer::{run_writer, write_stats, OutputTarget, ParquetSink, WriteStats};
+use crate::writer::{run_writer, write_stats, OutputTarget, ParquetSink, ResumeStats, WriteStats};
 
 /// Default memory limit of a run: a quarter of the machine's memory, at least 256 MiB.
 pub fn default_memory_limit() -> usize {
@@ -71,7 +73,7 @@ impl Default for PipelineOptions {
         PipelineOptions {
             memory_limit: default_memory_limit(),
             preserve_order: false,
-            queue_batches: 4,
+            queue_batches: 2,
             progress: false,
             spill_dir: None,
             store_capacity: None,
@@ -204,7 +206,7 @@ impl Pipeline {
             ));
         }
         let options = self.options.clone();
-        let (mut run, last) = self.start("iter_batches", 0)?;
+        let (mut run, last) = self.start("iter_batches", 0, None)?;
         let ready_holder = run.resources.pool().consumer("iter_batches (prefetched)");
         let ready: Arc<BatchQueue<Vec<EngineBatch>>> = Arc::new(BatchQueue::new(
             ready_holder,
@@ -246,10 +248,80 @@ impl Pipeline {
     /// Start writing; the caller waits with [`RunningWrite::wait_timeout`] (to stay
     /// responsive, e.g. to Ctrl-C) or [`RunningWrite::wait`].
     pub fn start_write(self, sink: ParquetSink) -> Result<RunningWrite> {
-        let target = Arc::new(OutputTarget::open(sink)?);
+        self.start_write_inner(sink, None)
+    }
+
+    /// Write exactly once and resumably: each file commits with the ids of its rows and the
+    /// inputs it finishes (see the `commit` module docs). A run started again after any
+    /// interruption recovers the checkpoint, skips finished input files and row groups
+    /// unread and drops rows whose id is done, right after the source.
+    pub fn write_parquet_checkpointed(
+        self,
+        sink: ParquetSink,
+        checkpoint: Checkpoint,
+    ) -> Result<WriteStats> {
+        self.start_write_checkpointed(sink, checkpoint)?.wait()
+    }
+
+    /// [`write_parquet_checkpointed`](Self::write_parquet_checkpointed), waited on by the
+    /// caller.
+    pub fn start_write_checkpointed(
+        mut self,
+        sink: ParquetSink,
+        checkpoint: Checkpoint,
+    ) -> Result<RunningWrite> {
+        let Source::Parquet(dataset) = &self.source else {
+            return Err(EngineError::InvalidArgument(
+                "checkpointed writes read Parquet (a source with file provenance)".into(),
+            ));
+        };
+        let book = Arc::new(LineageBook::default());
+        let output = crate::storage::Dir::open(&sink.root, &sink.storage_options)
+            .map_err(|e| EngineError::write("write_parquet", e.path, e.reason))?;
+        let prepared = CommitLog::prepare(&checkpoint, output, dataset, book.clone())?;
+        let id_column = checkpoint.id_column.clone();
+        // The filter right after the source: finished rows go no further.
+        let filter = MapStage::checkpoint_filter(prepared.index.clone())
+            .with_concurrency(std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let mut steps = vec![Step::Map(filter)];
+        for step in self.steps.drain(..) {
+            steps.push(match step {
+                Step::Map(mut m) => {
+                    if !m.required_columns.contains(&id_column) {
+                        m.required_columns.push(id_column.clone());
+                    }
+                    Step::Map(m)
+                }
+                other => other,
+            });
+        }
+        self.steps = steps;
+        self.source = Source::Parquet(prepared.dataset.clone());
+        let commits = CheckpointRun {
+            log: prepared.log.clone(),
+            delete_on_success: checkpoint.delete_on_success,
+            report: prepared.report,
+            dataset: prepared.dataset,
+        };
+        self.start_write_inner(sink, Some((book, commits)))
+    }
+
+    fn start_write_inner(
+        self,
+        sink: ParquetSink,
+        checkpoint: Option<(Arc<LineageBook>, CheckpointRun)>,
+    ) -> Result<RunningWrite> {
+        let (book, commits) = match checkpoint {
+            Some((book, run)) => (Some(book), Some(run)),
+            None => (None, None),
+        };
+        let target = Arc::new(OutputTarget::open(
+            sink,
+            commits.as_ref().map(|c| c.log.clone()),
+        )?);
         let workers = target.concurrency();
         let progress = self.options.progress;
-        let (mut run, last) = self.start("write_parquet", workers)?;
+        let (mut run, last) = self.start("write_parquet", workers, book)?;
         let counters = run.add_counters("write_parquet");
         let holder = run.resources.pool().consumer("write_parquet");
         for worker in 0..workers {
@@ -272,12 +344,18 @@ impl Pipeline {
         Ok(RunningWrite {
             run: Some(run),
             target,
+            commits,
             last_stats: None,
         })
     }
 
     /// Start the source and the steps; returns the run and the queue after the last step.
-    fn start(self, sink_name: &str, sink_workers: usize) -> Result<(Run, Arc<BatchQueue>)> {
+    fn start(
+        self,
+        sink_name: &str,
+        sink_workers: usize,
+        lineage: Option<Arc<LineageBook>>,
+    ) -> Result<(Run, Arc<BatchQueue>)> {
         let Pipeline {
             source,
             steps,
@@ -298,6 +376,10 @@ impl Pipeline {
             },
             options.events.clone(),
         );
+        let resources = match lineage {
+            Some(book) => resources.with_lineage(book),
+            None => resources,
+        };
         let mut names = vec![source.name().to_string()];
         names.extend(steps.iter().map(Step::name));
         names.push(sink_name.to_string());
@@ -398,7 +480,7 @@ fn limit(
         if n > left {
             let keep = left as usize;
             batch.batch = batch.batch.slice(0, keep);
-            batch.origin = crate::rechunk::split_origin(&batch.origin, keep).0.into();
+            batch.origin = crate::rechunk::split_origin(&batch.origin, keep).0;
         }
         left -= (batch.batch.num_rows() as u64).min(left);
         counters.record_out(batch.batch.num_rows());
@@ -728,10 +810,19 @@ impl Iterator for BatchStream {
     }
 }
 
+/// What a checkpointed write keeps for its end.
+struct CheckpointRun {
+    log: Arc<CommitLog>,
+    delete_on_success: bool,
+    report: ResumeReport,
+    dataset: forebay_parquet::ParquetDataset,
+}
+
 /// A write in progress.
 pub struct RunningWrite {
     run: Option<Run>,
     target: Arc<OutputTarget>,
+    commits: Option<CheckpointRun>,
     last_stats: Option<RunStats>,
 }
 
@@ -765,11 +856,31 @@ impl RunningWrite {
         let run = self.run.take().ok_or(EngineError::Cancelled)?;
         let started = run.started;
         let (error, stats) = run.finish();
-        self.last_stats = Some(stats);
-        match error {
-            Some(e) => Err(e),
-            None => Ok(write_stats(&self.target, started)),
+        if let Some(e) = error {
+            self.last_stats = Some(stats);
+            return Err(e);
         }
+        let mut written = write_stats(&self.target, started);
+        if let Some(c) = &self.commits {
+            // The last completions, folded into the checkpoint (or the checkpoint deleted).
+            c.log.finish(c.delete_on_success)?;
+            let filtered = stats
+                .stages
+                .iter()
+                .find(|s| s.name == "checkpoint_filter")
+                .map_or(0, |s| s.rows_in - s.rows_out);
+            let m = c.dataset.metrics();
+            written.resume = Some(ResumeStats {
+                report: c.report.clone(),
+                rows_skipped_by_id: filtered,
+                files_skipped: m.files_skipped,
+                row_groups_skipped: m.row_groups_skipped,
+                bytes_read: m.io.data_bytes + m.io.footer_bytes,
+            });
+        }
+        written.seconds = started.elapsed().as_secs_f64();
+        self.last_stats = Some(stats);
+        Ok(written)
     }
 
     /// Stop the write: files not yet published are removed.

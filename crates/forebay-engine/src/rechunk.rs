@@ -14,7 +14,6 @@
 //! spans two input batches, so concatenating would copy almost all the data).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 
@@ -109,13 +108,13 @@ impl Rechunker {
                 pieces.push(EngineBatch {
                     batch: piece,
                     seq: head.seq,
-                    origin: front.into(),
+                    origin: front,
                     reservation: piece_reservation,
                 });
                 self.pending.push_front(EngineBatch {
                     batch: rest,
                     seq: head.seq,
-                    origin: back.into(),
+                    origin: back,
                     reservation: rest_reservation,
                 });
                 needed = 0;
@@ -146,7 +145,7 @@ impl Rechunker {
                 self.pending.push_front(EngineBatch {
                     batch: rest,
                     seq: head.seq,
-                    origin: back.into(),
+                    origin: back,
                     reservation,
                 });
             }
@@ -156,7 +155,7 @@ impl Rechunker {
             return Ok(EngineBatch {
                 batch: chunk,
                 seq,
-                origin: front.into(),
+                origin: front,
                 reservation,
             });
         }
@@ -182,7 +181,7 @@ impl Rechunker {
                 self.pending.push_front(EngineBatch {
                     batch: rest,
                     seq: head.seq,
-                    origin: back.into(),
+                    origin: back,
                     reservation,
                 });
                 consumed.push(head);
@@ -207,7 +206,7 @@ impl Rechunker {
         Ok(EngineBatch {
             batch: chunk,
             seq,
-            origin: Arc::from(origin),
+            origin,
             reservation,
         })
     }
@@ -245,6 +244,7 @@ mod tests {
     use crate::memory::{batch_memory, MemoryPool};
     use arrow::array::{Array, Int64Array};
     use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
 
     fn input(pool: &MemoryPool, seq: u64, start: i64, n: usize) -> EngineBatch {
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
@@ -266,8 +266,8 @@ mod tests {
                 provenance: None,
                 source_seq: seq,
                 rows: 0..n,
-            }]
-            .into(),
+                ticket: None,
+            }],
             reservation,
         }
     }

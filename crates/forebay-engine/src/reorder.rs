@@ -14,7 +14,6 @@
 //! to disk when the arena is full, and come back when their turn comes.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use forebay_store::ObjectId;
@@ -27,7 +26,7 @@ use crate::resources::RunResources;
 enum Held {
     InMemory(Vec<EngineBatch>, usize),
     /// Moved into the object store: one object per batch, with what it needs to come back.
-    InStore(Vec<(ObjectId, u64, Arc<[Origin]>)>),
+    InStore(Vec<(ObjectId, u64, Vec<Origin>)>),
 }
 
 pub(crate) struct ReorderBuffer {
@@ -93,7 +92,7 @@ impl ReorderBuffer {
                     .put_arrow(&b.batch.schema(), std::slice::from_ref(&b.batch), &[])
                     .map_err(|e| EngineError::store(&self.stage, e))?;
                 self.spilled_bytes += batch_memory(&b.batch) as u64;
-                stored.push((id, b.seq, b.origin.clone()));
+                stored.push((id, b.seq, b.origin));
             }
             self.held.insert(index, Held::InStore(stored));
         }

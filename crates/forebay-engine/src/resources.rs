@@ -8,6 +8,7 @@ use forebay_store::{ObjectStore, StoreConfig};
 
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
+use crate::lineage::LineageBook;
 use crate::memory::{Admission, CancelToken, MemoryPool, Reservation};
 use crate::queue::Wake;
 
@@ -32,6 +33,8 @@ struct Inner {
     events: Option<EventSink>,
     first_error: Mutex<Option<EngineError>>,
     queues: Mutex<Vec<Arc<dyn Wake>>>,
+    /// Set in checkpointed runs: which inputs are finished.
+    lineage: Option<Arc<LineageBook>>,
 }
 
 impl RunResources {
@@ -49,8 +52,21 @@ impl RunResources {
                 events,
                 first_error: Mutex::new(None),
                 queues: Mutex::new(Vec::new()),
+                lineage: None,
             }),
         }
+    }
+
+    /// Track lineage (a checkpointed run). Call before the run starts.
+    pub(crate) fn with_lineage(mut self, book: Arc<LineageBook>) -> RunResources {
+        Arc::get_mut(&mut self.inner)
+            .expect("resources not shared yet")
+            .lineage = Some(book);
+        self
+    }
+
+    pub(crate) fn lineage(&self) -> Option<&Arc<LineageBook>> {
+        self.inner.lineage.as_ref()
     }
 
     pub(crate) fn pool(&self) -> &MemoryPool {
@@ -111,6 +127,9 @@ impl RunResources {
 
     /// Record a failure: the first real error wins; everything stops.
     pub(crate) fn fail(&self, error: EngineError) {
+        if let Some(book) = &self.inner.lineage {
+            book.poison(); // nothing completes in a failed run
+        }
         {
             let mut first = self
                 .inner

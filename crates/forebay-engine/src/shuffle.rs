@@ -10,8 +10,6 @@
 //!
 //! The permutation comes from a seeded generator, so a seed reproduces the order.
 
-use std::sync::Arc;
-
 use arrow::array::{RecordBatch, UInt32Array};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -97,7 +95,7 @@ impl LocalShuffler {
         Ok(Some(EngineBatch {
             batch: out,
             seq,
-            origin: Arc::from(Vec::new()),
+            origin: Vec::new(),
             reservation,
         }))
     }
@@ -134,7 +132,7 @@ impl LocalShuffler {
         self.shuffled = Some(EngineBatch {
             batch: permuted,
             seq: 0,
-            origin: Arc::from(Vec::new()),
+            origin: Vec::new(),
             reservation,
         });
         self.offset = 0;
@@ -151,6 +149,7 @@ mod tests {
     use crate::memory::MemoryPool;
     use arrow::array::{Array, Int64Array};
     use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
 
     fn input(pool: &MemoryPool, start: i64, n: usize) -> EngineBatch {
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
@@ -172,8 +171,8 @@ mod tests {
                 provenance: None,
                 source_seq: 0,
                 rows: 0..n,
-            }]
-            .into(),
+                ticket: None,
+            }],
             reservation,
         }
     }

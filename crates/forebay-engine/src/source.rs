@@ -18,6 +18,7 @@ use forebay_parquet::ParquetDataset;
 
 use crate::batch::{EngineBatch, Origin};
 use crate::error::{BatchLabel, EngineError, Result, UserError};
+use crate::lineage::{FileTicket, LineageBook, UnitTicket};
 use crate::memory::{batch_memory, Admission};
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
@@ -55,6 +56,53 @@ impl Source {
     }
 }
 
+/// The source's holds on the file and row group it is emitting (checkpointed runs): each
+/// is released through the lineage book once all of it has been emitted, so that it can
+/// complete when every batch derived from it is done.
+struct Holds {
+    book: Arc<LineageBook>,
+    file: Option<Arc<FileTicket>>,
+    unit: Option<Arc<UnitTicket>>,
+}
+
+impl Holds {
+    /// The ticket of the unit a batch comes from; moving to another unit (or file) means
+    /// the previous one was emitted in full (the scan is ordered).
+    fn unit(&mut self, file_index: usize, row_group: usize) -> Arc<UnitTicket> {
+        if let Some(u) = &self.unit {
+            if u.file.file_index == file_index && u.row_group == row_group {
+                return u.clone();
+            }
+            let done = self.unit.take().expect("checked");
+            self.book.release(vec![done]);
+        }
+        if self
+            .file
+            .as_ref()
+            .is_some_and(|f| f.file_index != file_index)
+        {
+            let done = self.file.take().expect("checked");
+            self.book.release_file(done);
+        }
+        let file = self
+            .file
+            .get_or_insert_with(|| self.book.file(file_index))
+            .clone();
+        let unit = self.book.unit(&file, row_group);
+        self.unit = Some(unit.clone());
+        unit
+    }
+
+    fn finish(mut self) {
+        if let Some(u) = self.unit.take() {
+            self.book.release(vec![u]);
+        }
+        if let Some(f) = self.file.take() {
+            self.book.release_file(f);
+        }
+    }
+}
+
 /// Read the source into `output` until it ends, downstream stops, or the run is cancelled.
 /// `headroom`: bytes per batch in flight downstream (workers × a batch) kept free.
 pub(crate) fn run_source(
@@ -86,27 +134,39 @@ pub(crate) fn run_source(
                 .reserve_bytes(window, Admission::Now)?;
             let mut scan = dataset.scan();
             let mut seq = 0u64;
+            let mut lineage = resources.lineage().map(|book| Holds {
+                book: book.clone(),
+                file: None,
+                unit: None,
+            });
             while let Some(item) = scan.next_blocking() {
                 cancel.check()?;
                 let item = item?;
                 let rows = item.batch.num_rows();
                 let reservation = admit(&item.batch)?;
+                let ticket = lineage
+                    .as_mut()
+                    .map(|l| l.unit(item.provenance.file_index, item.provenance.row_group));
                 let batch = EngineBatch {
                     batch: item.batch,
                     seq,
-                    origin: Arc::from(vec![Origin {
+                    origin: vec![Origin {
                         provenance: Some(item.provenance),
                         source_seq: seq,
                         rows: 0..rows,
-                    }]),
+                        ticket,
+                    }],
                     reservation,
                 };
                 seq += 1;
                 counters.record_in(rows);
                 counters.record_out(rows);
                 if !output.push(batch, &cancel)? {
-                    break; // downstream has all it needs
+                    return Ok(()); // downstream has all it needs (holds dropped: incomplete)
                 }
+            }
+            if let Some(l) = lineage {
+                l.finish(); // every unit was emitted in full
             }
         }
         Source::Batches { schema, batches } => {
@@ -136,11 +196,12 @@ pub(crate) fn run_source(
                 let batch = EngineBatch {
                     batch,
                     seq,
-                    origin: Arc::from(vec![Origin {
+                    origin: vec![Origin {
                         provenance: None,
                         source_seq: seq,
                         rows: 0..rows,
-                    }]),
+                        ticket: None,
+                    }],
                     reservation,
                 };
                 if !output.push(batch, &cancel)? {

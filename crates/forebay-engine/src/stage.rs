@@ -440,7 +440,15 @@ fn work(r: &Running, index: usize, tasks: crossbeam_channel::Receiver<Task>) -> 
                     reservation,
                 });
             }
-            drop(task.batch);
+            let mut input = task.batch;
+            if reserved.is_empty() {
+                // Every row of the input is done (filtered out, or dropped by the function):
+                // a legitimate end of its lineage.
+                if let Some(book) = r.resources.lineage() {
+                    book.release(input.take_tickets());
+                }
+            }
+            drop(input);
             emit(r, task.index, reserved)?;
         }
     })();

@@ -10,6 +10,10 @@
 //! starts with `.` (readers, forebay's and pyarrow's, skip such names) and becomes final by
 //! `rename`; on object stores the object appears only when its upload completes. A failed
 //! or cancelled file is removed (locally) or its upload aborted.
+//!
+//! With a checkpoint, files are written whole-batch (a batch never spans two files, so the
+//! ids of a file are exactly its rows'), staged under `_forebay_staging/`, and published by
+//! the commit protocol (`commit` module) together with their ids and the inputs they finish.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -18,21 +22,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use arrow::array::RecordBatch;
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use forebay_parquet::StorageOptions;
-use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
-use crate::batch::EngineBatch;
+use crate::commit::{CommitLog, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
+use crate::lineage::UnitTicket;
 use crate::memory::{Admission, MemoryConsumer, Reservation};
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
+use crate::storage::{sync_dir, Dir, StorageError};
 
 const STAGE: &str = "write_parquet";
 /// Rows per file when `rows_per_file` is not set.
@@ -141,67 +145,74 @@ pub struct WriteStats {
     pub files: Vec<WrittenFile>,
     pub bytes: u64,
     pub seconds: f64,
+    /// For a checkpointed write: what it found done and skipped.
+    pub resume: Option<ResumeStats>,
+}
+
+/// What a checkpointed write skipped of its input.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResumeStats {
+    pub report: crate::commit::ResumeReport,
+    /// Rows read but dropped because their id was done.
+    pub rows_skipped_by_id: u64,
+    /// Input files skipped unread (neither footer nor data fetched).
+    pub files_skipped: u64,
+    /// Row groups skipped unread.
+    pub row_groups_skipped: u64,
+    /// Bytes of input read (footers and column chunks).
+    pub bytes_read: u64,
 }
 
 /// The output directory, opened once for the run.
 pub(crate) struct OutputTarget {
     sink: ParquetSink,
-    location: Location,
+    dir: Dir,
     run_id: String,
     next_file: AtomicU64,
     pub(crate) written: Mutex<Vec<WrittenFile>>,
+    /// Set for checkpointed writes: files are staged and committed through it.
+    commits: Option<Arc<CommitLog>>,
 }
 
-enum Location {
-    Local(PathBuf),
-    Remote {
-        store: Arc<dyn ObjectStore>,
-        prefix: ObjectPath,
-        shown: String,
-    },
+fn storage_err(e: StorageError) -> EngineError {
+    EngineError::write(STAGE, e.path, e.reason)
 }
 
 impl OutputTarget {
     /// Check (and create) the output directory before anything runs, so that an unusable
     /// path fails at once.
-    pub(crate) fn open(sink: ParquetSink) -> Result<OutputTarget> {
-        let (store, prefix, shown) =
-            forebay_parquet::open_location(&sink.root, &sink.storage_options)
-                .map_err(|e| EngineError::write(STAGE, &sink.root, e))?;
-        let location = if sink.root.contains("://") && !sink.root.starts_with("file://") {
-            Location::Remote {
-                store,
-                prefix,
-                shown,
-            }
-        } else {
-            let dir = PathBuf::from(format!("/{prefix}"));
-            fs::create_dir_all(&dir).map_err(|e| {
+    pub(crate) fn open(sink: ParquetSink, commits: Option<Arc<CommitLog>>) -> Result<OutputTarget> {
+        let dir = match &commits {
+            Some(log) => log.output().clone(),
+            None => Dir::open(&sink.root, &sink.storage_options).map_err(storage_err)?,
+        };
+        if let Dir::Local(root) = &dir {
+            fs::create_dir_all(root).map_err(|e| {
                 EngineError::write(
                     STAGE,
-                    dir.display().to_string(),
+                    root.display().to_string(),
                     format!("cannot create the output directory: {e}"),
                 )
             })?;
             // Writable? Create and remove a probe file now rather than fail after hours.
-            let probe = dir.join(format!(".forebay-write-probe-{}", std::process::id()));
+            let probe = root.join(format!(".forebay-write-probe-{}", std::process::id()));
             File::create(&probe)
                 .and_then(|_| fs::remove_file(&probe))
                 .map_err(|e| {
                     EngineError::write(
                         STAGE,
-                        dir.display().to_string(),
+                        root.display().to_string(),
                         format!("the output directory is not writable: {e}"),
                     )
                 })?;
-            Location::Local(dir)
-        };
+        }
         let target = OutputTarget {
             run_id: run_id(),
             sink,
-            location,
+            dir,
             next_file: AtomicU64::new(0),
             written: Mutex::new(Vec::new()),
+            commits,
         };
         target.apply_mode()?;
         Ok(target)
@@ -215,7 +226,23 @@ impl OutputTarget {
         if self.sink.mode == WriteMode::Append {
             return Ok(());
         }
-        let existing = self.existing_data_files()?;
+        if self.commits.is_some() {
+            return Err(EngineError::InvalidArgument(
+                "a checkpointed write appends (it resumes into the same directory); use \
+                 mode='append'"
+                    .into(),
+            ));
+        }
+        let is_data = |name: &str| {
+            name.ends_with(".parquet") && !name.starts_with('.') && !name.starts_with('_')
+        };
+        let existing: Vec<String> = self
+            .dir
+            .list("")
+            .map_err(storage_err)?
+            .into_iter()
+            .filter(|n| is_data(n))
+            .collect();
         match self.sink.mode {
             WriteMode::ErrorIfExists if !existing.is_empty() => Err(EngineError::write(
                 STAGE,
@@ -228,81 +255,11 @@ impl OutputTarget {
             )),
             WriteMode::Overwrite => {
                 for name in existing {
-                    self.delete(&name)?;
+                    self.dir.delete(&name).map_err(storage_err)?;
                 }
                 Ok(())
             }
             _ => Ok(()),
-        }
-    }
-
-    fn existing_data_files(&self) -> Result<Vec<String>> {
-        let is_data = |name: &str| {
-            name.ends_with(".parquet") && !name.starts_with('.') && !name.starts_with('_')
-        };
-        match &self.location {
-            Location::Local(dir) => {
-                let mut names = Vec::new();
-                for entry in fs::read_dir(dir)
-                    .map_err(|e| EngineError::write(STAGE, dir.display().to_string(), e))?
-                {
-                    let entry = entry
-                        .map_err(|e| EngineError::write(STAGE, dir.display().to_string(), e))?;
-                    let name = entry.file_name().to_string_lossy().to_string();
-                    if is_data(&name) {
-                        names.push(name);
-                    }
-                }
-                Ok(names)
-            }
-            Location::Remote {
-                store,
-                prefix,
-                shown,
-            } => {
-                let store = store.clone();
-                let prefix = prefix.clone();
-                let listed = forebay_parquet::block_on(async move {
-                    store.list_with_delimiter(Some(&prefix)).await
-                })
-                .map_err(|e| {
-                    EngineError::write(STAGE, shown.clone(), format!("cannot list: {e}"))
-                })?;
-                let names = listed
-                    .objects
-                    .into_iter()
-                    .filter_map(|o| o.location.filename().map(str::to_string));
-                Ok(names.filter(|n| is_data(n)).collect())
-            }
-        }
-    }
-
-    fn delete(&self, name: &str) -> Result<()> {
-        match &self.location {
-            Location::Local(dir) => fs::remove_file(dir.join(name))
-                .map_err(|e| EngineError::write(STAGE, dir.join(name).display().to_string(), e)),
-            Location::Remote {
-                store,
-                prefix,
-                shown,
-            } => {
-                let store = store.clone();
-                let path = prefix.clone().join(name);
-                forebay_parquet::block_on(async move { store.delete(&path).await })
-                    .map_err(|e| EngineError::write(STAGE, format!("{shown}/{name}"), e))
-            }
-        }
-    }
-
-    fn next_name(&self, worker: usize) -> String {
-        let n = self.next_file.fetch_add(1, Ordering::Relaxed);
-        format!("part-{}-{worker:02}-{n:05}.parquet", self.run_id)
-    }
-
-    fn shown(&self, name: &str) -> String {
-        match &self.location {
-            Location::Local(dir) => dir.join(name).display().to_string(),
-            Location::Remote { shown, .. } => format!("{}/{name}", shown.trim_end_matches('/')),
         }
     }
 
@@ -314,33 +271,44 @@ impl OutputTarget {
             .build()
     }
 
-    fn open_file(&self, worker: usize, schema: SchemaRef) -> Result<OpenFile> {
-        let name = self.next_name(worker);
-        let shown = self.shown(&name);
+    /// A new file: written under a hidden temporary name and renamed to `name` when
+    /// published (local), or uploaded to `name` (object stores; `name` may be a staging
+    /// path, which the commit protocol publishes).
+    fn open_file(&self, name: &str, schema: SchemaRef, staged: bool) -> Result<OpenFile> {
+        let shown = self.dir.shown(name);
         let props = self.properties();
-        let writer = match &self.location {
-            Location::Local(dir) => {
-                let temp = dir.join(format!(".{name}.tmp"));
+        let writer = match (self.dir.local_path(name), self.dir.object(name)) {
+            (Some(path), _) => {
+                let dir = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+                fs::create_dir_all(&dir).map_err(|e| EngineError::write(STAGE, &shown, e))?;
+                let file_name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("part.parquet")
+                    .to_string();
+                let temp = if staged {
+                    path.clone()
+                } else {
+                    dir.join(format!(".{file_name}.tmp"))
+                };
                 let file = File::create(&temp).map_err(|e| EngineError::write(STAGE, &shown, e))?;
                 let writer = ArrowWriter::try_new(BufWriter::new(file), schema, Some(props))
                     .map_err(|e| EngineError::write(STAGE, &shown, e))?;
                 FileWriter::Local {
                     writer: Some(writer),
                     temp,
-                    path: dir.join(&name),
+                    path: (!staged).then_some(path),
                 }
             }
-            Location::Remote { store, prefix, .. } => {
-                let upload = object_store::buffered::BufWriter::new(
-                    store.clone(),
-                    prefix.clone().join(name.as_str()),
-                );
+            (None, Some((store, location))) => {
+                let upload = object_store::buffered::BufWriter::new(store, location);
                 let writer = AsyncArrowWriter::try_new(upload, schema, Some(props))
                     .map_err(|e| EngineError::write(STAGE, &shown, e))?;
                 FileWriter::Remote {
                     writer: Some(writer),
                 }
             }
+            (None, None) => unreachable!("a directory is local or remote"),
         };
         Ok(OpenFile {
             writer,
@@ -348,6 +316,18 @@ impl OutputTarget {
             rows: 0,
             published: false,
         })
+    }
+
+    fn record(&self, file: WrittenFile, resources: &RunResources) {
+        resources.emit(PipelineEvent::FileWritten {
+            path: file.path.clone(),
+            rows: file.rows,
+            bytes: file.bytes,
+        });
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(file);
     }
 }
 
@@ -364,8 +344,11 @@ fn run_id() -> String {
 enum FileWriter {
     Local {
         writer: Option<ArrowWriter<BufWriter<File>>>,
+        /// Where the bytes are written.
         temp: PathBuf,
-        path: PathBuf,
+        /// The final name to rename to when published (None: staged, the commit protocol
+        /// publishes it).
+        path: Option<PathBuf>,
     },
     Remote {
         writer: Option<AsyncArrowWriter<object_store::buffered::BufWriter>>,
@@ -376,7 +359,8 @@ struct OpenFile {
     writer: FileWriter,
     shown: String,
     rows: u64,
-    /// Set once the file is under its final name; until then, dropping removes it.
+    /// Set once the file is complete (under its final name, or staged for a commit); until
+    /// then, dropping it removes the partial file.
     published: bool,
 }
 
@@ -414,8 +398,9 @@ impl OpenFile {
         }
     }
 
-    /// Finish the file and publish it under its final name; returns its size.
-    fn publish(mut self) -> Result<WrittenFile> {
+    /// Finish the file: durable, and under its final name unless it is staged. Returns its
+    /// size.
+    fn finish(mut self) -> Result<WrittenFile> {
         let shown = self.shown.clone();
         let bytes = match &mut self.writer {
             FileWriter::Local { writer, temp, path } => {
@@ -432,9 +417,11 @@ impl OpenFile {
                     .map_err(|e| EngineError::write(STAGE, &shown, e))?;
                 let size = file.metadata().map(|m| m.len()).unwrap_or(0);
                 drop(file);
-                fs::rename(&*temp, &*path).map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                sync_dir(path.parent().unwrap_or(Path::new("/")))
-                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
+                if let Some(path) = path {
+                    fs::rename(&*temp, &*path).map_err(|e| EngineError::write(STAGE, &shown, e))?;
+                    sync_dir(path.parent().unwrap_or(Path::new("/")))
+                        .map_err(|e| EngineError::write(STAGE, &shown, e))?;
+                }
                 size
             }
             FileWriter::Remote { writer } => {
@@ -486,10 +473,6 @@ impl Drop for OpenFile {
     }
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 /// One writer worker: take batches from `input` until it ends, writing files.
 pub(crate) fn run_writer(
     target: Arc<OutputTarget>,
@@ -499,35 +482,55 @@ pub(crate) fn run_writer(
     holder: MemoryConsumer,
     rows_written: Arc<AtomicU64>,
 ) -> Result<()> {
+    match target.commits.clone() {
+        None => write_plain(&target, worker, &input, &resources, &holder, &rows_written),
+        Some(log) => write_checkpointed(&target, &log, &input, &resources, &holder, &rows_written),
+    }
+}
+
+fn check_schema(first: &mut Option<SchemaRef>, batch: &RecordBatch) -> Result<()> {
+    match first {
+        None => *first = Some(batch.schema()),
+        Some(s) if s.fields() != batch.schema().fields() => {
+            return Err(EngineError::BadOutput {
+                stage: STAGE.into(),
+                batch: Default::default(),
+                reason: format!(
+                    "a batch's schema differs from the first batch's: {:?} vs {:?}; every \
+                     batch written to one dataset needs the same columns and types",
+                    batch.schema(),
+                    s
+                ),
+            })
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Without a checkpoint: files of exactly `rows_per_file` rows (a batch may span two).
+fn write_plain(
+    target: &OutputTarget,
+    worker: usize,
+    input: &BatchQueue,
+    resources: &RunResources,
+    holder: &MemoryConsumer,
+    rows_written: &AtomicU64,
+) -> Result<()> {
     let cancel = resources.cancel_token().clone();
     let mut file: Option<OpenFile> = None;
     let mut buffered: Option<Reservation> = None;
     let mut schema: Option<SchemaRef> = None;
     while let Some(batch) = input.pop(&cancel)? {
-        let EngineBatch { batch, .. } = {
-            batch.move_to(&holder);
-            batch
-        };
-        match &schema {
-            None => schema = Some(batch.schema()),
-            Some(s) if s.fields() != batch.schema().fields() => {
-                return Err(EngineError::BadOutput {
-                    stage: STAGE.into(),
-                    batch: Default::default(),
-                    reason: format!(
-                        "a batch's schema differs from the first batch's: {:?} vs {:?}; every \
-                         batch written to one dataset needs the same columns and types",
-                        batch.schema(),
-                        s
-                    ),
-                })
-            }
-            _ => {}
-        }
+        batch.move_to(holder);
+        let batch = batch.batch;
+        check_schema(&mut schema, &batch)?;
         let mut offset = 0;
         while offset < batch.num_rows() {
             if file.is_none() {
-                file = Some(target.open_file(worker, batch.schema())?);
+                let n = target.next_file.fetch_add(1, Ordering::Relaxed);
+                let name = format!("part-{}-{worker:02}-{n:05}.parquet", target.run_id);
+                file = Some(target.open_file(&name, batch.schema(), false)?);
             }
             let open = file.as_mut().expect("just opened");
             let room = target.sink.rows_per_file - open.rows as usize;
@@ -536,10 +539,10 @@ pub(crate) fn run_writer(
             offset += n;
             rows_written.fetch_add(n as u64, Ordering::Relaxed);
             // The encoder's buffers are memory in flight too.
-            let now = holder.reserve_bytes(open.memory(), Admission::Now)?;
-            buffered = Some(now);
+            buffered = Some(holder.reserve_bytes(open.memory(), Admission::Now)?);
             if open.rows as usize >= target.sink.rows_per_file {
-                publish(&target, file.take().expect("open"), &resources)?;
+                let done = file.take().expect("open").finish()?;
+                target.record(done, resources);
                 buffered = None;
             }
             cancel.check()?;
@@ -547,23 +550,110 @@ pub(crate) fn run_writer(
     }
     drop(buffered);
     if let Some(open) = file.take() {
-        publish(&target, open, &resources)?;
+        target.record(open.finish()?, resources);
     }
     Ok(())
 }
 
-fn publish(target: &OutputTarget, file: OpenFile, resources: &RunResources) -> Result<()> {
-    let written = file.publish()?;
-    resources.emit(PipelineEvent::FileWritten {
-        path: written.path.clone(),
-        rows: written.rows,
-        bytes: written.bytes,
-    });
-    target
-        .written
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(written);
+/// A file being written in a checkpointed run, with what its commit needs.
+struct Pending {
+    file: OpenFile,
+    commit: String,
+    staged: String,
+    final_name: String,
+    ids: Vec<ArrayRef>,
+    tickets: Vec<Arc<UnitTicket>>,
+    /// The ids (and the encoder's buffers) are memory held until the commit.
+    held: Vec<Reservation>,
+}
+
+/// With a checkpoint: whole batches per file (closing a file at the first batch boundary
+/// past `rows_per_file`), each file committed with its ids and lineage.
+fn write_checkpointed(
+    target: &OutputTarget,
+    log: &CommitLog,
+    input: &BatchQueue,
+    resources: &RunResources,
+    holder: &MemoryConsumer,
+    rows_written: &AtomicU64,
+) -> Result<()> {
+    let cancel = resources.cancel_token().clone();
+    let mut pending: Option<Pending> = None;
+    let mut schema: Option<SchemaRef> = None;
+    let id_column = log.id_column().to_string();
+    while let Some(mut batch) = input.pop(&cancel)? {
+        batch.move_to(holder);
+        check_schema(&mut schema, &batch.batch)?;
+        let ids =
+            batch
+                .batch
+                .column_by_name(&id_column)
+                .cloned()
+                .ok_or_else(|| EngineError::BadOutput {
+                    stage: STAGE.into(),
+                    batch: batch.label(),
+                    reason: format!(
+                    "the batch has no column '{id_column}', the checkpoint's id column (it has \
+                     {:?}); keep the id column in every step's output",
+                    batch.batch.schema().fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                ),
+                })?;
+        if pending.is_none() {
+            let (commit, staged, final_name) = log.next_commit();
+            pending = Some(Pending {
+                file: target.open_file(&staged, batch.batch.schema(), true)?,
+                commit,
+                staged,
+                final_name,
+                ids: Vec::new(),
+                tickets: Vec::new(),
+                held: Vec::new(),
+            });
+        }
+        let p = pending.as_mut().expect("just opened");
+        p.file.write(&batch.batch)?;
+        rows_written.fetch_add(batch.batch.num_rows() as u64, Ordering::Relaxed);
+        p.tickets.extend(batch.take_tickets());
+        let id_batch = RecordBatch::try_from_iter([("id", ids.clone())])
+            .map_err(|e| EngineError::write(STAGE, &p.file.shown, e))?;
+        p.held
+            .push(holder.reserve_batch(&id_batch, Admission::Now)?);
+        p.ids.push(ids);
+        drop(batch);
+        if p.file.rows as usize >= target.sink.rows_per_file {
+            commit_file(target, log, pending.take().expect("open"), resources)?;
+        }
+        cancel.check()?;
+    }
+    if let Some(p) = pending.take() {
+        commit_file(target, log, p, resources)?;
+    }
+    Ok(())
+}
+
+fn commit_file(
+    target: &OutputTarget,
+    log: &CommitLog,
+    p: Pending,
+    resources: &RunResources,
+) -> Result<()> {
+    let staged = p.file.finish()?;
+    let data = StagedData {
+        staged: p.staged,
+        final_name: p.final_name.clone(),
+        rows: staged.rows,
+        bytes: staged.bytes,
+    };
+    log.commit(&p.commit, Some(data), p.ids, p.tickets)?;
+    drop(p.held);
+    target.record(
+        WrittenFile {
+            path: target.dir.shown(&p.final_name),
+            rows: staged.rows,
+            bytes: staged.bytes,
+        },
+        resources,
+    );
     Ok(())
 }
 
@@ -579,5 +669,6 @@ pub(crate) fn write_stats(target: &OutputTarget, started: Instant) -> WriteStats
         bytes: files.iter().map(|f| f.bytes).sum(),
         files,
         seconds: started.elapsed().as_secs_f64(),
+        resume: None,
     }
 }

@@ -94,6 +94,11 @@ pub struct FileEntry {
     /// What to call the file in messages and provenance: the URI or local path.
     pub(crate) uri: Arc<str>,
     pub(crate) size: u64,
+    /// Last modification, milliseconds since the Unix epoch (from listing or HEAD).
+    pub(crate) last_modified_ms: i64,
+    /// The store's entity tag (S3's ETag; for local files object_store derives one from the
+    /// inode, modification time and size), when it has one.
+    pub(crate) e_tag: Option<Arc<str>>,
     /// The file's path when it lives on the local file system: column chunks are then read
     /// directly (see `local.rs`), footers still through `store`.
     pub(crate) local_path: Option<Arc<std::path::Path>>,
@@ -108,6 +113,16 @@ impl FileEntry {
     /// The file's size in bytes, from listing or HEAD.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Last modification time, milliseconds since the Unix epoch.
+    pub fn last_modified_ms(&self) -> i64 {
+        self.last_modified_ms
+    }
+
+    /// The store's entity tag, when it has one (changes whenever the object is rewritten).
+    pub fn e_tag(&self) -> Option<&str> {
+        self.e_tag.as_deref()
     }
 }
 

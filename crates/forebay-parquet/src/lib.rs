@@ -44,6 +44,6 @@ pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
 pub use predicate::{CompareOp, Literal, Predicate};
 pub use scan::{
     block_on, runtime, BatchProvenance, ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch,
-    RecordBatchIter, ScanMetricsSnapshot, ScanStream,
+    RecordBatchIter, ScanMetricsSnapshot, ScanSkip, ScanStream,
 };
 pub use source::{global_memory_store, open_location, DatasetSource, StorageOptions};

@@ -83,6 +83,26 @@ pub fn block_on<T: Send + 'static>(
     }
 }
 
+/// Input a caller has already finished, to be skipped without reading it (the engine's
+/// resume): whole files before their footer is fetched, row groups before their data is.
+pub trait ScanSkip: Send + Sync {
+    /// Skip this file entirely (its footer is not read; the dataset's first file's footer is
+    /// read anyway, for the schema).
+    fn skip_file(&self, file: &FileEntry) -> bool;
+    /// Skip this row group of a file that is read.
+    fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool;
+}
+
+/// A [`ScanSkip`] in the builder (which derives `Debug`).
+#[derive(Clone)]
+struct Skip(Arc<dyn ScanSkip>);
+
+impl std::fmt::Debug for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScanSkip")
+    }
+}
+
 /// How to read a dataset. Build with [`ParquetDataset::builder`].
 #[derive(Debug, Clone)]
 pub struct ParquetDatasetBuilder {
@@ -94,6 +114,7 @@ pub struct ParquetDatasetBuilder {
     num_threads: Option<usize>,
     dictionary_columns: Vec<String>,
     int96_unit: TimeUnit,
+    skip: Option<Skip>,
     coalesce_gap: Option<u64>,
     use_page_index: bool,
 }
@@ -152,6 +173,13 @@ impl ParquetDatasetBuilder {
     /// INT96 columns.
     pub fn with_int96_timestamp_unit(mut self, unit: TimeUnit) -> Self {
         self.int96_unit = unit;
+        self
+    }
+
+    /// Skip input the caller already finished (see [`ScanSkip`]); skipped files and row
+    /// groups are counted in [`ScanMetricsSnapshot`].
+    pub fn with_skip(mut self, skip: Arc<dyn ScanSkip>) -> Self {
+        self.skip = Some(Skip(skip));
         self
     }
 
@@ -216,6 +244,8 @@ struct ScanMetrics {
     row_groups_pruned_by_statistics: AtomicU64,
     row_groups_pruned_by_page_index: AtomicU64,
     rows_pruned_by_page_index: AtomicU64,
+    files_skipped: AtomicU64,
+    row_groups_skipped: AtomicU64,
 }
 
 /// A point-in-time copy of a dataset's pruning and I/O counters.
@@ -225,6 +255,10 @@ pub struct ScanMetricsSnapshot {
     pub row_groups_pruned_by_statistics: u64,
     pub row_groups_pruned_by_page_index: u64,
     pub rows_pruned_by_page_index: u64,
+    /// Files a [`ScanSkip`] skipped (neither footer nor data read).
+    pub files_skipped: u64,
+    /// Row groups a [`ScanSkip`] skipped (data not read).
+    pub row_groups_skipped: u64,
     pub io: IoMetricsSnapshot,
 }
 
@@ -272,6 +306,7 @@ impl ParquetDataset {
             num_threads: None,
             dictionary_columns: Vec::new(),
             int96_unit: TimeUnit::Nanosecond,
+            skip: None,
             coalesce_gap: None,
             use_page_index: true,
         }
@@ -295,6 +330,32 @@ impl ParquetDataset {
             .expect("schema is set by build")
     }
 
+    /// The same dataset (its files and cached footers) scanning around the input `skip`
+    /// says is finished. Its metrics start from zero.
+    pub fn with_skip(&self, skip: Arc<dyn ScanSkip>) -> ParquetDataset {
+        let inner = &self.inner;
+        let mut options = inner.options.clone();
+        options.skip = Some(Skip(skip));
+        let schema = OnceLock::new();
+        if let Some(s) = inner.schema.get() {
+            let _ = schema.set(s.clone());
+        }
+        let opened = inner.opened.lock().expect("cache lock").clone();
+        ParquetDataset {
+            inner: Arc::new(DatasetInner {
+                options,
+                files: inner.files.clone(),
+                io: inner.io.clone(),
+                scan_metrics: ScanMetrics::default(),
+                threads: inner.threads,
+                prefetch: inner.prefetch,
+                coalesce_gap: inner.coalesce_gap,
+                opened: Mutex::new(opened),
+                schema,
+            }),
+        }
+    }
+
     /// The files of the dataset, in scan order.
     pub fn files(&self) -> &[FileEntry] {
         &self.inner.files
@@ -312,6 +373,8 @@ impl ParquetDataset {
                 .row_groups_pruned_by_page_index
                 .load(Ordering::Relaxed),
             rows_pruned_by_page_index: m.rows_pruned_by_page_index.load(Ordering::Relaxed),
+            files_skipped: m.files_skipped.load(Ordering::Relaxed),
+            row_groups_skipped: m.row_groups_skipped.load(Ordering::Relaxed),
             io: self.inner.io.snapshot(),
         }
     }
@@ -1084,7 +1147,20 @@ type BatchResult = Result<ProvenancedBatch>;
 /// their batches in order.
 async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
     let decode_permits = Arc::new(Semaphore::new(inner.threads));
-    let opening = futures::stream::iter(0..inner.files.len())
+    let skip = inner.options.skip.clone();
+    let wanted: Vec<usize> = (0..inner.files.len())
+        .filter(|&i| match &skip {
+            Some(s) if s.0.skip_file(&inner.files[i]) => {
+                inner
+                    .scan_metrics
+                    .files_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    let opening = futures::stream::iter(wanted)
         .map(|i| {
             let inner = inner.clone();
             tokio::spawn(async move { inner.open(i).await })
@@ -1117,6 +1193,15 @@ async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
                 None => files_done = true,
                 Some(Ok(Ok(file))) => {
                     for unit in inner.plan_units(&file) {
+                        if let Some(s) = &skip {
+                            if s.0.skip_row_group(&file.entry, unit.row_group) {
+                                inner
+                                    .scan_metrics
+                                    .row_groups_skipped
+                                    .fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        }
                         pending_units.push_back((file.clone(), unit));
                     }
                 }

@@ -299,6 +299,8 @@ async fn expand(
         uri: Arc::from(format!("{}{}", root.display_prefix, meta.location)),
         location: meta.location,
         size: meta.size,
+        last_modified_ms: meta.last_modified.timestamp_millis(),
+        e_tag: meta.e_tag.map(Arc::from),
     };
     let not_found = |reason: &str| ParquetError::NotFound {
         path: shown.to_string(),

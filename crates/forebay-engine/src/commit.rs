@@ -1,0 +1,880 @@
+//! # Exactly-once, resumable writes: the commit protocol
+//!
+//! A checkpointed `write_parquet` commits each output file together with what it covers:
+//! the ids of its rows (as forebay-checkpoint's hash-partitioned part files, so a resumed run
+//! filters them out) and the input files and row groups it completes (so a resumed run skips
+//! them unread). Either all of that becomes visible, or none of it.
+//!
+//! ## Files
+//!
+//! ```text
+//!  <output>/part-<commit>.parquet                  data files (what readers of the output see)
+//!  <output>/_forebay_staging/part-<commit>.parquet a data file not yet published
+//!  <checkpoint>/_forebay_checkpoint                manifest (forebay-checkpoint: shard count, id type)
+//!  <checkpoint>/shard=<k>/part-<commit>.parquet    ids of committed rows
+//!  <checkpoint>/_forebay_staging/<commit>/shard=<k>/part-<commit>.parquet   ids not yet published
+//!  <checkpoint>/_forebay_commits/<commit>.json     commit record: the decision
+//!  <checkpoint>/_forebay_inputs.json               inputs finished by earlier runs
+//! ```
+//!
+//! Names starting with `_` or `.` are skipped by every Parquet reader (forebay, pyarrow,
+//! Spark, DuckDB's globs of `*.parquet`), so staged files are invisible to readers.
+//!
+//! ## Order of one commit
+//!
+//! ```text
+//!  1 stage    write the data file and the id parts under _forebay_staging (in parallel
+//!             with other writers); nothing is visible yet
+//!  2 decide   (one commit at a time) release the file's batches to the lineage book, take
+//!             the inputs completed so far, and PUT the commit record atomically
+//!             (local: temp file, fsync, rename, fsync dir; object stores: one PUT)
+//!             ─── the commit point: before it the commit did not happen, after it it did
+//!  3 publish  move each staged id part, then the data file, to its final name
+//!             (local: rename; object stores: server-side copy, which makes the object
+//!             appear whole, then delete the staged copy)
+//! ```
+//!
+//! ## Recovery (at the start of every run, before anything is read)
+//!
+//! ```text
+//!  for each record in _forebay_commits/:          (a corrupt record is an error, never a rerun)
+//!      roll forward: publish every file it names that is still staged
+//!      (a file neither staged nor published: error: it was deleted by hand)
+//!  merge the records' inputs into _forebay_inputs.json (atomic), then delete the records
+//!  delete _forebay_staging/ in both directories: staged files without a record are
+//!      commits that never happened (rolled back; their rows are processed again)
+//! ```
+//!
+//! A SIGKILL at any moment leaves one of: staged files without a record (rolled back), a
+//! record with files still staged (rolled forward), or a finished commit. Rows are written
+//! once: a row's id is published only by the commit that publishes its data file, and a
+//! resumed run drops rows whose id is published. Inputs are skipped only once every row
+//! derived from them is committed or was dropped empty ([`crate::lineage`]).
+//!
+//! On object stores there is no rename: staging keys are copied server-side to final keys;
+//! a reader listing the output sees a data file only once it is complete and committed.
+//!
+//! One run at a time may use a checkpoint (a lock file guards local checkpoints).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::{Array, ArrayRef};
+use arrow::datatypes::DataType;
+use forebay_checkpoint::{CheckpointIndex, SharedCheckpointIndex};
+use forebay_parquet::{FileEntry, ParquetDataset, ScanSkip, StorageOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+use crate::lineage::{Completed, LineageBook, UnitTicket};
+use crate::storage::{Dir, StorageError};
+
+const STAGING: &str = "_forebay_staging";
+const COMMITS: &str = "_forebay_commits";
+const INPUTS: &str = "_forebay_inputs.json";
+const LOCK: &str = "_forebay_lock";
+const FORMAT: u32 = 1;
+
+/// What to do when an input file changed since a checkpoint recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChangedInput {
+    /// Fail the run, naming the file (the default: never skip data silently).
+    Error,
+    /// Read the file again; its rows are still filtered by id.
+    Reprocess,
+}
+
+/// A checkpoint for a resumable, exactly-once `write_parquet`.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub(crate) id_column: String,
+    pub(crate) path: String,
+    pub(crate) num_shards: Option<usize>,
+    pub(crate) delete_on_success: bool,
+    pub(crate) on_changed_input: OnChangedInput,
+    pub(crate) storage_options: StorageOptions,
+}
+
+impl Checkpoint {
+    /// A checkpoint at `path` (a directory or URI) keyed by the column `id_column`. A path
+    /// that already holds Parquet files with that column (Ray Data's checkpoint layout, or a
+    /// single file) counts their ids as done; forebay keeps its own state beside them (for a
+    /// single file, in the directory `<file>.forebay`).
+    pub fn new(id_column: impl Into<String>, path: impl Into<String>) -> Checkpoint {
+        Checkpoint {
+            id_column: id_column.into(),
+            path: path.into(),
+            num_shards: None,
+            delete_on_success: false,
+            on_changed_input: OnChangedInput::Error,
+            storage_options: StorageOptions::new(),
+        }
+    }
+
+    /// Hash shards of the id files (default: the checkpoint's own, else 16).
+    pub fn with_num_shards(mut self, num_shards: usize) -> Self {
+        self.num_shards = Some(num_shards);
+        self
+    }
+
+    /// Delete forebay's checkpoint state once a run finishes successfully.
+    pub fn with_delete_on_success(mut self, delete: bool) -> Self {
+        self.delete_on_success = delete;
+        self
+    }
+
+    pub fn with_on_changed_input(mut self, action: OnChangedInput) -> Self {
+        self.on_changed_input = action;
+        self
+    }
+
+    pub fn with_storage_options(mut self, options: StorageOptions) -> Self {
+        self.storage_options = options;
+        self
+    }
+
+    pub fn id_column(&self) -> &str {
+        &self.id_column
+    }
+}
+
+/// What the start of a checkpointed run found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResumeReport {
+    /// Commit records rolled forward (published) by recovery.
+    pub commits_recovered: usize,
+    /// Ids the checkpoint holds (rows already written).
+    pub ids_done: u64,
+    /// Input files recorded as finished (skipped unread when unchanged).
+    pub files_done: usize,
+    /// Input files that changed since they were recorded and are read again.
+    pub files_changed: Vec<String>,
+}
+
+/// An identity of an input file, to notice that it changed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct Identity {
+    size: u64,
+    modified_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    e_tag: Option<String>,
+}
+
+impl Identity {
+    fn of(entry: &FileEntry) -> Identity {
+        Identity {
+            size: entry.size(),
+            modified_ms: entry.last_modified_ms(),
+            e_tag: entry.e_tag().map(str::to_string),
+        }
+    }
+
+    /// Same file: same size, and the same entity tag when both have one (else the same
+    /// modification time).
+    fn same_as(&self, other: &Identity) -> bool {
+        self.size == other.size
+            && match (&self.e_tag, &other.e_tag) {
+                (Some(a), Some(b)) => a == b,
+                _ => self.modified_ms == other.modified_ms,
+            }
+    }
+}
+
+/// What earlier runs finished of one input file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct InputState {
+    #[serde(flatten)]
+    identity: Identity,
+    #[serde(default)]
+    complete: bool,
+    #[serde(default)]
+    row_groups: BTreeSet<usize>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct InputsSnapshot {
+    format: u32,
+    files: BTreeMap<String, InputState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct DataFileRecord {
+    staged: String,
+    #[serde(rename = "final")]
+    final_name: String,
+    rows: u64,
+    bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct IdPartsRecord {
+    /// Relative to the checkpoint directory's staging directory of this commit.
+    parts: Vec<String>,
+    count: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct InputRecord {
+    uri: String,
+    #[serde(flatten)]
+    identity: Identity,
+    #[serde(default)]
+    complete: bool,
+    #[serde(default)]
+    row_groups: Vec<usize>,
+}
+
+/// The decision of one commit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CommitRecord {
+    format: u32,
+    commit: String,
+    data: Option<DataFileRecord>,
+    ids: Option<IdPartsRecord>,
+    inputs: Vec<InputRecord>,
+}
+
+/// A data file the writer staged, ready to commit.
+#[derive(Debug, Clone)]
+pub(crate) struct StagedData {
+    pub staged: String,
+    pub final_name: String,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+/// The commit protocol of one run.
+pub(crate) struct CommitLog {
+    output: Dir,
+    /// The checkpoint's state directory (forebay's files).
+    state: Dir,
+    storage_options: StorageOptions,
+    id_column: String,
+    num_shards: usize,
+    book: Arc<LineageBook>,
+    files: Vec<(String, Identity)>,
+    /// One decision at a time (see the module docs: completions go to the next record).
+    deciding: Mutex<()>,
+    run_id: String,
+    next: AtomicU64,
+    _lock: Option<std::fs::File>,
+}
+
+/// Everything a checkpointed run needs, prepared before it starts.
+pub(crate) struct Prepared {
+    pub log: Arc<CommitLog>,
+    pub index: SharedCheckpointIndex,
+    pub dataset: ParquetDataset,
+    pub report: ResumeReport,
+}
+
+fn storage_err(e: StorageError) -> EngineError {
+    EngineError::Write {
+        stage: "checkpoint".into(),
+        path: e.path,
+        reason: e.reason,
+    }
+}
+
+fn corrupt(path: String, reason: impl std::fmt::Display) -> EngineError {
+    EngineError::Checkpoint {
+        stage: "checkpoint".into(),
+        source: Box::new(forebay_checkpoint::CheckpointError::Manifest {
+            path,
+            reason: format!(
+                "{reason}; the checkpoint is damaged (restore the file, or delete the checkpoint \
+                 directory to start over)"
+            ),
+        }),
+    }
+}
+
+/// Skips input files and row groups earlier runs finished.
+struct FinishedInputs(HashMap<String, InputState>);
+
+impl ScanSkip for FinishedInputs {
+    fn skip_file(&self, file: &FileEntry) -> bool {
+        self.0.get(file.uri()).is_some_and(|s| s.complete)
+    }
+    fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool {
+        self.0
+            .get(file.uri())
+            .is_some_and(|s| s.complete || s.row_groups.contains(&row_group))
+    }
+}
+
+impl CommitLog {
+    /// Recover the checkpoint, load what it holds, and open the log for this run.
+    pub(crate) fn prepare(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        dataset: &ParquetDataset,
+        book: Arc<LineageBook>,
+    ) -> Result<Prepared> {
+        let options = &checkpoint.storage_options;
+        // Where forebay's own files go: the path itself, or beside a single id file.
+        let given = Dir::open(&checkpoint.path, options).map_err(storage_err)?;
+        let single_file = matches!(&given, Dir::Local(p) if p.is_file());
+        let state_uri = if single_file {
+            format!("{}.forebay", given.root_uri())
+        } else {
+            given.root_uri()
+        };
+        let state = Dir::open(&state_uri, options).map_err(storage_err)?;
+        state.create().map_err(storage_err)?;
+        output.create().map_err(storage_err)?;
+        let lock = lock_local(&state)?;
+
+        let recovered = recover(&state, &output)?;
+        let mut snapshot = load_inputs(&state)?;
+
+        // Inputs that changed since they were recorded.
+        let mut report = ResumeReport {
+            commits_recovered: recovered,
+            ..Default::default()
+        };
+        for entry in dataset.files() {
+            let Some(recorded) = snapshot.files.get(entry.uri()) else {
+                continue;
+            };
+            if recorded.identity.same_as(&Identity::of(entry)) {
+                continue;
+            }
+            match checkpoint.on_changed_input {
+                OnChangedInput::Error => {
+                    return Err(EngineError::Checkpoint {
+                        stage: "checkpoint".into(),
+                        source: Box::new(forebay_checkpoint::CheckpointError::InvalidArgument(
+                            format!(
+                            "input {} changed since the checkpoint {} recorded it (size {} -> {}, \
+                             modified {} -> {} ms); its rows may differ, so it is not skipped: \
+                             pass on_changed_input='reprocess' to read it again (rows whose id \
+                             is done are still skipped), or start a new checkpoint",
+                            entry.uri(),
+                            state.root_uri(),
+                            recorded.identity.size,
+                            entry.size(),
+                            recorded.identity.modified_ms,
+                            entry.last_modified_ms()
+                        ),
+                        )),
+                    })
+                }
+                OnChangedInput::Reprocess => report.files_changed.push(entry.uri().to_string()),
+            }
+        }
+        for uri in &report.files_changed {
+            snapshot.files.remove(uri);
+        }
+        report.files_done = snapshot.files.values().filter(|s| s.complete).count();
+
+        // The ids done: everything under the checkpoint path (forebay's parts, and any id
+        // files that were there: Ray's layout, a single file).
+        let id_type = {
+            let schema = dataset.schema();
+            let field = schema.field_with_name(&checkpoint.id_column).map_err(|_| {
+                EngineError::InvalidArgument(format!(
+                    "the checkpoint's id column '{}' is not a column of the input (it has {:?})",
+                    checkpoint.id_column,
+                    schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                ))
+            })?;
+            match field.data_type() {
+                DataType::Dictionary(_, v) => v.as_ref().clone(),
+                t => t.clone(),
+            }
+        };
+        let ckpt_err = |e: forebay_checkpoint::CheckpointError| EngineError::Checkpoint {
+            stage: "checkpoint".into(),
+            source: Box::new(e),
+        };
+        let mut index = load_ids(
+            &checkpoint.path,
+            options,
+            &checkpoint.id_column,
+            checkpoint.num_shards,
+        )
+        .map_err(ckpt_err)?;
+        if single_file {
+            let shards = index
+                .as_ref()
+                .map(|i| i.num_shards())
+                .or(checkpoint.num_shards);
+            if let Some(more) =
+                load_ids(&state_uri, options, &checkpoint.id_column, shards).map_err(ckpt_err)?
+            {
+                match index.as_mut() {
+                    Some(i) => i.merge(&more).map_err(ckpt_err)?,
+                    None => index = Some(more),
+                }
+            }
+        }
+        let index = match index {
+            Some(i) => i,
+            None => CheckpointIndex::new(
+                id_type,
+                checkpoint.id_column.clone(),
+                checkpoint
+                    .num_shards
+                    .unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
+            )
+            .map_err(ckpt_err)?,
+        };
+        index.prepare(&state_uri, options).map_err(ckpt_err)?;
+        report.ids_done = index.len() as u64;
+
+        let files = dataset
+            .files()
+            .iter()
+            .map(|e| (e.uri().to_string(), Identity::of(e)))
+            .collect();
+        let skip = FinishedInputs(snapshot.files.into_iter().collect());
+        let log = CommitLog {
+            output,
+            state,
+            storage_options: options.clone(),
+            id_column: checkpoint.id_column.clone(),
+            num_shards: index.num_shards(),
+            book,
+            files,
+            deciding: Mutex::new(()),
+            run_id: run_id(),
+            next: AtomicU64::new(0),
+            _lock: lock,
+        };
+        Ok(Prepared {
+            dataset: dataset.with_skip(Arc::new(skip)),
+            index: Arc::new(std::sync::RwLock::new(index)),
+            log: Arc::new(log),
+            report,
+        })
+    }
+
+    pub(crate) fn id_column(&self) -> &str {
+        &self.id_column
+    }
+
+    pub(crate) fn output(&self) -> &Dir {
+        &self.output
+    }
+
+    /// A new commit: its id, and where its data file is staged and published.
+    pub(crate) fn next_commit(&self) -> (String, String, String) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let commit = format!("{}-{n:06}", self.run_id);
+        let name = format!("part-{commit}.parquet");
+        (commit, format!("{STAGING}/{name}"), name)
+    }
+
+    /// Commit a staged data file (or, with `data: None`, only completions) with the ids of
+    /// its rows and the lineage tickets of its batches.
+    pub(crate) fn commit(
+        &self,
+        commit: &str,
+        data: Option<StagedData>,
+        ids: Vec<ArrayRef>,
+        tickets: Vec<Arc<UnitTicket>>,
+    ) -> Result<()> {
+        // 1. stage the ids (in parallel with other commits).
+        let ids_record = if ids.iter().all(|a| a.is_empty()) {
+            None
+        } else {
+            let parts: Vec<&dyn Array> = ids.iter().map(|a| a.as_ref()).collect();
+            let all = arrow::compute::concat(&parts).map_err(|e| EngineError::Write {
+                stage: "checkpoint".into(),
+                path: self.state.root_uri(),
+                reason: e.to_string(),
+            })?;
+            let staged_root = self.state.child(&format!("{STAGING}/{commit}")).root_uri();
+            let name = format!("part-{commit}.parquet");
+            let (parts, count) = forebay_checkpoint::write_id_parts(
+                &staged_root,
+                &self.storage_options,
+                &self.id_column,
+                all.as_ref(),
+                self.num_shards,
+                &name,
+            )
+            .map_err(|e| EngineError::Checkpoint {
+                stage: "checkpoint".into(),
+                source: Box::new(e),
+            })?;
+            Some(IdPartsRecord {
+                parts,
+                count: count as u64,
+            })
+        };
+        // 2. decide.
+        let record = {
+            let _one_at_a_time = self.deciding.lock().unwrap_or_else(|p| p.into_inner());
+            self.book.release(tickets);
+            let completed = self.book.take_completed();
+            let record = CommitRecord {
+                format: FORMAT,
+                commit: commit.to_string(),
+                data: data.map(|d| DataFileRecord {
+                    staged: d.staged,
+                    final_name: d.final_name,
+                    rows: d.rows,
+                    bytes: d.bytes,
+                }),
+                ids: ids_record,
+                inputs: self.input_records(&completed),
+            };
+            if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
+                return Ok(());
+            }
+            let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
+            self.state
+                .put_atomic(&format!("{COMMITS}/{commit}.json"), bytes)
+                .map_err(storage_err)?;
+            record
+        };
+        // 3. publish.
+        publish(&self.state, &self.output, &record)
+    }
+
+    fn input_records(&self, completed: &Completed) -> Vec<InputRecord> {
+        let mut by_file: BTreeMap<usize, InputRecord> = BTreeMap::new();
+        let record = |i: usize| {
+            let (uri, identity) = &self.files[i];
+            InputRecord {
+                uri: uri.clone(),
+                identity: identity.clone(),
+                complete: false,
+                row_groups: Vec::new(),
+            }
+        };
+        for &(file, rg) in &completed.units {
+            by_file
+                .entry(file)
+                .or_insert_with(|| record(file))
+                .row_groups
+                .push(rg);
+        }
+        for &file in &completed.files {
+            by_file.entry(file).or_insert_with(|| record(file)).complete = true;
+        }
+        by_file.into_values().collect()
+    }
+
+    /// After a successful run: record the last completions, fold the records into the
+    /// inputs snapshot, and delete forebay's state if asked.
+    pub(crate) fn finish(&self, delete: bool) -> Result<()> {
+        let (commit, _, _) = self.next_commit();
+        self.commit(&commit, None, Vec::new(), Vec::new())?;
+        recover(&self.state, &self.output)?;
+        if delete {
+            for name in [INPUTS, forebay_checkpoint::MANIFEST_FILE] {
+                self.state.delete(name).map_err(storage_err)?;
+            }
+            for k in 0..self.num_shards {
+                self.state
+                    .delete_tree(&format!("shard={k}"))
+                    .map_err(storage_err)?;
+            }
+            self.state.delete_tree(COMMITS).map_err(storage_err)?;
+            self.state.delete_tree(STAGING).map_err(storage_err)?;
+        }
+        Ok(())
+    }
+}
+
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}-{:x}", nanos as u64, std::process::id())
+}
+
+/// One run at a time: an exclusive lock on a local checkpoint (released if the process dies).
+fn lock_local(state: &Dir) -> Result<Option<std::fs::File>> {
+    let Dir::Local(root) = state else {
+        return Ok(None);
+    };
+    let path = root.join(LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| EngineError::write("checkpoint", path.display().to_string(), e))?;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    let rc = unsafe {
+        use std::os::fd::AsRawFd;
+        libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB)
+    };
+    if rc != 0 {
+        return Err(EngineError::Write {
+            stage: "checkpoint".into(),
+            path: root.display().to_string(),
+            reason: "another run is using this checkpoint right now (one run at a time)".into(),
+        });
+    }
+    Ok(Some(file))
+}
+
+/// Roll every recorded commit forward, fold the records into the inputs snapshot, delete
+/// the records and everything staged. Returns the number of records found.
+fn recover(state: &Dir, output: &Dir) -> Result<usize> {
+    let mut names: Vec<String> = state
+        .list(COMMITS)
+        .map_err(storage_err)?
+        .into_iter()
+        .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let mut records = Vec::with_capacity(names.len());
+    for name in &names {
+        let relative = format!("{COMMITS}/{name}");
+        let bytes = state
+            .get(&relative)
+            .map_err(storage_err)?
+            .ok_or_else(|| corrupt(state.shown(&relative), "vanished while being read"))?;
+        let record: CommitRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| corrupt(state.shown(&relative), format!("not a commit record: {e}")))?;
+        if record.format != FORMAT {
+            return Err(corrupt(
+                state.shown(&relative),
+                format!("format {} (this forebay reads {FORMAT})", record.format),
+            ));
+        }
+        publish(state, output, &record)?;
+        records.push(record);
+    }
+    if !records.is_empty() {
+        let mut snapshot = load_inputs(state)?;
+        for record in &records {
+            for input in &record.inputs {
+                let entry = snapshot
+                    .files
+                    .entry(input.uri.clone())
+                    .or_insert_with(|| InputState {
+                        identity: input.identity.clone(),
+                        complete: false,
+                        row_groups: BTreeSet::new(),
+                    });
+                if !entry.identity.same_as(&input.identity) {
+                    // Recorded again after it changed (reprocess): the new identity wins.
+                    *entry = InputState {
+                        identity: input.identity.clone(),
+                        complete: false,
+                        row_groups: BTreeSet::new(),
+                    };
+                }
+                entry.complete |= input.complete;
+                entry.row_groups.extend(input.row_groups.iter().copied());
+            }
+        }
+        snapshot.format = FORMAT;
+        let bytes = serde_json::to_vec_pretty(&snapshot).expect("snapshots serialise");
+        state.put_atomic(INPUTS, bytes).map_err(storage_err)?;
+        for name in &names {
+            state
+                .delete(&format!("{COMMITS}/{name}"))
+                .map_err(storage_err)?;
+        }
+    }
+    // Staged files that no record names are commits that did not happen.
+    state.delete_tree(STAGING).map_err(storage_err)?;
+    output.delete_tree(STAGING).map_err(storage_err)?;
+    Ok(records.len())
+}
+
+/// Move a record's staged files to their final names (idempotent).
+fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
+    if let Some(ids) = &record.ids {
+        for part in &ids.parts {
+            let staged = format!("{STAGING}/{}/{part}", record.commit);
+            ensure_published(state, &staged, part, &record.commit)?;
+        }
+    }
+    if let Some(data) = &record.data {
+        ensure_published(output, &data.staged, &data.final_name, &record.commit)?;
+    }
+    Ok(())
+}
+
+fn ensure_published(dir: &Dir, staged: &str, final_name: &str, commit: &str) -> Result<()> {
+    if dir.exists(staged).map_err(storage_err)? {
+        return dir.publish(staged, final_name).map_err(storage_err);
+    }
+    if dir.exists(final_name).map_err(storage_err)? {
+        return Ok(());
+    }
+    Err(EngineError::Write {
+        stage: "checkpoint".into(),
+        path: dir.shown(final_name),
+        reason: format!(
+            "commit {commit} recorded this file, but it is neither published nor staged (deleted \
+             by hand?); restore it, or delete the checkpoint to start over"
+        ),
+    })
+}
+
+fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
+    match state.get(INPUTS).map_err(storage_err)? {
+        None => Ok(InputsSnapshot {
+            format: FORMAT,
+            files: BTreeMap::new(),
+        }),
+        Some(bytes) => {
+            let snapshot: InputsSnapshot = serde_json::from_slice(&bytes).map_err(|e| {
+                corrupt(state.shown(INPUTS), format!("not an inputs snapshot: {e}"))
+            })?;
+            if snapshot.format != FORMAT {
+                return Err(corrupt(
+                    state.shown(INPUTS),
+                    format!("format {} (this forebay reads {FORMAT})", snapshot.format),
+                ));
+            }
+            Ok(snapshot)
+        }
+    }
+}
+
+/// The ids under `path`, or `None` when there are none yet (no Parquet files, no manifest).
+fn load_ids(
+    path: &str,
+    options: &StorageOptions,
+    id_column: &str,
+    num_shards: Option<usize>,
+) -> forebay_checkpoint::Result<Option<CheckpointIndex>> {
+    let mut loader = CheckpointIndex::loader(path, id_column).with_storage_options(options.clone());
+    if let Some(n) = num_shards {
+        loader = loader.with_num_shards(n);
+    }
+    match loader.load() {
+        Ok(index) => Ok(Some(index)),
+        Err(forebay_checkpoint::CheckpointError::Read { source, .. })
+            if matches!(*source, forebay_parquet::ParquetError::NotFound { .. }) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dirs() -> (tempfile::TempDir, Dir, Dir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = Dir::Local(tmp.path().join("ckpt"));
+        let output = Dir::Local(tmp.path().join("out"));
+        state.create().unwrap();
+        output.create().unwrap();
+        (tmp, state, output)
+    }
+
+    fn record(commit: &str) -> CommitRecord {
+        CommitRecord {
+            format: FORMAT,
+            commit: commit.into(),
+            data: Some(DataFileRecord {
+                staged: format!("{STAGING}/part-{commit}.parquet"),
+                final_name: format!("part-{commit}.parquet"),
+                rows: 3,
+                bytes: 4,
+            }),
+            ids: Some(IdPartsRecord {
+                parts: vec![format!("shard=1/part-{commit}.parquet")],
+                count: 3,
+            }),
+            inputs: vec![InputRecord {
+                uri: "/in/a.parquet".into(),
+                identity: Identity {
+                    size: 10,
+                    modified_ms: 5,
+                    e_tag: None,
+                },
+                complete: false,
+                row_groups: vec![2, 0],
+            }],
+        }
+    }
+
+    fn stage(state: &Dir, output: &Dir, commit: &str) {
+        output
+            .put_atomic(
+                &format!("{STAGING}/part-{commit}.parquet"),
+                b"data".to_vec(),
+            )
+            .unwrap();
+        state
+            .put_atomic(
+                &format!("{STAGING}/{commit}/shard=1/part-{commit}.parquet"),
+                b"ids".to_vec(),
+            )
+            .unwrap();
+    }
+
+    #[test]
+    fn a_recorded_commit_is_rolled_forward() {
+        let (_tmp, state, output) = dirs();
+        stage(&state, &output, "c1");
+        let bytes = serde_json::to_vec(&record("c1")).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
+            .unwrap();
+        // Killed after the record, before publishing: recovery publishes both.
+        assert_eq!(recover(&state, &output).unwrap(), 1);
+        assert_eq!(
+            output.get("part-c1.parquet").unwrap().unwrap().as_ref(),
+            b"data"
+        );
+        assert_eq!(
+            state
+                .get("shard=1/part-c1.parquet")
+                .unwrap()
+                .unwrap()
+                .as_ref(),
+            b"ids"
+        );
+        assert!(
+            state.list(COMMITS).unwrap().is_empty(),
+            "records folded into the snapshot"
+        );
+        assert!(!state.exists(STAGING).unwrap() && !output.exists(STAGING).unwrap());
+        let snapshot = load_inputs(&state).unwrap();
+        assert_eq!(
+            snapshot.files["/in/a.parquet"].row_groups,
+            BTreeSet::from([0, 2])
+        );
+        // Recovering again changes nothing (idempotent).
+        assert_eq!(recover(&state, &output).unwrap(), 0);
+        assert!(output.exists("part-c1.parquet").unwrap());
+    }
+
+    #[test]
+    fn staged_files_without_a_record_are_rolled_back() {
+        let (_tmp, state, output) = dirs();
+        stage(&state, &output, "c2");
+        assert_eq!(recover(&state, &output).unwrap(), 0);
+        assert!(!output.exists("part-c2.parquet").unwrap());
+        assert!(!state.exists("shard=1/part-c2.parquet").unwrap());
+        assert!(output.list("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_record_whose_files_vanished_is_an_error() {
+        let (_tmp, state, output) = dirs();
+        let bytes = serde_json::to_vec(&record("c3")).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c3.json"), bytes)
+            .unwrap();
+        let err = recover(&state, &output).unwrap_err().to_string();
+        assert!(
+            err.contains("part-c3.parquet") && err.contains("deleted by hand"),
+            "{err}"
+        );
+        state
+            .put_atomic(&format!("{COMMITS}/c4.json"), b"{\"format\": 1".to_vec())
+            .unwrap();
+        state.delete(&format!("{COMMITS}/c3.json")).unwrap();
+        let err = recover(&state, &output).unwrap_err().to_string();
+        assert!(err.contains("c4.json") && err.contains("damaged"), "{err}");
+    }
+}

@@ -1,0 +1,355 @@
+//! A directory the engine writes into: a local directory or a prefix in an object store,
+//! with the few operations the Parquet sink and the commit protocol need.
+//!
+//! | operation | local directory | object store (S3, GCS, ...) |
+//! |---|---|---|
+//! | [`put_atomic`](Dir::put_atomic) | temp file, fsync, rename, fsync dir | one PUT (atomic) |
+//! | [`publish`](Dir::publish) (move a staged file to its final name) | rename + fsync dir (atomic) | server-side copy (the object appears whole), then delete the source |
+//! | [`get`](Dir::get), [`list`](Dir::list), [`exists`](Dir::exists), [`delete`](Dir::delete), [`delete_tree`](Dir::delete_tree) | std::fs | object_store |
+//!
+//! Paths are relative to the directory and use `/`.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use forebay_parquet::StorageOptions;
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// An error of a storage operation: what was being done and to which path.
+#[derive(Debug)]
+pub(crate) struct StorageError {
+    pub path: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+pub(crate) type StorageResult<T> = std::result::Result<T, StorageError>;
+
+/// A local directory or an object-store prefix.
+#[derive(Clone)]
+pub(crate) enum Dir {
+    Local(PathBuf),
+    Remote {
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjectPath,
+        /// The URI of the prefix, for messages (`s3://bucket/out`).
+        shown: String,
+    },
+}
+
+impl Dir {
+    /// Open `root` (a local path, `file://...`, or a URI such as `s3://bucket/dir`).
+    pub(crate) fn open(root: &str, options: &StorageOptions) -> StorageResult<Dir> {
+        let err = |reason: String| StorageError {
+            path: root.to_string(),
+            reason,
+        };
+        if root.contains("://") && !root.starts_with("file://") {
+            let (store, prefix, shown) =
+                forebay_parquet::open_location(root, options).map_err(|e| err(e.to_string()))?;
+            return Ok(Dir::Remote {
+                store,
+                prefix,
+                shown: shown.trim_end_matches('/').to_string(),
+            });
+        }
+        let local = root.strip_prefix("file://").unwrap_or(root);
+        let absolute = std::path::absolute(local).map_err(|e| err(e.to_string()))?;
+        Ok(Dir::Local(absolute))
+    }
+
+    /// The directory `relative` inside this one.
+    pub(crate) fn child(&self, relative: &str) -> Dir {
+        match self {
+            Dir::Local(p) => Dir::Local(p.join(relative)),
+            Dir::Remote {
+                store,
+                prefix,
+                shown,
+            } => Dir::Remote {
+                store: store.clone(),
+                prefix: object_path(prefix, relative),
+                shown: format!("{shown}/{relative}"),
+            },
+        }
+    }
+
+    /// How to show `relative` in messages (a local path or a URI).
+    pub(crate) fn shown(&self, relative: &str) -> String {
+        match self {
+            Dir::Local(p) if relative.is_empty() => p.display().to_string(),
+            Dir::Local(p) => p.join(relative).display().to_string(),
+            Dir::Remote { shown, .. } if relative.is_empty() => shown.clone(),
+            Dir::Remote { shown, .. } => format!("{shown}/{relative}"),
+        }
+    }
+
+    /// The directory's root as a location string forebay's readers accept.
+    pub(crate) fn root_uri(&self) -> String {
+        self.shown("")
+    }
+
+    fn error(&self, relative: &str, reason: impl std::fmt::Display) -> StorageError {
+        StorageError {
+            path: self.shown(relative),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The local file path of `relative` (None on object stores).
+    pub(crate) fn local_path(&self, relative: &str) -> Option<PathBuf> {
+        match self {
+            Dir::Local(root) => Some(root.join(relative)),
+            Dir::Remote { .. } => None,
+        }
+    }
+
+    /// The store and object path of `relative` (None for local directories).
+    pub(crate) fn object(&self, relative: &str) -> Option<(Arc<dyn ObjectStore>, ObjectPath)> {
+        match self {
+            Dir::Local(_) => None,
+            Dir::Remote { store, prefix, .. } => {
+                Some((store.clone(), object_path(prefix, relative)))
+            }
+        }
+    }
+
+    /// Make sure a local directory exists (object stores need nothing).
+    pub(crate) fn create(&self) -> StorageResult<()> {
+        if let Dir::Local(p) = self {
+            create_dir_all_durable(p).map_err(|e| self.error("", e))?;
+        }
+        Ok(())
+    }
+
+    /// Store `bytes` at `relative` so that readers see all of them or nothing.
+    pub(crate) fn put_atomic(&self, relative: &str, bytes: Vec<u8>) -> StorageResult<()> {
+        match self {
+            Dir::Local(root) => {
+                let path = root.join(relative);
+                write_local_atomic(&path, &bytes).map_err(|e| self.error(relative, e))
+            }
+            Dir::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), object_path(prefix, relative));
+                forebay_parquet::block_on(async move {
+                    store.put(&location, PutPayload::from(bytes)).await
+                })
+                .map(drop)
+                .map_err(|e| self.error(relative, e))
+            }
+        }
+    }
+
+    /// The bytes at `relative`, or `None` if there is nothing there.
+    pub(crate) fn get(&self, relative: &str) -> StorageResult<Option<Bytes>> {
+        match self {
+            Dir::Local(root) => match fs::read(root.join(relative)) {
+                Ok(b) => Ok(Some(Bytes::from(b))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(self.error(relative, e)),
+            },
+            Dir::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), object_path(prefix, relative));
+                forebay_parquet::block_on(async move {
+                    match store.get(&location).await {
+                        Ok(r) => r.bytes().await.map(Some),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .map_err(|e| self.error(relative, e))
+            }
+        }
+    }
+
+    pub(crate) fn exists(&self, relative: &str) -> StorageResult<bool> {
+        match self {
+            Dir::Local(root) => Ok(root.join(relative).exists()),
+            Dir::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), object_path(prefix, relative));
+                forebay_parquet::block_on(async move {
+                    match store.head(&location).await {
+                        Ok(_) => Ok(true),
+                        Err(object_store::Error::NotFound { .. }) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                })
+                .map_err(|e| self.error(relative, e))
+            }
+        }
+    }
+
+    /// Names (files) directly in the directory `relative` (empty: this directory).
+    pub(crate) fn list(&self, relative: &str) -> StorageResult<Vec<String>> {
+        match self {
+            Dir::Local(root) => match fs::read_dir(root.join(relative)) {
+                Ok(entries) => Ok(entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                Err(e) => Err(self.error(relative, e)),
+            },
+            Dir::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), object_path(prefix, relative));
+                let listing = forebay_parquet::block_on(async move {
+                    store.list_with_delimiter(Some(&location)).await
+                })
+                .map_err(|e| self.error(relative, e))?;
+                Ok(listing
+                    .objects
+                    .into_iter()
+                    .filter_map(|o| o.location.filename().map(str::to_string))
+                    .collect())
+            }
+        }
+    }
+
+    pub(crate) fn delete(&self, relative: &str) -> StorageResult<()> {
+        match self {
+            Dir::Local(root) => match fs::remove_file(root.join(relative)) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(self.error(relative, e)),
+            },
+            Dir::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), object_path(prefix, relative));
+                forebay_parquet::block_on(async move {
+                    match store.delete(&location).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                })
+                .map_err(|e| self.error(relative, e))
+            }
+        }
+    }
+
+    /// Delete the directory `relative` and everything under it.
+    pub(crate) fn delete_tree(&self, relative: &str) -> StorageResult<()> {
+        match self {
+            Dir::Local(root) => match fs::remove_dir_all(root.join(relative)) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(self.error(relative, e)),
+            },
+            Dir::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), object_path(prefix, relative));
+                forebay_parquet::block_on(async move {
+                    let listed: Vec<_> = store.list(Some(&location)).try_collect().await?;
+                    for meta in listed {
+                        match store.delete(&meta.location).await {
+                            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(|e| self.error(relative, e))
+            }
+        }
+    }
+
+    /// Move the file at `from` to `to` (both relative), so that `to` appears whole: a
+    /// rename locally, a server-side copy then delete on object stores. Idempotent: if `to`
+    /// exists and `from` does not, the move already happened.
+    pub(crate) fn publish(&self, from: &str, to: &str) -> StorageResult<()> {
+        match self {
+            Dir::Local(root) => {
+                let (src, dst) = (root.join(from), root.join(to));
+                if !src.exists() && dst.exists() {
+                    return Ok(());
+                }
+                if let Some(parent) = dst.parent() {
+                    create_dir_all_durable(parent).map_err(|e| self.error(to, e))?;
+                }
+                fs::rename(&src, &dst)
+                    .map_err(|e| self.error(from, format!("rename to {to}: {e}")))?;
+                sync_dir(dst.parent().unwrap_or(Path::new("/"))).map_err(|e| self.error(to, e))
+            }
+            Dir::Remote { store, prefix, .. } => {
+                let (store, src, dst) = (
+                    store.clone(),
+                    object_path(prefix, from),
+                    object_path(prefix, to),
+                );
+                forebay_parquet::block_on(async move {
+                    match store.copy(&src, &dst).await {
+                        Ok(()) => {}
+                        Err(object_store::Error::NotFound { .. }) => {
+                            // Copied and deleted before: fine if the destination is there.
+                            return store.head(&dst).await.map(drop);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    match store.delete(&src).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                })
+                .map_err(|e| self.error(from, format!("publish to {to}: {e}")))
+            }
+        }
+    }
+}
+
+fn object_path(prefix: &ObjectPath, relative: &str) -> ObjectPath {
+    relative
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .fold(prefix.clone(), |p, part| p.clone().join(part))
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// `mkdir -p` that makes each new directory's entry durable.
+pub(crate) fn create_dir_all_durable(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dir_all_durable(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// Temp file, fsync, rename, fsync of the directory.
+fn write_local_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    create_dir_all_durable(dir)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = File::create(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&temp, path)?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}

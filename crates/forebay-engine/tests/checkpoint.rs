@@ -1,0 +1,313 @@
+//! Checkpointed writes: every input row written exactly once across failed and resumed
+//! runs, finished inputs skipped unread, changed inputs noticed, damaged checkpoints
+//! reported, and the commit protocol's recovery (roll forward, roll back). Checked against
+//! the ids the test wrote.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use forebay_engine::{
+    Checkpoint, EngineError, MapStage, OnChangedInput, ParquetSink, Pipeline, Source,
+};
+use forebay_parquet::{DatasetSource, ParquetDataset};
+
+const FILES: i64 = 6;
+const ROWS: i64 = 5_000; // per file, row groups of 1,000
+
+fn write_inputs(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in 0..FILES {
+        write_input(&dir.join(format!("in-{f}.parquet")), f * ROWS, ROWS);
+    }
+}
+
+fn write_input(path: &Path, first: i64, n: i64) {
+    write_ids(path, (first..first + n).collect());
+}
+
+fn write_ids(path: &Path, ids: Vec<i64>) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("text", DataType::Utf8, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|i| format!("t{i}")),
+            )),
+        ],
+    )
+    .unwrap();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(1000))
+        .build();
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(path).unwrap(),
+        schema,
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+fn dataset(dir: &Path) -> ParquetDataset {
+    ParquetDataset::builder(DatasetSource::uris([dir.display().to_string()]))
+        .with_batch_size(700)
+        .build()
+        .unwrap()
+}
+
+/// Ids in the output directory, with multiplicity.
+fn output_ids(dir: &Path) -> Vec<i64> {
+    if !dir.exists() {
+        return Vec::new();
+    }
+    let ds = match ParquetDataset::open([dir.display().to_string()]) {
+        Ok(d) => d,
+        Err(_) => return Vec::new(),
+    };
+    let mut ids = Vec::new();
+    for b in ds.scan() {
+        let b = b.unwrap().batch;
+        let col = b
+            .column_by_name("id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        ids.extend(col.values().iter());
+    }
+    ids
+}
+
+fn assert_exactly_once(dir: &Path, expected: i64) {
+    let mut ids = output_ids(dir);
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "no id written twice");
+    assert_eq!(ids, (0..expected).collect::<Vec<_>>(), "every id written");
+}
+
+/// A map that fails once `fail_after` batches went through it (None: never).
+fn doubling(fail_after: Option<usize>) -> MapStage {
+    let seen = Arc::new(AtomicUsize::new(0));
+    MapStage::rust("double", move |b: RecordBatch| {
+        if fail_after.is_some_and(|n| seen.fetch_add(1, Ordering::SeqCst) >= n) {
+            return Err("the model ran out of memory".into());
+        }
+        let id = b
+            .column_by_name("id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let doubled = Int64Array::from_iter_values(id.values().iter().map(|v| v * 2));
+        let mut fields = b.schema().fields().to_vec();
+        fields.push(Arc::new(Field::new("double", DataType::Int64, false)));
+        let mut cols = b.columns().to_vec();
+        cols.push(Arc::new(doubled));
+        Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+    })
+    .with_concurrency(2)
+}
+
+fn run(
+    input: &Path,
+    out: &Path,
+    ckpt: &Path,
+    fail_after: Option<usize>,
+) -> Result<forebay_engine::WriteStats, EngineError> {
+    Pipeline::new(Source::Parquet(dataset(input)))
+        .with_memory_limit(64 << 20)
+        .map(doubling(fail_after))
+        .write_parquet_checkpointed(
+            ParquetSink::new(out.display().to_string()).with_rows_per_file(2_000),
+            Checkpoint::new("id", ckpt.display().to_string()),
+        )
+}
+
+#[test]
+fn failed_runs_resume_exactly_once_and_finished_input_is_skipped_unread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out, ckpt) = (
+        tmp.path().join("in"),
+        tmp.path().join("out"),
+        tmp.path().join("ckpt"),
+    );
+    write_inputs(&input);
+    // Two runs that die part way, then one that finishes.
+    let err = run(&input, &out, &ckpt, Some(8)).unwrap_err();
+    assert!(err.to_string().contains("ran out of memory"), "{err}");
+    let first = output_ids(&out).len();
+    assert!(
+        first > 0 && first < (FILES * ROWS) as usize,
+        "some files committed: {first}"
+    );
+    let _ = run(&input, &out, &ckpt, Some(12)).unwrap_err();
+    let stats = run(&input, &out, &ckpt, None).unwrap();
+    assert_exactly_once(&out, FILES * ROWS);
+    let resume = stats.resume.unwrap();
+    assert!(resume.report.ids_done > 0);
+    assert_eq!(
+        stats.rows + resume.report.ids_done,
+        (FILES * ROWS) as u64,
+        "the last run wrote exactly what was missing"
+    );
+    // A fourth run finds everything done: every file skipped without reading it.
+    let again = run(&input, &out, &ckpt, None).unwrap();
+    assert_eq!(again.rows, 0);
+    let skipped = again.resume.unwrap();
+    assert_eq!(skipped.files_skipped, FILES as u64);
+    // Nothing read but the first file's footer, which the dataset reads for its schema.
+    assert!(
+        skipped.bytes_read <= 64 * 1024,
+        "{} bytes read",
+        skipped.bytes_read
+    );
+    assert_exactly_once(&out, FILES * ROWS);
+    // Readers of the checkpoint see only forebay's committed parts.
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.ends_with(".parquet") || n.starts_with('_')),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn a_changed_input_is_an_error_unless_reprocessing_is_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out, ckpt) = (
+        tmp.path().join("in"),
+        tmp.path().join("out"),
+        tmp.path().join("ckpt"),
+    );
+    write_inputs(&input);
+    run(&input, &out, &ckpt, None).unwrap();
+    // Rewrite one input: its rows plus 500 new ids.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let ids: Vec<i64> = (2 * ROWS..3 * ROWS).chain(1_000_000..1_000_500).collect();
+    write_ids(&input.join("in-2.parquet"), ids);
+    let err = run(&input, &out, &ckpt, None).unwrap_err().to_string();
+    assert!(
+        err.contains("in-2.parquet") && err.contains("changed") && err.contains("reprocess"),
+        "{err}"
+    );
+    let stats = Pipeline::new(Source::Parquet(dataset(&input)))
+        .map(doubling(None))
+        .write_parquet_checkpointed(
+            ParquetSink::new(out.display().to_string()),
+            Checkpoint::new("id", ckpt.display().to_string())
+                .with_on_changed_input(OnChangedInput::Reprocess),
+        )
+        .unwrap();
+    // Only the 500 new ids were written (the file's old rows are done by id).
+    assert_eq!(stats.rows, 500);
+    let resume = stats.resume.unwrap();
+    assert_eq!(resume.rows_skipped_by_id, ROWS as u64);
+    assert_eq!(resume.files_skipped, FILES as u64 - 1);
+    let ids: HashSet<i64> = output_ids(&out).into_iter().collect();
+    assert!((1_000_000..1_000_500).all(|i| ids.contains(&i)));
+}
+
+#[test]
+fn an_id_only_checkpoint_filters_by_id() {
+    // A flat directory of Parquet files with an id column, as Ray Data writes.
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out, ckpt) = (
+        tmp.path().join("in"),
+        tmp.path().join("out"),
+        tmp.path().join("ckpt"),
+    );
+    write_inputs(&input);
+    std::fs::create_dir_all(&ckpt).unwrap();
+    write_input(&ckpt.join("ray-part-0.parquet"), 0, 12_000);
+    let stats = run(&input, &out, &ckpt, None).unwrap();
+    assert_eq!(stats.rows, (FILES * ROWS - 12_000) as u64);
+    let ids = output_ids(&out);
+    assert_eq!(ids.iter().min(), Some(&12_000));
+    // And the single-file form: ids in one file, forebay's state beside it.
+    let out2 = tmp.path().join("out2");
+    let stats = Pipeline::new(Source::Parquet(dataset(&input)))
+        .write_parquet_checkpointed(
+            ParquetSink::new(out2.display().to_string()),
+            Checkpoint::new("id", ckpt.join("ray-part-0.parquet").display().to_string()),
+        )
+        .unwrap();
+    assert_eq!(stats.rows, (FILES * ROWS - 12_000) as u64);
+    assert!(ckpt.join("ray-part-0.parquet.forebay").is_dir());
+}
+
+#[test]
+fn a_damaged_checkpoint_is_a_clear_error_not_a_rerun() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out, ckpt) = (
+        tmp.path().join("in"),
+        tmp.path().join("out"),
+        tmp.path().join("ckpt"),
+    );
+    write_inputs(&input);
+    run(&input, &out, &ckpt, None).unwrap();
+    std::fs::write(ckpt.join("_forebay_inputs.json"), b"{not json").unwrap();
+    let err = run(&input, &out, &ckpt, None).unwrap_err().to_string();
+    assert!(
+        err.contains("_forebay_inputs.json") && err.contains("damaged"),
+        "{err}"
+    );
+    // A damaged id part file, too.
+    std::fs::write(
+        ckpt.join("_forebay_inputs.json"),
+        b"{\"format\":1,\"files\":{}}",
+    )
+    .unwrap();
+    let part = std::fs::read_dir(ckpt.join("shard=0"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(&part, b"PAR1 garbage").unwrap();
+    let err = run(&input, &out, &ckpt, None).unwrap_err().to_string();
+    assert!(err.contains(&part.display().to_string()), "{err}");
+    assert_exactly_once(&out, FILES * ROWS); // nothing was written twice meanwhile
+}
+
+#[test]
+fn a_missing_id_column_after_a_step_names_the_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out, ckpt) = (
+        tmp.path().join("in"),
+        tmp.path().join("out"),
+        tmp.path().join("ckpt"),
+    );
+    write_inputs(&input);
+    let drop_id = MapStage::rust("embed", |b: RecordBatch| {
+        let i = b.schema().index_of("text").unwrap();
+        Ok(b.project(&[i])?)
+    });
+    let err = Pipeline::new(Source::Parquet(dataset(&input)))
+        .map(drop_id)
+        .write_parquet_checkpointed(
+            ParquetSink::new(out.display().to_string()),
+            Checkpoint::new("id", ckpt.display().to_string()),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("stage 'embed'") && err.contains("'id'"),
+        "{err}"
+    );
+    assert!(output_ids(&out).is_empty());
+}
