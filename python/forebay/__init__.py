@@ -17,6 +17,7 @@ require_cpu_features()  # before the extension loads: a clear error, not SIGILL
 
 from . import _forebay
 from ._checkpoint import CheckpointFilter
+from ._checkpointing import Checkpoint
 from ._config import configure
 from ._dataset import Dataset, read_parquet
 from ._forebay import (
@@ -44,6 +45,7 @@ from ._store import ObjectRef, ObjectStore, ObjectWriter
 __version__ = _forebay.__version__
 
 __all__ = [
+    "Checkpoint",
     "CheckpointError",
     "CheckpointFilter",
     "ColumnNotFoundError",

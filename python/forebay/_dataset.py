@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import _config, _forebay
+from ._checkpointing import Checkpoint
 from ._filters import normalize_filter
 from ._udf import ITER_FORMATS, MAP_FORMATS, FunctionSpec, check_format, make_worker, to_format
 
@@ -268,9 +269,12 @@ class Dataset:
         storage_options: Mapping[str, str] | None = None,
         concurrency: int = 1,
         preserve_order: bool = False,
+        checkpoint: Checkpoint | None = None,
+        on_changed_input: str = "error",
     ) -> dict[str, Any]:
         """Run the pipeline into Parquet files under ``path`` (a directory or a URI such as
-        ``s3://bucket/out/``); returns ``{"rows", "files", "bytes", "seconds", "paths"}``.
+        ``s3://bucket/out/``); returns ``{"rows", "files", "bytes", "seconds", "paths"}``
+        (and ``"resume"``: what was found done and skipped, with a checkpoint).
 
         rows_per_file: start a new file after this many rows (default 1,048,576).
         compression: ``"zstd"`` (default), ``"snappy"``, ``"gzip"``, ``"lz4"``, ``"brotli"`` or
@@ -280,6 +284,13 @@ class Dataset:
         storage_options: object_store options for URIs (as in :func:`read_parquet`).
         concurrency: files written at once (each writer its own files).
         preserve_order: keep the source's order through concurrent steps.
+        checkpoint: a :class:`forebay.Checkpoint`: write exactly once, and resume when the
+            same script runs again after any interruption (see ``Checkpoint``). Files are
+            then cut at batch boundaries (``rows_per_file`` is reached, not split), and
+            ``mode`` must be ``"append"``.
+        on_changed_input: with a checkpoint, what to do with an input file that changed
+            since the checkpoint recorded it: ``"error"`` (default) or ``"reprocess"`` (read
+            it again; rows whose id is done are still dropped).
 
         Each file appears atomically: locally under a hidden temporary name, then renamed;
         on object stores when its upload completes. An error or Ctrl-C leaves no partial file.
@@ -288,6 +299,12 @@ class Dataset:
             raise ValueError("rows_per_file must be at least 1")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if on_changed_input not in ("error", "reprocess"):
+            raise ValueError(
+                f"on_changed_input must be 'error' or 'reprocess', not {on_changed_input!r}"
+            )
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError("checkpoint must be a forebay.Checkpoint")
         running = self._pipeline(preserve_order).write(
             os.fspath(path),
             {str(k): str(v) for k, v in storage_options.items()} if storage_options else None,
@@ -295,6 +312,7 @@ class Dataset:
             rows_per_file,
             concurrency,
             mode,
+            checkpoint._args(on_changed_input) if checkpoint is not None else None,
         )
         try:
             while True:

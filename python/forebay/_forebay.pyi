@@ -259,6 +259,7 @@ class RsPipeline:
         rows_per_file: int | None,
         concurrency: int,
         mode: str,
+        checkpoint: tuple[str, str, int | None, bool, str, dict[str, str] | None] | None = None,
     ) -> RsRunningWrite: ...
 
 @final

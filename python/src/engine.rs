@@ -14,10 +14,20 @@ use arrow::array::RecordBatch;
 use arrow_pyarrow::{FromPyArrow, ToPyArrow};
 use forebay_engine::process::{ProcessPool, RemoteError};
 use forebay_engine::{
-    BatchStream, EngineError, IterOptions, MapFn, MapStage, MapWorker, ParquetSink, Pipeline,
-    PipelineEvent, PipelineOptions, Poll, RunStats, RunningWrite, StageFailure, WorkerContext,
-    WriteMode,
+    BatchStream, Checkpoint, EngineError, IterOptions, MapFn, MapStage, MapWorker, OnChangedInput,
+    ParquetSink, Pipeline, PipelineEvent, PipelineOptions, Poll, RunStats, RunningWrite,
+    StageFailure, WorkerContext, WriteMode,
 };
+
+/// `(id_column, path, num_shards, delete_on_success, on_changed_input, storage_options)`.
+type CheckpointArgs = (
+    String,
+    String,
+    Option<usize>,
+    bool,
+    String,
+    Option<HashMap<String, String>>,
+);
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -387,7 +397,9 @@ impl RsPipeline {
         })
     }
 
-    #[pyo3(signature = (path, storage_options, compression, rows_per_file, concurrency, mode))]
+    /// `checkpoint`: `(id_column, path, num_shards, delete_on_success, on_changed_input,
+    /// storage_options)` for an exactly-once, resumable write.
+    #[pyo3(signature = (path, storage_options, compression, rows_per_file, concurrency, mode, checkpoint=None))]
     #[allow(clippy::too_many_arguments)]
     fn write(
         &self,
@@ -398,6 +410,7 @@ impl RsPipeline {
         rows_per_file: Option<usize>,
         concurrency: usize,
         mode: &str,
+        checkpoint: Option<CheckpointArgs>,
     ) -> PyResult<RsRunningWrite> {
         let mode = match mode {
             "append" => WriteMode::Append,
@@ -418,9 +431,33 @@ impl RsPipeline {
         if let Some(rows) = rows_per_file {
             sink = sink.with_rows_per_file(rows);
         }
+        let checkpoint = checkpoint
+            .map(|(id_column, path, num_shards, delete, changed, options)| {
+                let on_changed = match changed.as_str() {
+                    "error" => OnChangedInput::Error,
+                    "reprocess" => OnChangedInput::Reprocess,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "on_changed_input must be 'error' or 'reprocess', not {other:?}"
+                        )))
+                    }
+                };
+                let mut c = Checkpoint::new(id_column, path)
+                    .with_delete_on_success(delete)
+                    .with_on_changed_input(on_changed)
+                    .with_storage_options(options.unwrap_or_default());
+                if let Some(n) = num_shards {
+                    c = c.with_num_shards(n);
+                }
+                Ok(c)
+            })
+            .transpose()?;
         let pipeline = self.take()?;
         let running = py
-            .detach(|| pipeline.start_write(sink))
+            .detach(|| match checkpoint {
+                Some(c) => pipeline.start_write_checkpointed(sink, c),
+                None => pipeline.start_write(sink),
+            })
             .map_err(|e| engine_err(py, e))?;
         Ok(RsRunningWrite {
             running: Mutex::new(running),
@@ -541,6 +578,18 @@ impl RsRunningWrite {
                 d.set_item("seconds", stats.seconds)?;
                 let paths: Vec<String> = stats.files.iter().map(|f| f.path.clone()).collect();
                 d.set_item("paths", paths)?;
+                if let Some(r) = stats.resume {
+                    let resume = PyDict::new(py);
+                    resume.set_item("commits_recovered", r.report.commits_recovered)?;
+                    resume.set_item("ids_done_before", r.report.ids_done)?;
+                    resume.set_item("files_done_before", r.report.files_done)?;
+                    resume.set_item("files_changed", r.report.files_changed)?;
+                    resume.set_item("rows_skipped_by_id", r.rows_skipped_by_id)?;
+                    resume.set_item("files_skipped", r.files_skipped)?;
+                    resume.set_item("row_groups_skipped", r.row_groups_skipped)?;
+                    resume.set_item("bytes_read", r.bytes_read)?;
+                    d.set_item("resume", resume)?;
+                }
                 Ok(Some(d))
             }
         }

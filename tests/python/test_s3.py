@@ -100,3 +100,20 @@ def test_s3_missing_object(s3):
     options, _, _ = s3
     with pytest.raises(forebay.DatasetNotFoundError, match="nope"):
         forebay.read_parquet("s3://forebay-test/nope/x.parquet", storage_options=options)
+
+
+def test_write_parquet_to_s3_publishes_whole_objects(s3, tmp_path):
+    options, _, _ = s3
+    local = tmp_path / "in"
+    local.mkdir()
+    pq.write_table(
+        pa.table({"id": np.arange(5000), "v": np.arange(5000) * 0.5}), local / "a.parquet"
+    )
+    result = (
+        forebay.read_parquet(str(local))
+        .map_batches(lambda t: t)
+        .write_parquet("s3://forebay-test/written/", rows_per_file=2000, storage_options=options)
+    )
+    assert result["rows"] == 5000 and result["files"] == 3
+    back = forebay.read_parquet("s3://forebay-test/written/", storage_options=options).to_arrow()
+    assert sorted(back.column("id").to_pylist()) == list(range(5000))

@@ -55,6 +55,12 @@
 //! a reader listing the output sees a data file only once it is complete and committed.
 //!
 //! One run at a time may use a checkpoint (a lock file guards local checkpoints).
+//!
+//! ## Testing the protocol
+//!
+//! `FOREBAY_CRASH_AT=<point>:<n>` makes the process SIGKILL itself the `n`-th time it
+//! reaches `<point>` (`staged`, `recorded`, `ids-published`, `published`, `recovering`), so
+//! that tests can stop it inside a commit or a recovery at will. Unset, it costs one check.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -525,14 +531,18 @@ impl CommitLog {
             if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
                 return Ok(());
             }
+            crash_point("staged");
             let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
             self.state
                 .put_atomic(&format!("{COMMITS}/{commit}.json"), bytes)
                 .map_err(storage_err)?;
+            crash_point("recorded");
             record
         };
         // 3. publish.
-        publish(&self.state, &self.output, &record)
+        publish(&self.state, &self.output, &record)?;
+        crash_point("published");
+        Ok(())
     }
 
     fn input_records(&self, completed: &Completed) -> Vec<InputRecord> {
@@ -578,6 +588,22 @@ impl CommitLog {
             self.state.delete_tree(STAGING).map_err(storage_err)?;
         }
         Ok(())
+    }
+}
+
+/// The fault-injection hook of the protocol's tests (see the module docs).
+fn crash_point(point: &str) {
+    static PLAN: std::sync::OnceLock<Option<(String, u64, AtomicU64)>> = std::sync::OnceLock::new();
+    let plan = PLAN.get_or_init(|| {
+        let spec = std::env::var("FOREBAY_CRASH_AT").ok()?;
+        let (at, n) = spec.split_once(':')?;
+        Some((at.to_string(), n.parse().ok()?, AtomicU64::new(0)))
+    });
+    if let Some((at, n, seen)) = plan {
+        if at == point && seen.fetch_add(1, Ordering::SeqCst) + 1 == *n {
+            // SAFETY: raise only sends a signal to this process.
+            unsafe { libc::raise(libc::SIGKILL) };
+        }
     }
 }
 
@@ -641,6 +667,7 @@ fn recover(state: &Dir, output: &Dir) -> Result<usize> {
             ));
         }
         publish(state, output, &record)?;
+        crash_point("recovering");
         records.push(record);
     }
     if !records.is_empty() {
@@ -689,6 +716,7 @@ fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
             let staged = format!("{STAGING}/{}/{part}", record.commit);
             ensure_published(state, &staged, part, &record.commit)?;
         }
+        crash_point("ids-published");
     }
     if let Some(data) = &record.data {
         ensure_published(output, &data.staged, &data.final_name, &record.commit)?;

@@ -301,6 +301,7 @@ impl Pipeline {
             log: prepared.log.clone(),
             delete_on_success: checkpoint.delete_on_success,
             report: prepared.report,
+            io_before: prepared.dataset.metrics().io,
             dataset: prepared.dataset,
         };
         self.start_write_inner(sink, Some((book, commits)))
@@ -816,6 +817,8 @@ struct CheckpointRun {
     delete_on_success: bool,
     report: ResumeReport,
     dataset: forebay_parquet::ParquetDataset,
+    /// The dataset's I/O counters when the run started (they count every scan of it).
+    io_before: forebay_parquet::IoMetricsSnapshot,
 }
 
 /// A write in progress.
@@ -875,7 +878,8 @@ impl RunningWrite {
                 rows_skipped_by_id: filtered,
                 files_skipped: m.files_skipped,
                 row_groups_skipped: m.row_groups_skipped,
-                bytes_read: m.io.data_bytes + m.io.footer_bytes,
+                bytes_read: (m.io.data_bytes + m.io.footer_bytes)
+                    - (c.io_before.data_bytes + c.io_before.footer_bytes),
             });
         }
         written.seconds = started.elapsed().as_secs_f64();

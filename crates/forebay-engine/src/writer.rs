@@ -428,15 +428,9 @@ impl OpenFile {
                 let w = writer.take().expect("open");
                 forebay_parquet::block_on(async move {
                     let mut w = w;
+                    // Flushes and completes the upload (the object appears now).
                     w.finish().await?;
-                    let written = w.bytes_written() as u64;
-                    use tokio::io::AsyncWriteExt;
-                    let mut upload = w.into_inner();
-                    upload
-                        .shutdown()
-                        .await
-                        .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
-                    Ok::<u64, parquet::errors::ParquetError>(written)
+                    Ok::<u64, parquet::errors::ParquetError>(w.bytes_written() as u64)
                 })
                 .map_err(|e| EngineError::write(STAGE, &shown, e))?
             }

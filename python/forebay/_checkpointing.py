@@ -1,0 +1,66 @@
+"""``forebay.Checkpoint``: makes ``write_parquet`` exactly once and resumable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where ``write_parquet`` records what it finished, so that a rerun of the same script
+    resumes: it skips finished input files and row groups without reading them, drops rows
+    whose id is done right after reading (before your function), and writes each row
+    exactly once, whenever the previous run died (SIGKILL, OOM, Ctrl-C, an exception).
+
+    id_column: a column that identifies each input row; it must survive your functions
+        (every step's output must keep it).
+    path: a directory or URI for the checkpoint (``s3://...`` works: commits need no rename).
+        If it already holds Parquet files with ``id_column`` (Ray Data's checkpoint layout)
+        or is a single such file, their ids count as done; forebay keeps its own files
+        beside them (for a single file, in ``<file>.forebay/``).
+    num_shards: hash shards of the id files (a power of two; default the checkpoint's own,
+        else 16).
+    delete_on_success: delete forebay's checkpoint files once a run finishes successfully.
+    storage_options: object_store options for a URI ``path`` (as in ``read_parquet``).
+
+    Each output file is committed together with the ids of its rows and the input it
+    finishes: a commit record written atomically is the decision; files are staged under
+    ``_forebay_staging/`` (invisible to readers) until then, and published after. The next
+    run rolls an interrupted commit forward or back before it reads anything. One run at a
+    time may use a checkpoint.
+    """
+
+    id_column: str
+    path: str | os.PathLike[str]
+    num_shards: int | None = None
+    delete_on_success: bool = False
+    storage_options: Mapping[str, str] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id_column, str) or not self.id_column:
+            raise ValueError("Checkpoint: id_column must be a column name")
+        if self.num_shards is not None and (
+            self.num_shards < 1 or self.num_shards & (self.num_shards - 1)
+        ):
+            raise ValueError(
+                f"Checkpoint: num_shards must be a power of two, not {self.num_shards}"
+            )
+
+    def _args(
+        self, on_changed_input: str
+    ) -> tuple[str, str, int | None, bool, str, dict[str, str] | None]:
+        options = (
+            {str(k): str(v) for k, v in self.storage_options.items()}
+            if self.storage_options
+            else None
+        )
+        return (
+            self.id_column,
+            os.fspath(self.path),
+            self.num_shards,
+            bool(self.delete_on_success),
+            on_changed_input,
+            options,
+        )
