@@ -1,5 +1,5 @@
 # The two set-up commands of the README:
-#   make demo  - create .venv, build and install the release wheel, run the main example
+#   make demo  - create .venv, build and install the release wheel, run the resume demo
 #   make test  - lint, cargo tests, wheel build + checks, pytest
 # Both install what they need (venv, pip packages; cargo fetches crates).
 
@@ -67,8 +67,10 @@ pytest: wheel-dev
 
 test: lint cargo-test wheel-check pytest
 
+# The resume demo: generate documents, embed them with a checkpointed write, SIGKILL the
+# job half way, run it again, verify every id is written exactly once.
 demo: wheel-release
-	$(PY) examples/scan_demo.py
+	$(PY) examples/resume_demo.py
 
 bench: wheel-release
 	$(CARGO) bench --bench scan
