@@ -153,13 +153,21 @@ def test_processes_run_a_class_of_the_callers_module(data):
             self.pid = os.getpid()
 
         def __call__(self, batch):
+            # Slow enough that one worker cannot finish everything before the other starts.
+            time.sleep(0.1)
             return batch.append_column(
                 "worker", pa.array([f"{self.prefix}{self.pid}"] * batch.num_rows)
             )
 
     out = (
         forebay.read_parquet(str(data))
-        .map_batches(Tag, fn_constructor_args=("pid-",), compute="processes", concurrency=2)
+        .map_batches(
+            Tag,
+            fn_constructor_args=("pid-",),
+            compute="processes",
+            concurrency=2,
+            batch_size=ROWS // 20,
+        )
         .to_arrow()
     )
     assert sorted(ids_of(out)) == list(range(ROWS))

@@ -28,6 +28,10 @@
 //! * **Failure.** The first error anywhere cancels the run; every thread stops within
 //!   ~50 ms; the caller gets that error, naming the stage and the batch (a user function's
 //!   error is kept as the original value).
+//! * **Exactly once** ([`commit`]): a checkpointed write commits each output file together
+//!   with the ids of its rows and the input it finishes (stage, one atomic record, publish);
+//!   every run first recovers interrupted commits, then skips finished input unread. The
+//!   module docs draw the files, the order of a commit and the recovery rules.
 //! * **Worker processes** ([`process`]): batches travel through a forebay-store by object id;
 //!   a dead worker is detected by its socket and its batch retried or reported.
 //!
@@ -47,7 +51,7 @@
 //! ```
 
 mod batch;
-mod commit;
+pub mod commit;
 mod concat;
 mod error;
 mod events;
