@@ -8,7 +8,8 @@
 Scenarios:
   iter     iterate all 16 columns of TPC-H lineitem in 65,536-row batches (prefetch 4),
            the consumer does nothing: forebay vs polars (collect_batches) vs pyarrow
-           (dataset.to_batches) vs Ray Data (iter_batches).
+           (dataset.to_batches) vs Ray Data (iter_batches over ray.data.read_parquet, and
+           "forebay-ray": over forebay.ray.read_parquet, forebay's reader in Ray's read tasks).
   gil      a function that holds the GIL (pure Python over the l_comment strings) in
            map_batches: forebay threads vs forebay processes vs Ray Data with an actor pool.
   sleep    a function that sleeps 25 ms per 10,000-row batch (a stand-in for a GPU model):
@@ -108,14 +109,20 @@ def child_iter(engine: str, files: list[str]) -> dict:
                 nbytes = max(nbytes, b.nbytes)
             return rows, nbytes
 
-    elif engine == "ray":
+    elif engine in ("ray", "forebay-ray"):
         import ray.data
 
         start_ray()
+        if engine == "forebay-ray":
+            import forebay.ray
+
+            read = forebay.ray.read_parquet
+        else:
+            read = ray.data.read_parquet
 
         def run():
             rows = nbytes = 0
-            for b in ray.data.read_parquet(files).iter_batches(
+            for b in read(files).iter_batches(
                 batch_size=BATCH, prefetch_batches=4, batch_format="pyarrow"
             ):
                 rows += b.num_rows

@@ -175,6 +175,11 @@ impl RsDataset {
             .collect()
     }
 
+    /// Each file's size in bytes (from listing or HEAD), in the order of `files()`.
+    fn file_sizes(&self) -> Vec<u64> {
+        self.dataset.files().iter().map(|f| f.size()).collect()
+    }
+
     fn count_rows(&self, py: Python<'_>) -> PyResult<u64> {
         let dataset = self.dataset.clone();
         detached(py, move || dataset.count_rows())

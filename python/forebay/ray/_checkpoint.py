@@ -1,0 +1,293 @@
+"""``ShardedCheckpointFilter``: a checkpoint index spread over Ray actors by hash shard.
+
+Every id hashes to one of ``num_shards`` shards (forebay-checkpoint's documented hash, the
+same that names its ``shard=<k>/`` directories); actor ``a`` owns shards ``a, a + N, a + 2N,
+...`` for ``N`` actors and loads only those (from a forebay checkpoint, only their
+directories; from any other Parquet files with an id column, every id is read once per actor
+and only its own are kept). A batch is filtered with one ``contains`` request per actor that
+owns some of its ids; ids travel as Arrow arrays through Ray's object store.
+
+Actors restart when they die (``max_restarts=-1``) and reload their shards in ``__init__``;
+their calls are retried (``max_task_retries=-1``), so a killed actor costs time, not rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+import forebay
+
+from .._checkpoint import DEFAULT_NUM_SHARDS, CheckpointFilter
+from .._forebay import CheckpointError, DatasetNotFoundError
+
+try:
+    import ray
+    from pyarrow.fs import FileSelector, FileType
+    from ray.data.checkpoint import CheckpointConfig
+    from ray.data.checkpoint.checkpoint_filter import CheckpointFilter as RayCheckpointFilter
+    from ray.data.checkpoint.checkpoint_filter import CheckpointManager
+except ImportError as e:  # pragma: no cover - exercised only without Ray
+    raise ImportError("forebay.ray needs Ray Data: pip install 'forebay[ray]'") from e
+
+
+def owned_shards(actor: int, num_actors: int, num_shards: int) -> list[int]:
+    """The shards actor ``actor`` of ``num_actors`` owns: ``actor, actor + N, ...``."""
+    return list(range(actor, num_shards, num_actors))
+
+
+def _missing(path: str, storage_options: dict[str, str] | None) -> bool:
+    """Whether ``path`` holds no Parquet file at all (a checkpoint not written yet)."""
+    try:
+        forebay.read_parquet(path, storage_options=storage_options)
+    except DatasetNotFoundError:
+        return True
+    except forebay.ForebayError:
+        return False
+    return False
+
+
+class _ShardOwner:
+    """One actor's part of the index (the class Ray runs as an actor)."""
+
+    def __init__(
+        self,
+        path: str,
+        id_column: str,
+        num_shards: int,
+        shards: list[int],
+        storage_options: dict[str, str] | None,
+        num_threads: int,
+    ):
+        self.shards = shards
+        try:
+            self.index: CheckpointFilter | None = CheckpointFilter.load(
+                path,
+                id_column,
+                num_shards=num_shards,
+                shards=shards,
+                storage_options=storage_options,
+                num_threads=num_threads,
+            )
+        except CheckpointError:
+            if not _missing(path, storage_options):
+                raise
+            self.index = None  # no checkpoint yet: nothing is done
+
+    def contains(self, ids: pa.Array) -> pa.Array:
+        if self.index is None:
+            return pa.array(np.zeros(len(ids), dtype=bool))
+        return self.index.contains(ids)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "ids": len(self.index) if self.index is not None else 0,
+            "memory_bytes": self.index.memory_bytes if self.index is not None else 0,
+        }
+
+
+class ShardedCheckpointFilter:
+    """Drop rows whose id a checkpoint holds, with the index spread over Ray actors.
+
+    path: a forebay checkpoint (``shard=<k>/`` directories and a manifest), or any file,
+        directory, glob or URI of Parquet files with an ``id_column`` (such as the directory
+        Ray Data's ``CheckpointConfig`` writes). A missing path means nothing is done yet.
+    num_shards: hash shards (a power of two; default 16). Give a forebay checkpoint's own
+        count so that each actor reads only its directories.
+    num_actors: actors sharing the shards (1..num_shards; default ``min(num_shards, 4)``).
+        Each holds about 13 bytes per id it owns.
+    storage_options: object_store options for URIs (as :func:`forebay.read_parquet`).
+    num_cpus_per_actor, num_threads_per_actor: Ray resources and probing threads of an actor.
+
+    Construction starts the actors and waits until every one has loaded its shards (a load
+    error is raised here). Call it on a ``pyarrow.Table`` or ``RecordBatch`` to get the rows
+    not done, or use it as a Ray Data step: :meth:`apply` (``ds.map_batches(self,
+    batch_format="pyarrow")``). It pickles as its actor handles.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        id_column: str,
+        *,
+        num_shards: int | None = None,
+        num_actors: int | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        num_cpus_per_actor: float = 0.5,
+        num_threads_per_actor: int = 1,
+    ):
+        num_shards = num_shards or DEFAULT_NUM_SHARDS
+        if num_shards < 1 or num_shards & (num_shards - 1):
+            raise ValueError(f"num_shards must be a power of two, not {num_shards}")
+        num_actors = num_actors or min(num_shards, 4)
+        if not 1 <= num_actors <= num_shards:
+            raise ValueError(f"num_actors must be 1..{num_shards} (num_shards), not {num_actors}")
+        self.path = str(path)
+        self.id_column = id_column
+        self.num_shards = num_shards
+        owner = ray.remote(_ShardOwner).options(
+            num_cpus=num_cpus_per_actor, max_restarts=-1, max_task_retries=-1
+        )
+        options = dict(storage_options) if storage_options else None
+        self.actors: list[Any] = [
+            owner.remote(
+                self.path,
+                id_column,
+                num_shards,
+                owned_shards(a, num_actors, num_shards),
+                options,
+                num_threads_per_actor,
+            )
+            for a in range(num_actors)
+        ]
+        self._routers: dict[pa.DataType, CheckpointFilter] = {}
+        self.describe()  # waits for every actor's load; raises its error
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Per actor: its shards, ids held and index bytes."""
+        return list(ray.get([a.describe.remote() for a in self.actors]))
+
+    def __len__(self) -> int:
+        return sum(d["ids"] for d in self.describe())
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_routers"] = {}
+        return state
+
+    def _router(self, id_type: pa.DataType) -> CheckpointFilter:
+        """An empty index of the ids' type: it only computes their shards."""
+        router = self._routers.get(id_type)
+        if router is None:
+            router = CheckpointFilter(id_type, num_shards=self.num_shards, id_column=self.id_column)
+            self._routers[id_type] = router
+        return router
+
+    def done(self, ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """A boolean numpy array: whether each id is in the checkpoint (nulls: False)."""
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        if len(ids) == 0:
+            return np.zeros(0, dtype=bool)
+        if len(self.actors) == 1:
+            mask: Any = ray.get(self.actors[0].contains.remote(ids))
+            return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
+        shards = self._router(ids.type).shard_ids(ids).to_numpy()
+        owner = shards % len(self.actors)
+        positions = [np.flatnonzero(owner == a) for a in range(len(self.actors))]
+        requests = [
+            (where, actor.contains.remote(ids.take(pa.array(where))))
+            for actor, where in zip(self.actors, positions, strict=True)
+            if len(where)
+        ]
+        done = np.zeros(len(ids), dtype=bool)
+        for (where, _), mask in zip(requests, ray.get([r for _, r in requests]), strict=True):
+            done[where] = mask.to_numpy(zero_copy_only=False)
+        return done
+
+    def __call__(self, batch: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
+        if self.id_column not in batch.schema.names:
+            raise KeyError(
+                f"ShardedCheckpointFilter: the batch has no id column {self.id_column!r} "
+                f"(columns: {batch.schema.names})"
+            )
+        done = self.done(batch.column(self.id_column))
+        if not done.any():
+            return batch
+        return batch.filter(pa.array(~done))
+
+    def apply(self, ds: ray.data.Dataset, **map_batches_args: Any) -> ray.data.Dataset:
+        """``ds`` without the rows whose id is done (a ``map_batches`` step in Ray tasks)."""
+        return ds.map_batches(self, batch_format="pyarrow", **map_batches_args)
+
+    def shutdown(self) -> None:
+        """Stop the actors (they also stop when the last handle to this filter is gone)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+
+
+# ------------------------------------------------------------------ CheckpointConfig plug-in
+
+#: Filters started by the plug-in's manager, kept alive for the driver's session: Ray hands
+#: its filter actors only an ObjectRef of the filter.
+_STARTED: list[ShardedCheckpointFilter] = []
+
+
+class ShardedCheckpointManager(CheckpointManager):
+    """Ray Data's checkpoint manager, loading into forebay's sharded actors instead of one
+    sorted numpy array: Ray calls it on the driver while planning a checkpointed run."""
+
+    def __init__(self, checkpoint_config: CheckpointConfig, data_context: Any):
+        super().__init__(checkpoint_config=checkpoint_config, data_context=data_context)
+        self._sharding: dict[str, Any] = getattr(checkpoint_config, "_forebay_sharding", {})
+
+    def load_checkpoint(
+        self, data_file_dir: str | None = None, data_file_filesystem: Any = None
+    ) -> tuple[Any, int]:
+        # Ray's own two-phase commit leaves pending files after a crash: resolve them first.
+        if data_file_dir is not None:
+            self._clean_pending_checkpoints(data_file_dir, data_file_filesystem)
+        entries = self.filesystem.get_file_info(
+            FileSelector(self.checkpoint_path_unwrapped, recursive=True, allow_not_found=True)
+        )
+        if not any(e.type == FileType.File and e.path.endswith(".parquet") for e in entries):
+            return None, 0
+        sharded = ShardedCheckpointFilter(
+            self.checkpoint_path, str(self.id_column), **self._sharding
+        )
+        _STARTED.append(sharded)
+        return ray.put(sharded), 1 << 20
+
+
+class ShardedRayCheckpointFilter(RayCheckpointFilter):
+    """Ray Data's per-actor checkpoint filter, routing each block to the shard actors."""
+
+    def __init__(self, config: CheckpointConfig, checkpoint_ref: Any = None):
+        super().__init__(config, checkpoint_ref)
+        self.sharded: ShardedCheckpointFilter = ray.get(checkpoint_ref)
+
+    def filter_rows_for_block(self, block: pa.Table) -> pa.Table:
+        if len(block) == 0:
+            return block
+        return self.sharded(block)
+
+
+def checkpoint_config(
+    id_column: str,
+    checkpoint_path: str,
+    *,
+    num_shards: int | None = None,
+    num_actors: int | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    num_cpus_per_actor: float = 0.5,
+    **ray_options: Any,
+) -> CheckpointConfig:
+    """Ray Data's ``CheckpointConfig`` with forebay's sharded index as its filter.
+
+    Set it as ``ray.data.DataContext.get_current().checkpoint_config``; Ray's checkpointed
+    runs then load the checkpoint into :class:`ShardedCheckpointFilter` actors (about 13
+    bytes per id, split over ``num_actors``) instead of one sorted numpy array per filter
+    actor. ``ray_options`` are other ``CheckpointConfig`` arguments
+    (``delete_checkpoint_on_success``, ``override_filesystem``, ...); ``storage_options``
+    are forebay's object_store options for the same path.
+    """
+    config = CheckpointConfig(
+        id_column,
+        checkpoint_path,
+        checkpoint_filter_cls=ShardedRayCheckpointFilter,
+        checkpoint_manager_cls=ShardedCheckpointManager,
+        **ray_options,
+    )
+    # Ray constructs the manager with the config alone: the sharding rides on it.
+    sharding = {
+        "num_shards": num_shards,
+        "num_actors": num_actors,
+        "storage_options": dict(storage_options) if storage_options else None,
+        "num_cpus_per_actor": num_cpus_per_actor,
+    }
+    setattr(config, "_forebay_sharding", sharding)  # noqa: B010
+    return config

@@ -1,0 +1,304 @@
+"""forebay.ray on a local Ray cluster started by the tests: the datasource, the sharded
+checkpoint filter as a Ray Data step and as Ray's CheckpointConfig plug-in, and their
+behaviour when an actor or a task's worker process is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+import forebay
+import forebay.ray as fray
+
+FILES = 24
+ROWS_PER_FILE = 5_000
+
+
+def test_import_forebay_does_not_import_ray() -> None:
+    code = "import sys, forebay; print('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # More logical CPUs than cores: on 2 cores Ray's actor pools otherwise starve its tasks.
+    ray.init(
+        num_cpus=8,
+        object_store_memory=256 << 20,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        # Workers import this module's functions (slow_identity) by name.
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+    )
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ray-inputs")
+    for f in range(FILES):
+        ids = np.arange(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE)
+        pq.write_table(
+            pa.table(
+                {
+                    "id": pa.array([f"id-{i}" for i in ids]),
+                    "value": pa.array(ids, pa.int64()),
+                    "payload": pa.array([f"row {i} " * 3 for i in ids]),
+                }
+            ),
+            root / f"part-{f:03d}.parquet",
+            row_group_size=1_000,
+        )
+    return root
+
+
+def values_of(ds) -> np.ndarray:
+    table = ds.to_arrow_refs()
+    values = pa.concat_tables(ray.get(table)).column("value").to_numpy()
+    return np.sort(values)
+
+
+# ---------------------------------------------------------------- read_parquet
+
+
+def test_read_parquet_matches_pyarrow(cluster, inputs: Path) -> None:
+    ds = fray.read_parquet(str(inputs), columns=["value", "id"], filter=[("value", ">=", 7_777)])
+    table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    assert table.schema.names == ["value", "id"]
+    expected = pq.read_table(inputs, columns=["value", "id"], filters=[("value", ">=", 7_777)])
+    assert table.num_rows == expected.num_rows
+    assert table.sort_by("value").equals(expected.sort_by("value"))
+
+
+def test_read_tasks_are_sized_by_bytes(cluster, inputs: Path) -> None:
+    sizes = [p.stat().st_size for p in sorted(inputs.glob("*.parquet"))]
+    source = fray.ForebayParquetDatasource(str(inputs), task_bytes=4 * max(sizes))
+    tasks = source.get_read_tasks(200)
+    # Ray asked for 200; 24 tiny files make 6 tasks of 4 files, in scan order.
+    assert len(tasks) == FILES // 4
+    files = [f for t in tasks for f in t.metadata.input_files]
+    assert files == sorted(str(p) for p in inputs.glob("*.parquet"))
+    # By default tiny inputs are one task (at least 64 MiB a task).
+    assert len(fray.ForebayParquetDatasource(str(inputs)).get_read_tasks(200)) == 1
+
+
+def test_downstream_ray_data_works(cluster, inputs: Path) -> None:
+    ds = fray.read_parquet(str(inputs), columns=["value"]).map_batches(
+        lambda b: {"double": b["value"] * 2}, batch_format="numpy"
+    )
+    total = sum(int(b["double"].sum()) for b in ds.iter_batches(batch_size=1000))
+    n = FILES * ROWS_PER_FILE
+    assert total == 2 * (n * (n - 1) // 2)
+    left, right = fray.read_parquet(str(inputs), columns=["value"]).streaming_split(2)
+    got: list[int] = []
+
+    def consume(it) -> None:
+        for b in it.iter_batches(batch_size=None, batch_format="numpy"):
+            got.extend(b["value"].tolist())
+
+    threads = [threading.Thread(target=consume, args=(s,)) for s in (left, right)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(n))
+
+
+def test_bad_input_names_the_file(cluster, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    with pytest.raises(forebay.ForebayError, match=r"bad\.parquet"):
+        fray.read_parquet(str(bad))
+    with pytest.raises(forebay.ForebayError, match="nope"):
+        fray.read_parquet(str(tmp_path / "nope"))
+
+
+# ---------------------------------------------------------------- sharded checkpoint filter
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, inputs: Path) -> Path:
+    """A forebay checkpoint (8 shards) holding the ids of every third row."""
+    path = tmp_path_factory.mktemp("ray-ckpt") / "ckpt"
+    done = forebay.CheckpointFilter(pa.string(), num_shards=8, id_column="id")
+    done.insert(pa.array([f"id-{i}" for i in range(0, FILES * ROWS_PER_FILE, 3)]))
+    done.write(str(path))
+    return path
+
+
+def expected_left() -> np.ndarray:
+    return np.array([i for i in range(FILES * ROWS_PER_FILE) if i % 3])
+
+
+def test_sharded_filter_splits_shards_and_filters(cluster, inputs: Path, checkpoint: Path) -> None:
+    sharded = fray.ShardedCheckpointFilter(str(checkpoint), "id", num_shards=8, num_actors=3)
+    parts = sharded.describe()
+    assert sorted(k for p in parts for k in p["shards"]) == list(range(8))
+    assert sum(p["ids"] for p in parts) == len(range(0, FILES * ROWS_PER_FILE, 3))
+    # Each actor holds only its share (3 actors over 8 shards: at most 3 shards each).
+    assert all(len(p["shards"]) <= 3 for p in parts)
+    assert max(p["ids"] for p in parts) < 0.5 * len(sharded)
+    ds = sharded.apply(fray.read_parquet(str(inputs)))
+    assert np.array_equal(values_of(ds), expected_left())
+    # Called directly on a table; nulls are never done.
+    table = pa.table({"id": pa.array(["id-0", None, "id-1", "id-3"]), "x": [1, 2, 3, 4]})
+    assert sharded(table).column("x").to_pylist() == [2, 3]
+    sharded.shutdown()
+
+
+def test_sharded_filter_reads_ray_layout_and_missing_path(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    flat = tmp_path / "ray-ckpt"
+    flat.mkdir()
+    for k in range(3):
+        ids = [f"id-{i}" for i in range(k, FILES * ROWS_PER_FILE, 6)]
+        pq.write_table(pa.table({"id": ids}), flat / f"{k}.parquet")
+    sharded = fray.ShardedCheckpointFilter(str(flat), "id", num_actors=2)
+    got = values_of(sharded.apply(fray.read_parquet(str(inputs))))
+    assert np.array_equal(got, np.array([i for i in range(FILES * ROWS_PER_FILE) if i % 6 >= 3]))
+    sharded.shutdown()
+    empty = fray.ShardedCheckpointFilter(str(tmp_path / "none-yet"), "id", num_actors=2)
+    assert len(empty) == 0
+    assert len(values_of(empty.apply(fray.read_parquet(str(inputs))))) == FILES * ROWS_PER_FILE
+    empty.shutdown()
+
+
+def test_sharded_filter_errors(cluster, inputs: Path, checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        fray.ShardedCheckpointFilter(str(checkpoint), "id", num_shards=6)
+    with pytest.raises(ValueError, match="num_actors"):
+        fray.ShardedCheckpointFilter(str(checkpoint), "id", num_shards=4, num_actors=5)
+    with pytest.raises(Exception, match="nope"):
+        fray.ShardedCheckpointFilter(str(checkpoint), "nope", num_shards=8)
+    sharded = fray.ShardedCheckpointFilter(str(checkpoint), "id", num_shards=8, num_actors=2)
+    with pytest.raises(KeyError, match="no id column"):
+        sharded(pa.table({"other": [1]}))
+    sharded.shutdown()
+
+
+def slow_identity(batch: pa.Table) -> pa.Table:
+    time.sleep(0.05)
+    return batch
+
+
+def test_killed_filter_actor_restarts_and_reloads(cluster, inputs: Path, checkpoint: Path) -> None:
+    sharded = fray.ShardedCheckpointFilter(str(checkpoint), "id", num_shards=8, num_actors=2)
+    ds = sharded.apply(
+        fray.read_parquet(str(inputs), batch_size=500).map_batches(
+            slow_identity, batch_format="pyarrow", batch_size=500
+        ),
+        batch_size=500,
+    )
+    killed = threading.Event()
+
+    def kill_later() -> None:
+        time.sleep(1.0)
+        ray.kill(sharded.actors[0], no_restart=False)
+        killed.set()
+
+    killer = threading.Thread(target=kill_later)
+    killer.start()
+    got = values_of(ds)
+    killer.join()
+    assert killed.is_set()
+    assert np.array_equal(got, expected_left())
+    # The restarted actor reloaded its shards.
+    assert sum(p["ids"] for p in sharded.describe()) == len(range(0, FILES * ROWS_PER_FILE, 3))
+    sharded.shutdown()
+
+
+def ray_worker_pids(marker: str) -> list[int]:
+    """Worker processes whose command line (Ray sets it to the task's name) has ``marker``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmdline.startswith("ray::") and marker in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_killed_task_worker_is_retried_exactly_once(
+    cluster, inputs: Path, checkpoint: Path
+) -> None:
+    sharded = fray.ShardedCheckpointFilter(str(checkpoint), "id", num_shards=8, num_actors=2)
+    ds = sharded.apply(
+        fray.read_parquet(str(inputs), batch_size=500).map_batches(
+            slow_identity, batch_format="pyarrow", batch_size=500
+        ),
+        batch_size=500,
+    )
+    killed: list[int] = []
+
+    def kill_a_worker() -> None:
+        deadline = time.time() + 20
+        while time.time() < deadline and not killed:
+            for pid in ray_worker_pids("slow_identity"):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_a_worker)
+    killer.start()
+    got = values_of(ds)
+    killer.join()
+    assert killed, "no worker of the map step was found to kill"
+    assert np.array_equal(got, expected_left())
+    sharded.shutdown()
+
+
+# ---------------------------------------------------------------- Ray's CheckpointConfig
+
+
+def test_checkpoint_config_plugin(cluster, inputs: Path, tmp_path: Path) -> None:
+    # Ray's own checkpoint layout: a flat directory of Parquet files of ids.
+    ckpt = tmp_path / "ray-ckpt"
+    ckpt.mkdir()
+    pq.write_table(
+        pa.table({"id": [f"id-{i}" for i in range(0, FILES * ROWS_PER_FILE, 3)]}),
+        ckpt / "done.parquet",
+    )
+    out = tmp_path / "out"
+    ctx = ray.data.DataContext.get_current()
+    ctx.checkpoint_config = fray.checkpoint_config(
+        "id", str(ckpt), num_actors=2, delete_checkpoint_on_success=False
+    )
+    try:
+        ray.data.read_parquet(str(inputs)).map_batches(
+            slow_identity, batch_format="pyarrow"
+        ).write_parquet(str(out))
+    finally:
+        ctx.checkpoint_config = None
+    written = pq.read_table(out, columns=["value"]).column("value").to_numpy()
+    assert np.array_equal(np.sort(written), expected_left())
+    # Ray recorded the rows it wrote; with them the checkpoint holds every id.
+    everything = fray.ShardedCheckpointFilter(str(ckpt), "id", num_actors=2)
+    assert len(everything) == FILES * ROWS_PER_FILE
+    everything.shutdown()
+    assert pc.count_distinct(pq.read_table(out).column("id")).as_py() == len(written)
