@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from measure import SystemMemorySampler, peak_rss_mb
+from measure import SystemMemorySampler, peak_rss_mb, wait_for_ray_exit
 
 HERE = Path(__file__).resolve().parent
 BATCH = 65_536
@@ -299,6 +299,7 @@ def alternate(engines: list[str], rounds: int, kind: str, *args: str) -> dict[st
     results: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
         for e in engines:
+            wait_for_ray_exit()
             res = in_child(kind, e, *args)
             results[e].append(res)
             print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)

@@ -3,6 +3,7 @@ sampled, so helper processes count; plus the process's own max RSS)."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -70,3 +71,24 @@ class SystemMemorySampler:
     @property
     def rise_mb(self) -> float:
         return (self.peak - self.baseline) / 1e6
+
+
+def wait_for_ray_exit(timeout: float = 120.0) -> None:
+    """Wait until no Ray process of a previous run is left and system used memory has stopped
+    falling: on this VM the memory of an exited Ray cluster returns to the system over tens
+    of seconds, and a measurement taken meanwhile would hide its own rise."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = subprocess.run(
+            ["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True, text=True
+        ).stdout.split()
+        if not left:
+            break
+        time.sleep(0.2)
+    previous = used_memory()
+    while time.time() < deadline:
+        time.sleep(2.0)
+        now = used_memory()
+        if previous - now < 8_000_000:
+            return
+        previous = now

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from checkpoint import CHECKPOINT_IDS, TOTAL_IDS, generate
-from measure import SystemMemorySampler, peak_rss_mb
+from measure import SystemMemorySampler, peak_rss_mb, wait_for_ray_exit
 
 HERE = Path(__file__).resolve().parent
 BATCH_SIZE = 1000
@@ -267,8 +267,9 @@ def seed(args: argparse.Namespace, data: Path, work: Path) -> None:
                 continue
             out = work / f"out-{e}"
             shutil.rmtree(out, ignore_errors=True)
+            wait_for_ray_exit()
             res = in_child("seed", e, str(data), str(out))
-            res["exact"], res["rows"] = ids_exactly(out, CHECKPOINT_IDS, TOTAL_IDS)
+            res.update(in_child("check", str(out), str(CHECKPOINT_IDS), str(TOTAL_IDS)))
             shutil.rmtree(out, ignore_errors=True)
             results[e].append(res)
             print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
@@ -294,7 +295,7 @@ def seed(args: argparse.Namespace, data: Path, work: Path) -> None:
 
 def resume90(args: argparse.Namespace, data: Path, work: Path) -> None:
     id_ckpt = work / "ids-0-8999999.parquet"
-    make_id_checkpoint(data, id_ckpt, 9_000_000)
+    in_child("make-ids", str(data), str(id_ckpt), "9000000")
     rows: dict[str, list[dict]] = {"full": [], "resume-own": [], "resume-ids": []}
     for r in range(args.rounds):
         # A full run with forebay's checkpoint.
@@ -308,7 +309,7 @@ def resume90(args: argparse.Namespace, data: Path, work: Path) -> None:
         committed = killed_at(data, out, str(ckpt), 0.9)
         res = in_child("run", str(data), str(out), str(ckpt), "own")
         res["committed_before"] = committed
-        res["exact"] = ids_exactly(out, 0, TOTAL_IDS)[0]
+        res["exact"] = in_child("check", str(out), "0", str(TOTAL_IDS))["exact"]
         rows["resume-own"].append(res)
         # The same resume from an id-only checkpoint: every input is read, filtered by id.
         out2 = work / "r-out-ids"
@@ -342,6 +343,14 @@ def main() -> None:
         kind, *rest = sys.argv[2:]
         if kind == "seed":
             print(json.dumps(child_seed(rest[0], Path(rest[1]), Path(rest[2]))))
+        elif kind == "make-ids":
+            make_id_checkpoint(Path(rest[0]), Path(rest[1]), int(rest[2]))
+            print(json.dumps({}))
+        elif kind == "check":
+            # In a child: the parent's allocator would otherwise return these arrays' memory
+            # to the system during the next measurement and hide part of its rise.
+            exact, rows = ids_exactly(Path(rest[0]), int(rest[1]), int(rest[2]))
+            print(json.dumps({"exact": exact, "rows": rows}))
         elif kind == "run":
             print(json.dumps(child_run(Path(rest[0]), Path(rest[1]), rest[2], rest[3])))
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -128,6 +129,14 @@ class ForebayParquetDatasource(Datasource):
         share = total // max(parallelism, 1)
         return max(MIN_TASK_BYTES, min(MAX_TASK_BYTES, share))
 
+    def with_task_bytes(self, task_bytes: int) -> ForebayParquetDatasource:
+        """The same source with a fixed share of input per read task."""
+        if task_bytes < 1:
+            raise ValueError("task_bytes must be at least 1")
+        other = copy.copy(self)
+        other._task_bytes = task_bytes
+        return other
+
     def get_read_tasks(
         self,
         parallelism: int,
@@ -176,9 +185,10 @@ def read_parquet(
         (only the selected column chunks are fetched; row groups and pages the filter rules
         out are skipped).
     task_bytes: input bytes per read task (consecutive files grouped up to it); default the
-        total over Ray's requested parallelism, within 64-512 MiB.
+        total over twice the cluster's CPUs, within 64-512 MiB.
     num_threads_per_task: decoding threads of each read task (match the task's CPUs).
-    override_num_blocks: passed to Ray (the parallelism Ray asks the datasource for).
+    override_num_blocks: the parallelism Ray asks the datasource for; default the number of
+        read tasks (a larger one would make Ray split every block into small pieces).
     ray_remote_args: options of the read tasks (``num_cpus``, ``memory``, ...).
     """
     source = ForebayParquetDatasource(
@@ -190,6 +200,14 @@ def read_parquet(
         task_bytes=task_bytes,
         num_threads_per_task=num_threads_per_task,
     )
+    if task_bytes is None:
+        if not ray.is_initialized():
+            ray.init()
+        cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
+        source = source.with_task_bytes(source.task_bytes(2 * max(cpus, 1)))
+    if override_num_blocks is None:
+        # Ray splits each block into pieces when it gets fewer tasks than it asked for.
+        override_num_blocks = len(source.get_read_tasks(1))
     dataset: ray.data.Dataset = ray.data.read_datasource(
         source,
         override_num_blocks=override_num_blocks,
