@@ -155,7 +155,12 @@ class CheckpointFilter:
 
     def shard_ids(self, ids: Any) -> pa.UInt32Array:
         """The shard of each of ``ids`` (the on-disk ``shard=<k>`` it is written to)."""
-        return self._inner.shard_ids(_arrays(ids)[0])
+        parts = [self._inner.shard_ids(a) for a in _arrays(ids)]
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return pa.array([], pa.uint32())
+        return pa.concat_arrays(parts)
 
     def __len__(self) -> int:
         return self._inner.__len__()

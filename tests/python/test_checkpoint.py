@@ -127,6 +127,9 @@ def test_partitioned_layout_matches_the_documented_hash(tmp_path):
     assert ckpt.shard_ids(pa.array(ids[:100])).to_pylist() == [
         reference_shard(i, 8) for i in ids[:100]
     ]
+    # Every chunk of a ChunkedArray is hashed, not only the first.
+    chunked = pa.chunked_array([pa.array(ids[:60]), pa.array(ids[60:100])])
+    assert ckpt.shard_ids(chunked).to_pylist() == [reference_shard(i, 8) for i in ids[:100]]
     seen = 0
     for k in range(8):
         files = list((tmp_path / "ck" / f"shard={k}").glob("part-*.parquet"))
