@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use arrow_pyarrow::{FromPyArrow, ToPyArrow};
+use arrow_pyarrow::ToPyArrow;
 use forebay_engine::process::{ProcessPool, RemoteError};
 use forebay_engine::{
     BatchStream, Checkpoint, EngineError, IterOptions, MapFn, MapStage, MapWorker, OnChangedInput,
@@ -32,6 +32,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::arrow_import::import_map_output;
 use crate::checkpoint::RsCheckpointIndex;
 use crate::dataset::RsDataset;
 use crate::errors::{
@@ -90,7 +91,7 @@ impl MapWorker for PyFunctionWorker {
             let out = self.call.call1(py, (batch.to_pyarrow(py)?,))?;
             out.bind(py)
                 .try_iter()?
-                .map(|item| RecordBatch::from_pyarrow_bound(&item?))
+                .map(|item| import_map_output(&item?, &batch))
                 .collect()
         })
         .map_err(failure)

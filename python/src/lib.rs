@@ -13,6 +13,7 @@
 //! | `store` | `forebay.ObjectStore` |
 //! | `engine` | running `forebay.Dataset` pipelines (`map_batches`, `iter_batches`, `write_parquet`) |
 
+mod arrow_import;
 mod checkpoint;
 mod dataset;
 mod engine;

@@ -494,6 +494,27 @@ def test_bad_outputs_name_the_stage(data, tmp_path):
     assert not leftovers
 
 
+def invalid_utf8_column(batch: pa.Table) -> pa.Table:
+    """Adds a string column whose bytes are not UTF-8 (pyarrow does not check from_buffers)."""
+    n = batch.num_rows
+    offsets = pa.py_buffer(np.arange(n + 1, dtype=np.int32).tobytes())
+    bad = pa.Array.from_buffers(pa.string(), n, [None, offsets, pa.py_buffer(b"\xff" * n)])
+    return batch.append_column("bad", bad)
+
+
+def test_returned_columns_are_validated_unless_passed_through(data):
+    # Input columns returned unchanged or sliced are trusted (they were valid); a new column
+    # is checked in full: invalid UTF-8 is an error naming the stage, never silent data.
+    sliced = forebay.read_parquet(str(data)).map_batches(lambda b: b.slice(1, 5)).to_arrow()
+    assert sliced.num_rows == 5 * len(
+        list(forebay.read_parquet(str(data)).iter_batches(batch_size=None))
+    )
+    with pytest.raises(
+        forebay.StageError, match=r"map_batches\(invalid_utf8_column\).*bad.*not valid"
+    ):
+        forebay.read_parquet(str(data)).map_batches(invalid_utf8_column).to_arrow()
+
+
 def test_bad_arguments(data):
     ds = forebay.read_parquet(str(data))
     for bad in (0, -1):
