@@ -59,6 +59,7 @@ mod lineage;
 pub mod memory;
 mod pipeline;
 pub mod process;
+mod process_memory;
 mod progress;
 mod queue;
 mod rechunk;

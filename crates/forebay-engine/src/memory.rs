@@ -39,6 +39,7 @@ use arrow::array::{ArrayData, RecordBatch};
 use arrow::buffer::Buffer;
 
 use crate::error::{EngineError, Result};
+use crate::process_memory::{give_back_free_heap, ProcessMemory};
 
 /// A flag that stops a run: set once, seen by every waiting holder within ~50 ms.
 #[derive(Debug, Clone, Default)]
@@ -103,6 +104,9 @@ struct State {
     reservations: HashMap<u64, ReservationState>,
     consumers: Vec<ConsumerState>,
     next_reservation: u64,
+    /// The process's memory beyond the books, counted by the source's admission (see
+    /// [`crate::process_memory`]); `None`: the pool counts its own charges only.
+    process: Option<ProcessMemory>,
 }
 
 struct Allocation {
@@ -147,12 +151,27 @@ pub struct PoolSnapshot {
 }
 
 impl MemoryPool {
-    /// A pool that admits at most `limit` bytes (through [`Admission::Wait`]).
+    /// A pool that admits at most `limit` bytes of charged batches (through
+    /// [`Admission::Wait`]).
     pub fn new(limit: usize) -> MemoryPool {
+        MemoryPool::with_process(limit, None)
+    }
+
+    /// A pool whose limit also covers what the process holds beyond the books (decoder
+    /// pages, allocator retention: see [`crate::process_memory`]), measured from now. For a
+    /// run's pool; the same as [`MemoryPool::new`] where the process cannot be measured.
+    pub fn for_process(limit: usize) -> MemoryPool {
+        MemoryPool::with_process(limit, ProcessMemory::of_this_process())
+    }
+
+    fn with_process(limit: usize, process: Option<ProcessMemory>) -> MemoryPool {
         MemoryPool {
             shared: Arc::new(Shared {
                 limit,
-                state: Mutex::new(State::default()),
+                state: Mutex::new(State {
+                    process,
+                    ..State::default()
+                }),
                 room: Condvar::new(),
             }),
         }
@@ -257,8 +276,24 @@ impl MemoryConsumer {
                 cancel.check()?;
                 let new = new_bytes(&state, &extents) + plain;
                 let batches_held = state.used - state.plain;
-                if batches_held == 0 || state.used + new + headroom <= shared.limit {
+                let charged = state.used + new + headroom;
+                let used = state.used;
+                let untracked = state
+                    .process
+                    .as_mut()
+                    .map_or(0, |p| p.growth().saturating_sub(used));
+                if batches_held == 0 || charged + untracked <= shared.limit {
                     break;
+                }
+                let trim = charged <= shared.limit
+                    && state.process.as_mut().is_some_and(ProcessMemory::may_trim);
+                if trim {
+                    // Only memory outside the books is in the way: ask the allocator for
+                    // its free pages (without the lock: a trim walks every arena).
+                    drop(state);
+                    give_back_free_heap();
+                    state = shared.lock();
+                    continue;
                 }
                 state = shared
                     .room
@@ -636,6 +671,48 @@ mod tests {
             Err(EngineError::Cancelled)
         ));
         drop(r2);
+    }
+
+    #[test]
+    fn memory_outside_the_books_holds_the_source_back_until_batches_drain() {
+        let one = batch(10_000);
+        let size = batch_memory(&one);
+        // The process grows by what the pool charges plus 1.5 batches it does not see.
+        let outside = Arc::new(Mutex::new(0usize));
+        let reading = outside.clone();
+        let process = ProcessMemory::with_reader(Box::new(move || Some(*reading.lock().unwrap())));
+        let pool = MemoryPool::with_process(size * 3, process);
+        let source = pool.consumer("source");
+        let cancel = CancelToken::new();
+        let wait = Admission::Wait {
+            headroom: 0,
+            cancel: &cancel,
+        };
+        let r1 = source.reserve_batch(&batch(10_000), wait).unwrap();
+        *outside.lock().unwrap() = size + size * 3 / 2;
+        std::thread::sleep(Duration::from_millis(30)); // past the reuse of the last figure
+        // Charged 1 + 1 new + 1.5 untracked > 3: the source waits although the books
+        // alone would admit the batch.
+        let pool2 = pool.clone();
+        let waiter = std::thread::spawn(move || {
+            let cancel = CancelToken::new();
+            pool2
+                .consumer("source")
+                .reserve_batch(
+                    &batch(10_000),
+                    Admission::Wait {
+                        headroom: 0,
+                        cancel: &cancel,
+                    },
+                )
+                .map(|r| r.owned())
+        });
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(!waiter.is_finished(), "untracked memory must count");
+        // Nothing held: it passes (a run always progresses), even though the untracked
+        // memory has not gone.
+        drop(r1);
+        assert_eq!(waiter.join().unwrap().unwrap(), size);
     }
 
     #[test]

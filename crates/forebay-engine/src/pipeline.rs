@@ -367,7 +367,7 @@ impl Pipeline {
                 "memory_limit must be positive".into(),
             ));
         }
-        let pool = MemoryPool::new(options.memory_limit);
+        let pool = MemoryPool::for_process(options.memory_limit);
         let store_capacity = options.store_capacity.unwrap_or(options.memory_limit / 4);
         let resources = RunResources::new(
             pool,
