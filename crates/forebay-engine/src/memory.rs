@@ -21,6 +21,9 @@
 //! downstream will allocate); every other holder is charged at once ([`Admission::Now`]).
 //! Holders downstream of the source always make progress (the sink drains), so waiting at
 //! the source alone cannot deadlock, and the pool returns under its limit as they drain.
+//! A run's pool ([`MemoryPool::for_process`]) makes the source also wait for memory the
+//! process holds beyond the books (decoder pages, allocator retention; see
+//! `process_memory`), so that the limit caps the process, not only the batches.
 //!
 //! Allocations Arrow does not own (buffers imported through the C data interface from
 //! pyarrow, mapped files) report no capacity; they are charged from the start of the
