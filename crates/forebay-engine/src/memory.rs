@@ -161,7 +161,7 @@ impl MemoryPool {
     }
 
     /// A pool whose limit also covers what the process holds beyond the books (decoder
-    /// pages, allocator retention: see [`crate::process_memory`]), measured from now. For a
+    /// pages, allocator retention: see the `process_memory` module), measured from now. For a
     /// run's pool; the same as [`MemoryPool::new`] where the process cannot be measured.
     pub fn for_process(limit: usize) -> MemoryPool {
         MemoryPool::with_process(limit, ProcessMemory::of_this_process())
