@@ -37,7 +37,7 @@ class _MapStep:
                 spec.stage, lambda: make_worker(spec), self.concurrency, self.batch_size, []
             )
         else:
-            from ._worker import encode_init
+            from ._worker import encode_init, native_threads_env
 
             pipeline.add_processes(
                 self.spec.stage,
@@ -47,6 +47,7 @@ class _MapStep:
                 self.batch_size,
                 self.max_retries,
                 [],
+                native_threads_env(self.concurrency),
             )
 
 

@@ -346,7 +346,7 @@ impl RsPipeline {
 
     /// A function in `concurrency` worker processes started with `command`; `init` is sent
     /// to each worker as it starts.
-    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns))]
+    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env))]
     #[allow(clippy::too_many_arguments)]
     fn add_processes(
         &self,
@@ -357,9 +357,15 @@ impl RsPipeline {
         batch_size: Option<usize>,
         max_retries: usize,
         required_columns: Vec<String>,
+        env: HashMap<String, String>,
     ) -> PyResult<()> {
+        let env = env
+            .into_iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
         let pool = ProcessPool::new(command.into_iter().map(OsString::from).collect(), init)
-            .with_max_retries(max_retries);
+            .with_max_retries(max_retries)
+            .with_env(env);
         self.with(|p| Ok(p.map(stage(name, pool, concurrency, batch_size, required_columns))))
     }
 

@@ -175,6 +175,27 @@ def test_processes_run_a_class_of_the_callers_module(data):
     assert len(workers) == 2 and f"pid-{os.getpid()}" not in workers
 
 
+def test_workers_size_native_thread_pools_to_their_share_of_the_cores(data, monkeypatch):
+    # As Ray does: OMP/OpenBLAS/MKL pools of cores // concurrency threads per worker, unless
+    # the user set the variable.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "7")
+
+    def report(batch):
+        return pa.table(
+            {
+                "omp": [os.environ.get("OMP_NUM_THREADS")] * batch.num_rows,
+                "mkl": [os.environ.get("MKL_NUM_THREADS")] * batch.num_rows,
+            }
+        )
+
+    ds = forebay.read_parquet(str(data)).map_batches(report, compute="processes", concurrency=2)
+    out = ds.to_arrow()
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert set(out.column("omp").to_pylist()) == {share}
+    assert set(out.column("mkl").to_pylist()) == {"7"}
+
+
 def run_script(tmp_path, body: str, env=None, timeout=120) -> subprocess.CompletedProcess:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(body))
