@@ -693,7 +693,8 @@ mod tests {
         };
         let r1 = source.reserve_batch(&batch(10_000), wait).unwrap();
         *outside.lock().unwrap() = size + size * 3 / 2;
-        std::thread::sleep(Duration::from_millis(30)); // past the reuse of the last figure
+        // Wait past the reuse of the last figure.
+        std::thread::sleep(Duration::from_millis(30));
         // Charged 1 + 1 new + 1.5 untracked > 3: the source waits although the books
         // alone would admit the batch.
         let pool2 = pool.clone();
