@@ -56,6 +56,7 @@ pub use error::{CheckpointError, Result};
 pub use fingerprint::{IdFamily, FINGERPRINT_BITS};
 pub use index::{CheckpointIndex, DEFAULT_NUM_SHARDS, MAX_NUM_SHARDS};
 pub use persist::{
-    clean_stale_temp_files, write_id_parts, CheckpointLoader, WriteSummary, MANIFEST_FILE,
+    clean_stale_temp_files, manifest_num_shards, write_id_parts, CheckpointLoader, WriteSummary,
+    MANIFEST_FILE,
 };
 pub use stream::{filter_in_parallel, FilteredBatches, SharedCheckpointIndex};

@@ -214,12 +214,19 @@ impl Target {
     }
 
     /// Shard numbers that have a `shard=<k>` directory (prefix).
-    fn shard_dirs(&self) -> Result<Vec<usize>> {
-        let names: Vec<String> = match self {
+    /// The top level of a checkpoint directory: its `shard=<k>` directories, and the names
+    /// of other entries that may hold ids (Parquet files and directories not hidden with
+    /// `_` or `.`: files another writer, such as Ray Data, left beside forebay's shards).
+    fn top_level(&self) -> Result<(Vec<usize>, Vec<String>)> {
+        // (name, is a directory)
+        let entries: Vec<(String, bool)> = match self {
             Target::Local(dir) => match fs::read_dir(dir) {
                 Ok(entries) => entries
                     .filter_map(|e| e.ok())
-                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter_map(|e| {
+                        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                        e.file_name().into_string().ok().map(|n| (n, is_dir))
+                    })
                     .collect(),
                 Err(source) => {
                     return Err(CheckpointError::Io {
@@ -241,14 +248,30 @@ impl Target {
                     path: shown.clone(),
                     source: Box::new(source),
                 })?;
-                listing
+                let dirs = listing
                     .common_prefixes
                     .iter()
-                    .filter_map(|p| p.filename().map(str::to_string))
-                    .collect()
+                    .filter_map(|p| p.filename().map(|n| (n.to_string(), true)));
+                let files = listing
+                    .objects
+                    .iter()
+                    .filter_map(|o| o.location.filename().map(|n| (n.to_string(), false)));
+                dirs.chain(files).collect()
             }
         };
-        Ok(names.iter().filter_map(|n| parse_shard_dir(n)).collect())
+        let mut shards = Vec::new();
+        let mut others = Vec::new();
+        for (name, is_dir) in entries {
+            if let Some(k) = parse_shard_dir(&name) {
+                shards.push(k);
+            } else if !name.starts_with('_')
+                && !name.starts_with('.')
+                && (is_dir || name.ends_with(".parquet"))
+            {
+                others.push(name);
+            }
+        }
+        Ok((shards, others))
     }
 
     /// Store `bytes` under `relative` so that readers see all of it or nothing.
@@ -503,14 +526,17 @@ impl CheckpointLoader {
             .as_ref()
             .is_some_and(|m| m.num_shards == num_shards);
 
-        // Which locations to read: only the owned shards' directories when the layout lets us.
+        // Which locations to read: only the owned shards' directories when the layout lets
+        // us, and whatever else the directory holds (ids written there by another writer,
+        // hashed here and kept for the owned shards only).
         let uris = if layout_matches && owned.iter().any(|o| !o) {
             let base = self.path.trim_end_matches('/');
-            target
-                .shard_dirs()?
+            let (shards, others) = target.top_level()?;
+            shards
                 .into_iter()
                 .filter(|k| *k < num_shards && owned[*k])
                 .map(|k| format!("{base}/shard={k}"))
+                .chain(others.into_iter().map(|name| format!("{base}/{name}")))
                 .collect()
         } else {
             vec![self.path.clone()]
@@ -812,6 +838,13 @@ impl CheckpointIndex {
     }
 }
 
+/// The shard count the manifest at `path` declares, or `None` when `path` has no manifest
+/// (no checkpoint yet, or ids written by another writer).
+pub fn manifest_num_shards(path: &str, storage_options: &StorageOptions) -> Result<Option<usize>> {
+    let target = Target::parse(path, storage_options)?;
+    Ok(target.read_manifest()?.map(|m| m.num_shards))
+}
+
 /// Write `ids` (of column `id_column`) under `root` as hash-partitioned part files all named
 /// `part_name`: `root/shard=<k>/<part_name>` for each shard `k` that gets ids, each written
 /// atomically. No manifest is written or read: this is for callers that stage parts and
@@ -938,5 +971,40 @@ mod tests {
             Some(12)
         );
         assert_eq!(declared_shard("/ck/part-1.parquet"), None);
+    }
+
+    #[test]
+    fn owned_shards_also_read_ids_written_beside_the_shard_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let mut index = CheckpointIndex::new(DataType::Int64, "id", 4).unwrap();
+        index
+            .insert(&arrow::array::Int64Array::from_iter_values(0..1000))
+            .unwrap();
+        index.write(root, &StorageOptions::new()).unwrap();
+        // Ids another writer (Ray Data's checkpoint) left at the top level.
+        let flat = RecordBatch::try_from_iter([(
+            "id",
+            Arc::new(arrow::array::Int64Array::from_iter_values(1000..2000)) as ArrayRef,
+        )])
+        .unwrap();
+        fs::write(
+            dir.path().join("ray-0.parquet"),
+            encode_parquet(&flat, "test").unwrap(),
+        )
+        .unwrap();
+        let all = arrow::array::Int64Array::from_iter_values(0..2000);
+        let mut held = 0;
+        for k in 0..4 {
+            let part = CheckpointIndex::loader(root, "id")
+                .with_shards([k])
+                .load()
+                .unwrap();
+            assert_eq!(part.loaded_shards(), vec![k]);
+            held += part.len();
+        }
+        assert_eq!(held, 2000, "every id in exactly one owner");
+        let whole = CheckpointIndex::loader(root, "id").load().unwrap();
+        assert_eq!(whole.contains(&all).unwrap().true_count(), 2000);
     }
 }
