@@ -21,9 +21,10 @@
 //! downstream will allocate); every other holder is charged at once ([`Admission::Now`]).
 //! Holders downstream of the source always make progress (the sink drains), so waiting at
 //! the source alone cannot deadlock, and the pool returns under its limit as they drain.
-//! A run's pool ([`MemoryPool::for_process`]) makes the source also wait for memory the
-//! process holds beyond the books (decoder pages, allocator retention; see
-//! `process_memory`), so that the limit caps the process, not only the batches.
+//! A run's pool ([`MemoryPool::for_process`]) also counts memory the process holds beyond
+//! the books: when it is what keeps the source waiting, the allocator is asked to return its
+//! free pages first (retention of freed batches); what no trim returns (a model the user's
+//! function loaded, the decoder's working pages) is not waited for (see `process_memory`).
 //!
 //! Allocations Arrow does not own (buffers imported through the C data interface from
 //! pyarrow, mapped files) report no capacity; they are charged from the start of the
@@ -42,7 +43,7 @@ use arrow::array::{ArrayData, RecordBatch};
 use arrow::buffer::Buffer;
 
 use crate::error::{EngineError, Result};
-use crate::process_memory::{give_back_free_heap, ProcessMemory};
+use crate::process_memory::ProcessMemory;
 
 /// A flag that stops a run: set once, seen by every waiting holder within ~50 ms.
 #[derive(Debug, Clone, Default)]
@@ -281,20 +282,20 @@ impl MemoryConsumer {
                 let batches_held = state.used - state.plain;
                 let charged = state.used + new + headroom;
                 let used = state.used;
-                let untracked = state
-                    .process
-                    .as_mut()
-                    .map_or(0, |p| p.growth().saturating_sub(used));
+                let untracked = state.process.as_mut().map_or(0, |p| p.untracked(used));
                 if batches_held == 0 || charged + untracked <= shared.limit {
                     break;
                 }
-                let trim = charged <= shared.limit
-                    && state.process.as_mut().is_some_and(ProcessMemory::may_trim);
-                if trim {
+                let trim = if charged <= shared.limit {
+                    state.process.as_mut().and_then(ProcessMemory::due_trim)
+                } else {
+                    None
+                };
+                if let Some(trim) = trim {
                     // Only memory outside the books is in the way: ask the allocator for
                     // its free pages (without the lock: a trim walks every arena).
                     drop(state);
-                    give_back_free_heap();
+                    trim();
                     state = shared.lock();
                     continue;
                 }
@@ -676,47 +677,78 @@ mod tests {
         drop(r2);
     }
 
+    /// What the tests below make the process measure (bytes grown since the pool started),
+    /// and how many trims they saw.
+    static READING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static TRIMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    /// The tests share the statics above: one at a time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    fn pool_measuring_reading(limit: usize, trim: fn()) -> MemoryPool {
+        use std::sync::atomic::Ordering::SeqCst;
+        READING.store(0, SeqCst);
+        TRIMS.store(0, SeqCst);
+        let process = ProcessMemory::with_reader(Box::new(|| Some(READING.load(SeqCst))), trim);
+        MemoryPool::with_process(limit, process)
+    }
+
     #[test]
-    fn memory_outside_the_books_holds_the_source_back_until_batches_drain() {
-        let one = batch(10_000);
-        let size = batch_memory(&one);
-        // The process grows by what the pool charges plus 1.5 batches it does not see.
-        let outside = Arc::new(Mutex::new(0usize));
-        let reading = outside.clone();
-        let process = ProcessMemory::with_reader(Box::new(move || Some(*reading.lock().unwrap())));
-        let pool = MemoryPool::with_process(size * 3, process);
-        let source = pool.consumer("source");
+    fn memory_outside_the_books_makes_the_source_give_memory_back_first() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let size = batch_memory(&batch(10_000));
+        /// Returns a batch's worth of the allocator's retention.
+        fn trim() {
+            TRIMS.fetch_add(1, SeqCst);
+            READING.fetch_sub(batch_memory(&batch(10_000)), SeqCst);
+        }
+        let pool = pool_measuring_reading(size * 3, trim);
         let cancel = CancelToken::new();
         let wait = Admission::Wait {
             headroom: 0,
             cancel: &cancel,
         };
-        let r1 = source.reserve_batch(&batch(10_000), wait).unwrap();
-        *outside.lock().unwrap() = size + size * 3 / 2;
-        // Wait past the reuse of the last figure.
-        std::thread::sleep(Duration::from_millis(30));
-        // Charged 1 + 1 new + 1.5 untracked > 3: the source waits although the books
-        // alone would admit the batch.
-        let pool2 = pool.clone();
-        let waiter = std::thread::spawn(move || {
-            let cancel = CancelToken::new();
-            pool2
-                .consumer("source")
-                .reserve_batch(
-                    &batch(10_000),
-                    Admission::Wait {
-                        headroom: 0,
-                        cancel: &cancel,
-                    },
-                )
-                .map(|r| r.owned())
-        });
-        std::thread::sleep(Duration::from_millis(150));
-        assert!(!waiter.is_finished(), "untracked memory must count");
-        // Nothing held: it passes (a run always progresses), even though the untracked
-        // memory has not gone.
-        drop(r1);
-        assert_eq!(waiter.join().unwrap().unwrap(), size);
+        let source = pool.consumer("source");
+        let _held = source.reserve_batch(&batch(10_000), wait).unwrap();
+        // The held batch, and 1.5 batches outside the books: 1 + 1 new + 1.5 > 3. The books
+        // alone would admit the batch, the process would not; a trim returns a batch's
+        // worth, then it fits.
+        READING.store(size + size * 3 / 2, SeqCst);
+        std::thread::sleep(Duration::from_millis(30)); // past the reuse of the last figure
+        let _second = source.reserve_batch(&batch(10_000), wait).unwrap();
+        assert_eq!(TRIMS.load(SeqCst), 1, "the allocator is asked first");
+    }
+
+    #[test]
+    fn memory_a_trim_cannot_return_is_not_waited_for() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let size = batch_memory(&batch(10_000));
+        fn trim() {
+            TRIMS.fetch_add(1, SeqCst);
+        }
+        let pool = pool_measuring_reading(size * 3, trim);
+        let cancel = CancelToken::new();
+        let wait = Admission::Wait {
+            headroom: 0,
+            cancel: &cancel,
+        };
+        let source = pool.consumer("source");
+        let _held = source.reserve_batch(&batch(10_000), wait).unwrap();
+        // A model of 10 batches loaded by the user's function: no trim returns it, and the
+        // source must not crawl one batch at a time because of it.
+        READING.store(size * 11, SeqCst);
+        std::thread::sleep(Duration::from_millis(30)); // past the reuse of the last figure
+        let started = std::time::Instant::now();
+        let _second = source.reserve_batch(&batch(10_000), wait).unwrap();
+        let _third = source.reserve_batch(&batch(10_000), wait).unwrap();
+        assert_eq!(
+            TRIMS.load(SeqCst),
+            1,
+            "one trim, then the model is kept out"
+        );
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(pool.used(), size * 3);
     }
 
     #[test]

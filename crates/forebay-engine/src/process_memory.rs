@@ -15,7 +15,19 @@
 //! ```
 //!
 //! When untracked memory alone keeps the source waiting, the allocator is asked to hand its
-//! free pages back to the OS (`malloc_trim`, at most every 200 ms) before waiting more.
+//! free pages back to the OS (`malloc_trim`, at most every 200 ms). What a trim cannot
+//! return is held by live allocations outside the books (a model the user's function
+//! loaded, interpreter objects, the decoder's working pages): waiting would not bring it
+//! back, so it is *kept* out of the count until the process's memory falls below it again.
+//! Untracked memory thus makes the source give memory back, never stall for good; only
+//! growth since the last trim holds it, and for at most one trim interval.
+//!
+//! ```text
+//!  untracked = growth − charged − kept
+//!  after a trim:            kept = growth − charged      (what the trim could not return)
+//!  any other measurement:   kept = min(kept, growth − charged)
+//! ```
+//!
 //! Off Linux (no `/proc/self/statm`) the pool counts its own charges only.
 
 use std::time::{Duration, Instant};
@@ -28,32 +40,53 @@ const TRIM_EVERY: Duration = Duration::from_millis(200);
 /// Reads the process's memory growth since the run started, and returns free heap pages.
 pub(crate) struct ProcessMemory {
     read: Box<dyn FnMut() -> Option<usize> + Send>,
+    trim: fn(),
     baseline: usize,
     last: Option<(Instant, usize)>,
     last_trim: Option<Instant>,
+    /// Untracked bytes the last trim could not return (not waited for; see the module docs).
+    kept: usize,
+    /// The next measurement is the first after a trim.
+    trimmed: bool,
 }
 
 impl ProcessMemory {
     /// Measure this process (`None` where its memory cannot be read).
     pub(crate) fn of_this_process() -> Option<ProcessMemory> {
-        ProcessMemory::with_reader(Box::new(anonymous_resident_bytes))
+        ProcessMemory::with_reader(Box::new(anonymous_resident_bytes), give_back_free_heap)
     }
 
-    /// Measure with `read` (tests substitute their own figures).
+    /// Measure with `read` and trim with `trim` (tests substitute their own).
     pub(crate) fn with_reader(
         mut read: Box<dyn FnMut() -> Option<usize> + Send>,
+        trim: fn(),
     ) -> Option<ProcessMemory> {
         let baseline = read()?;
         Some(ProcessMemory {
             read,
+            trim,
             baseline,
             last: None,
             last_trim: None,
+            kept: 0,
+            trimmed: false,
         })
     }
 
+    /// Bytes beyond the books the source waits for: the process's growth, less what the pool
+    /// has `charged`, less what the last trim could not return.
+    pub(crate) fn untracked(&mut self, charged: usize) -> usize {
+        let outside = self.growth().saturating_sub(charged);
+        if std::mem::take(&mut self.trimmed) {
+            self.kept = outside;
+        } else {
+            self.kept = self.kept.min(outside);
+        }
+        outside - self.kept
+    }
+
     /// Bytes the process holds now beyond what it held when the run started.
-    pub(crate) fn growth(&mut self) -> usize {
+    fn growth(&mut self) -> usize {
         let now = Instant::now();
         match self.last {
             Some((at, growth)) if now.duration_since(at) < MEASURE_EVERY => growth,
@@ -65,24 +98,25 @@ impl ProcessMemory {
         }
     }
 
-    /// Whether the allocator may be asked for its free pages now (rate-limited); the caller
-    /// then calls [`give_back_free_heap`] without holding the pool's lock.
-    pub(crate) fn may_trim(&mut self) -> bool {
+    /// The trim to run now, if one is due (rate-limited); the caller runs it without
+    /// holding the pool's lock, then measures again.
+    pub(crate) fn due_trim(&mut self) -> Option<fn()> {
         let now = Instant::now();
         if self
             .last_trim
             .is_some_and(|t| now.duration_since(t) < TRIM_EVERY)
         {
-            return false;
+            return None;
         }
         self.last_trim = Some(now);
         self.last = None; // measure afresh after the trim
-        true
+        self.trimmed = true;
+        Some(self.trim)
     }
 }
 
 /// Hand the allocator's free pages back to the OS.
-pub(crate) fn give_back_free_heap() {
+fn give_back_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks glibc's own arenas and releases free pages; it takes no
     // pointers from us and is thread-safe.
@@ -109,17 +143,32 @@ fn anonymous_resident_bytes() -> Option<usize> {
 mod tests {
     use super::*;
 
+    fn no_trim() {}
+
     #[test]
-    fn this_process_is_measured_and_growth_is_relative_to_the_start() {
+    fn growth_is_relative_to_the_start_and_what_a_trim_cannot_return_is_kept_out() {
         assert!(anonymous_resident_bytes().is_some_and(|b| b > 0));
         let figures = std::sync::Arc::new(std::sync::Mutex::new(100usize));
         let source = figures.clone();
         let mut memory =
-            ProcessMemory::with_reader(Box::new(move || Some(*source.lock().unwrap()))).unwrap();
-        assert_eq!(memory.growth(), 0);
+            ProcessMemory::with_reader(Box::new(move || Some(*source.lock().unwrap())), no_trim)
+                .unwrap();
+        assert_eq!(memory.untracked(0), 0);
         *figures.lock().unwrap() = 150;
-        assert!(memory.may_trim()); // also forgets the cached figure
-        assert_eq!(memory.growth(), 50);
-        assert!(!memory.may_trim(), "trims are rate-limited");
+        assert!(memory.due_trim().is_some()); // also forgets the cached figure
+        assert!(memory.due_trim().is_none(), "trims are rate-limited");
+        // 50 grown, 10 of it charged; the trim returned nothing: kept, not waited for.
+        assert_eq!(memory.untracked(10), 0);
+        // Growth past what was kept counts again...
+        *figures.lock().unwrap() = 170;
+        memory.last = None;
+        assert_eq!(memory.untracked(10), 20);
+        // ...and once memory falls below what was kept, so does the kept amount.
+        *figures.lock().unwrap() = 120;
+        memory.last = None;
+        assert_eq!(memory.untracked(10), 0);
+        *figures.lock().unwrap() = 140;
+        memory.last = None;
+        assert_eq!(memory.untracked(10), 20);
     }
 }
