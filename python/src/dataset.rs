@@ -185,6 +185,16 @@ impl RsDataset {
         detached(py, move || dataset.count_rows())
     }
 
+    /// The same dataset, skipping the files and row groups in `finished` (JSON from
+    /// `RsCommitCoordinator.finished_inputs`).
+    fn with_finished_inputs(&self, py: Python<'_>, finished: &str) -> PyResult<RsDataset> {
+        let finished = forebay_engine::FinishedInputs::from_json(finished)
+            .map_err(|e| crate::engine::engine_err(py, e))?;
+        Ok(RsDataset {
+            dataset: self.dataset.with_skip(std::sync::Arc::new(finished)),
+        })
+    }
+
     fn scan(&self) -> RsBatchIter {
         RsBatchIter {
             stream: std::sync::Mutex::new(Some(self.dataset.scan())),

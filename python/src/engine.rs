@@ -20,7 +20,7 @@ use forebay_engine::{
 };
 
 /// `(id_column, path, num_shards, delete_on_success, on_changed_input, storage_options)`.
-type CheckpointArgs = (
+pub(crate) type CheckpointArgs = (
     String,
     String,
     Option<usize>,
@@ -28,6 +28,28 @@ type CheckpointArgs = (
     String,
     Option<HashMap<String, String>>,
 );
+
+/// `forebay.Checkpoint._args(...)` as the engine's checkpoint.
+pub(crate) fn checkpoint_from_args(args: CheckpointArgs) -> PyResult<Checkpoint> {
+    let (id_column, path, num_shards, delete, changed, options) = args;
+    let on_changed = match changed.as_str() {
+        "error" => OnChangedInput::Error,
+        "reprocess" => OnChangedInput::Reprocess,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "on_changed_input must be 'error' or 'reprocess', not {other:?}"
+            )))
+        }
+    };
+    let mut c = Checkpoint::new(id_column, path)
+        .with_delete_on_success(delete)
+        .with_on_changed_input(on_changed)
+        .with_storage_options(options.unwrap_or_default());
+    if let Some(n) = num_shards {
+        c = c.with_num_shards(n);
+    }
+    Ok(c)
+}
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -106,7 +128,7 @@ impl MapWorker for PyFunctionWorker {
 }
 
 /// Turn an engine error into the Python exception a user should see.
-fn engine_err(py: Python<'_>, err: EngineError) -> PyErr {
+pub(crate) fn engine_err(py: Python<'_>, err: EngineError) -> PyErr {
     let message = err.to_string();
     match err {
         EngineError::UserFunction {
@@ -438,27 +460,7 @@ impl RsPipeline {
         if let Some(rows) = rows_per_file {
             sink = sink.with_rows_per_file(rows);
         }
-        let checkpoint = checkpoint
-            .map(|(id_column, path, num_shards, delete, changed, options)| {
-                let on_changed = match changed.as_str() {
-                    "error" => OnChangedInput::Error,
-                    "reprocess" => OnChangedInput::Reprocess,
-                    other => {
-                        return Err(PyValueError::new_err(format!(
-                            "on_changed_input must be 'error' or 'reprocess', not {other:?}"
-                        )))
-                    }
-                };
-                let mut c = Checkpoint::new(id_column, path)
-                    .with_delete_on_success(delete)
-                    .with_on_changed_input(on_changed)
-                    .with_storage_options(options.unwrap_or_default());
-                if let Some(n) = num_shards {
-                    c = c.with_num_shards(n);
-                }
-                Ok(c)
-            })
-            .transpose()?;
+        let checkpoint = checkpoint.map(checkpoint_from_args).transpose()?;
         let pipeline = self.take()?;
         let running = py
             .detach(|| match checkpoint {

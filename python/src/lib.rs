@@ -12,9 +12,11 @@
 //! | `spill`, `remote_spill` | `forebay.SpillArea`, `forebay.RemoteSpillTarget` |
 //! | `store` | `forebay.ObjectStore` |
 //! | `engine` | running `forebay.Dataset` pipelines (`map_batches`, `iter_batches`, `write_parquet`) |
+//! | `coordinator` | `forebay.ray.write_parquet`'s commits: coordinator on the driver, stagers in tasks |
 
 mod arrow_import;
 mod checkpoint;
+mod coordinator;
 mod dataset;
 mod engine;
 mod errors;
@@ -60,6 +62,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     remote_spill::register(m)?;
     store::register(m)?;
     engine::register(m)?;
+    coordinator::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -302,3 +302,204 @@ def test_checkpoint_config_plugin(cluster, inputs: Path, tmp_path: Path) -> None
     assert len(everything) == FILES * ROWS_PER_FILE
     everything.shutdown()
     assert pc.count_distinct(pq.read_table(out).column("id")).as_py() == len(written)
+
+
+# ---------------------------------------------------------------- write_parquet
+
+
+def add_double(batch: pa.Table) -> pa.Table:
+    """The batch-inference shape: the batch it gets, plus a column."""
+    time.sleep(0.02)
+    return batch.append_column("double", pc.multiply(batch.column("value"), 2))
+
+
+def assert_written_once(out: Path, expected: np.ndarray) -> pa.Table:
+    """Every expected value exactly once in the data files under ``out``, and nothing else."""
+    table = pq.read_table(out)
+    values = np.sort(table.column("value").to_numpy())
+    assert len(values) == len(expected), f"{len(values)} rows written, {len(expected)} expected"
+    assert np.array_equal(values, expected)
+    assert "__forebay_unit" not in table.column_names
+    return table
+
+
+def test_write_parquet_exactly_once_and_a_rerun_reads_nothing(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+
+    def job() -> dict:
+        ds = fray.read_parquet(str(inputs), batch_size=1_000, task_bytes=1 << 20)
+        return fray.write_parquet(
+            ds.map_batches(add_double, batch_format="pyarrow"), out, checkpoint=ckpt
+        )
+
+    first = job()
+    assert first["rows"] == FILES * ROWS_PER_FILE
+    table = assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
+    assert np.array_equal(table.column("double").to_numpy(), table.column("value").to_numpy() * 2)
+    assert first["resume"]["units_finished"] == FILES * ROWS_PER_FILE // 1_000
+    assert first["resume"]["finished_not_recorded"] is None
+    files_after_first = sorted(p.name for p in out.glob("*.parquet"))
+    assert len(files_after_first) == first["files"]
+
+    second = job()
+    assert second["rows"] == 0 and second["files"] == 0
+    assert second["resume"]["files_done"] == FILES  # every input skipped unread
+    assert second["resume"]["ids_done"] == FILES * ROWS_PER_FILE
+    assert sorted(p.name for p in out.glob("*.parquet")) == files_after_first
+    assert not (out / "_forebay_staging").exists()
+
+
+def test_write_parquet_counts_ray_checkpoint_files_as_done(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    # A checkpoint directory Ray Data's CheckpointConfig wrote (flat files of ids).
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    pq.write_table(
+        pa.table({"id": [f"id-{i}" for i in range(0, FILES * ROWS_PER_FILE, 3)]}),
+        ckpt_dir / "ray-done.parquet",
+    )
+    out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(ckpt_dir), num_shards=8)
+    ds = fray.read_parquet(str(inputs), batch_size=1_000).map_batches(
+        add_double, batch_format="pyarrow"
+    )
+    result = fray.write_parquet(ds, out, checkpoint=ckpt, num_filter_actors=3)
+    assert result["resume"]["ids_done"] == len(range(0, FILES * ROWS_PER_FILE, 3))
+    assert_written_once(out, expected_left())
+    # The next run's actors read forebay's shards and Ray's file beside them.
+    again = fray.write_parquet(
+        fray.read_parquet(str(inputs), batch_size=1_000), out, checkpoint=ckpt, num_filter_actors=3
+    )
+    assert again["rows"] == 0
+    assert again["resume"]["ids_done"] == FILES * ROWS_PER_FILE
+
+
+def drop_the_tag(batch: pa.Table) -> pa.Table:
+    """A step that builds a new table from the columns it knows."""
+    return pa.table({"id": batch.column("id"), "value": batch.column("value")})
+
+
+def test_write_parquet_a_step_dropping_the_tag_stays_exactly_once(
+    cluster, inputs: Path, tmp_path: Path, caplog
+) -> None:
+    out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+    ds = fray.read_parquet(str(inputs), batch_size=1_000).map_batches(
+        drop_the_tag, batch_format="pyarrow"
+    )
+    with caplog.at_level("WARNING", logger="forebay.ray"):
+        first = fray.write_parquet(ds, out, checkpoint=ckpt)
+    assert first["resume"]["finished_not_recorded"] is not None
+    assert "__forebay_unit" in caplog.text
+    assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
+    # Nothing recorded as finished: the rerun reads everything, and writes nothing.
+    second = fray.write_parquet(ds, out, checkpoint=ckpt)
+    assert second["resume"]["files_done"] == 0
+    assert second["rows"] == 0
+    assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
+
+
+def test_write_parquet_errors(cluster, inputs: Path, tmp_path: Path) -> None:
+    ckpt = forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+    with pytest.raises(ValueError, match=r"forebay\.ray\.read_parquet"):
+        fray.write_parquet(ray.data.range(10), tmp_path / "out", checkpoint=ckpt)
+    with pytest.raises(ValueError, match="'id'"):
+        fray.write_parquet(
+            fray.read_parquet(str(inputs), columns=["value"]), tmp_path / "out", checkpoint=ckpt
+        )
+    with pytest.raises(TypeError, match=r"forebay\.Checkpoint"):
+        fray.write_parquet(fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint="ckpt")
+    # A step that loses the id column: the stage task's error names it.
+    no_id = fray.read_parquet(str(inputs)).map_batches(
+        lambda b: b.drop_columns(["id"]), batch_format="pyarrow"
+    )
+    with pytest.raises(Exception, match="'id'"):
+        fray.write_parquet(no_id, tmp_path / "out", checkpoint=ckpt)
+    # The failed run released the checkpoint: the next one can use it.
+    ok = fray.write_parquet(fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt)
+    assert ok["rows"] == FILES * ROWS_PER_FILE
+
+
+DRIVER = """
+import sys, ray, pyarrow.compute as pc, forebay, forebay.ray as fray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ray.data.DataContext.get_current().enable_progress_bars = False
+def add_double(batch):
+    return batch.append_column("double", pc.multiply(batch.column("value"), 2))
+# One read task (and so one committed file) per input file.
+ds = fray.read_parquet(sys.argv[2], batch_size=1_000, task_bytes=1)
+fray.write_parquet(ds.map_batches(add_double, batch_format="pyarrow"), sys.argv[3],
+                   checkpoint=forebay.Checkpoint("id", sys.argv[4]))
+"""
+
+
+@pytest.mark.parametrize("crash_at", ["staged:4", "recorded:4", "ids-published:6", "published:9"])
+def test_write_parquet_driver_killed_inside_a_commit_resumes_exactly_once(
+    cluster, inputs: Path, tmp_path: Path, crash_at: str
+) -> None:
+    out, ckpt_dir = tmp_path / "out", tmp_path / "ckpt"
+    address = ray.get_runtime_context().gcs_address
+    killed = subprocess.run(
+        [sys.executable, "-c", DRIVER, address, str(inputs), str(out), str(ckpt_dir)],
+        env={**os.environ, "FOREBAY_CRASH_AT": crash_at},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    before = len(list(out.glob("*.parquet")))
+    resumed = fray.write_parquet(
+        fray.read_parquet(str(inputs), batch_size=1_000, task_bytes=1).map_batches(
+            add_double, batch_format="pyarrow"
+        ),
+        out,
+        checkpoint=forebay.Checkpoint("id", str(ckpt_dir)),
+    )
+    assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
+    report = resumed["resume"]
+    # The records of the first three commits at least (and of the one in flight, once
+    # recorded) were found and rolled forward; their input was skipped unread.
+    assert report["commits_recovered"] >= 3
+    assert report["files_done"] >= 3
+    assert report["ids_done"] > 0 and resumed["rows"] < FILES * ROWS_PER_FILE
+    assert len(list(out.glob("*.parquet"))) >= before
+
+
+def test_write_parquet_killed_task_and_filter_actor_stay_exactly_once(
+    cluster, inputs: Path, checkpoint: Path, tmp_path: Path
+) -> None:
+    # Start from a forebay checkpoint holding every third id (8 shards, 2 actors).
+    ckpt_dir = tmp_path / "ckpt"
+    subprocess.run(["cp", "-r", str(checkpoint), str(ckpt_dir)], check=True)
+    ds = fray.read_parquet(str(inputs), batch_size=500).map_batches(
+        slow_identity, batch_format="pyarrow", batch_size=500
+    )
+    killed: dict[str, int] = {}
+
+    def kill(marker: str) -> None:
+        deadline = time.time() + 30
+        while time.time() < deadline and marker not in killed:
+            for pid in ray_worker_pids(marker):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed[marker] = pid
+                    return
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
+    killers = [threading.Thread(target=kill, args=(m,)) for m in ("slow_identity", "_ShardOwner")]
+    for k in killers:
+        k.start()
+    result = fray.write_parquet(
+        ds,
+        tmp_path / "out",
+        checkpoint=forebay.Checkpoint("id", str(ckpt_dir)),
+        num_filter_actors=2,
+    )
+    for k in killers:
+        k.join()
+    assert set(killed) == {"slow_identity", "_ShardOwner"}, killed
+    assert_written_once(tmp_path / "out", expected_left())
+    assert result["rows"] == len(expected_left())

@@ -76,7 +76,7 @@ use crate::error::{EngineError, Result};
 use crate::lineage::{Completed, LineageBook, UnitTicket};
 use crate::storage::{Dir, StorageError};
 
-const STAGING: &str = "_forebay_staging";
+pub(crate) const STAGING: &str = "_forebay_staging";
 const COMMITS: &str = "_forebay_commits";
 const INPUTS: &str = "_forebay_inputs.json";
 const LOCK: &str = "_forebay_lock";
@@ -205,19 +205,19 @@ struct InputsSnapshot {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct DataFileRecord {
-    staged: String,
+pub(crate) struct DataFileRecord {
+    pub staged: String,
     #[serde(rename = "final")]
-    final_name: String,
-    rows: u64,
-    bytes: u64,
+    pub final_name: String,
+    pub rows: u64,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct IdPartsRecord {
+pub(crate) struct IdPartsRecord {
     /// Relative to the checkpoint directory's staging directory of this commit.
-    parts: Vec<String>,
-    count: u64,
+    pub parts: Vec<String>,
+    pub count: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -296,8 +296,37 @@ fn corrupt(path: String, reason: impl std::fmt::Display) -> EngineError {
     }
 }
 
-/// Skips input files and row groups earlier runs finished.
-struct FinishedInputs(HashMap<String, InputState>);
+/// The input files and row groups earlier runs finished, by URI: the scan skips them.
+/// Serialisable, so that readers in other processes (Ray read tasks) skip the same.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FinishedInputs(HashMap<String, InputState>);
+
+impl FinishedInputs {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("finished inputs serialise")
+    }
+
+    pub fn from_json(text: &str) -> Result<FinishedInputs> {
+        serde_json::from_str(text).map_err(|e| {
+            EngineError::InvalidArgument(format!("not a list of finished inputs: {e}"))
+        })
+    }
+
+    /// Only the entries of these files (what one reader of a subset needs).
+    pub fn subset<'a>(&self, uris: impl IntoIterator<Item = &'a str>) -> FinishedInputs {
+        FinishedInputs(
+            uris.into_iter()
+                .filter_map(|u| self.0.get(u).map(|s| (u.to_string(), s.clone())))
+                .collect(),
+        )
+    }
+
+    /// Files recorded as complete.
+    pub fn complete_files(&self) -> usize {
+        self.0.values().filter(|s| s.complete).count()
+    }
+}
 
 impl ScanSkip for FinishedInputs {
     fn skip_file(&self, file: &FileEntry) -> bool {
@@ -310,14 +339,24 @@ impl ScanSkip for FinishedInputs {
     }
 }
 
-impl CommitLog {
-    /// Recover the checkpoint, load what it holds, and open the log for this run.
-    pub(crate) fn prepare(
-        checkpoint: &Checkpoint,
-        output: Dir,
-        dataset: &ParquetDataset,
-        book: Arc<LineageBook>,
-    ) -> Result<Prepared> {
+/// A checkpoint's state directory, recovered, with the inputs earlier runs finished.
+struct OpenedState {
+    state: Dir,
+    state_uri: String,
+    /// The checkpoint path is a single id file; forebay's state lives in `<file>.forebay`.
+    single_file: bool,
+    lock: Option<std::fs::File>,
+    finished: FinishedInputs,
+    report: ResumeReport,
+    /// The id column's value type in the input.
+    id_type: DataType,
+    files: Vec<(String, Identity)>,
+}
+
+impl OpenedState {
+    /// Lock and recover the checkpoint, and check the inputs it recorded against
+    /// `dataset`'s files (a changed file is an error, or read again).
+    fn open(checkpoint: &Checkpoint, output: &Dir, dataset: &ParquetDataset) -> Result<Self> {
         let options = &checkpoint.storage_options;
         // Where forebay's own files go: the path itself, or beside a single id file.
         let given = Dir::open(&checkpoint.path, options).map_err(storage_err)?;
@@ -332,7 +371,7 @@ impl CommitLog {
         output.create().map_err(storage_err)?;
         let lock = lock_local(&state)?;
 
-        let recovered = recover(&state, &output)?;
+        let recovered = recover(&state, output)?;
         let mut snapshot = load_inputs(&state)?;
 
         // Inputs that changed since they were recorded.
@@ -375,8 +414,6 @@ impl CommitLog {
         }
         report.files_done = snapshot.files.values().filter(|s| s.complete).count();
 
-        // The ids done: everything under the checkpoint path (forebay's parts, and any id
-        // files that were there: Ray's layout, a single file).
         let id_type = {
             let schema = dataset.schema();
             let field = schema.field_with_name(&checkpoint.id_column).map_err(|_| {
@@ -391,10 +428,40 @@ impl CommitLog {
                 t => t.clone(),
             }
         };
+        let files = dataset
+            .files()
+            .iter()
+            .map(|e| (e.uri().to_string(), Identity::of(e)))
+            .collect();
+        Ok(OpenedState {
+            state,
+            state_uri,
+            single_file,
+            lock,
+            finished: FinishedInputs(snapshot.files.into_iter().collect()),
+            report,
+            id_type,
+            files,
+        })
+    }
+}
+
+impl CommitLog {
+    /// Recover the checkpoint, load what it holds, and open the log for this run.
+    pub(crate) fn prepare(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        dataset: &ParquetDataset,
+        book: Arc<LineageBook>,
+    ) -> Result<Prepared> {
+        let opened = OpenedState::open(checkpoint, &output, dataset)?;
+        let options = &checkpoint.storage_options;
         let ckpt_err = |e: forebay_checkpoint::CheckpointError| EngineError::Checkpoint {
             stage: "checkpoint".into(),
             source: Box::new(e),
         };
+        // The ids done: everything under the checkpoint path (forebay's parts, and any id
+        // files that were there: Ray's layout, a single file).
         let mut index = load_ids(
             &checkpoint.path,
             options,
@@ -402,13 +469,13 @@ impl CommitLog {
             checkpoint.num_shards,
         )
         .map_err(ckpt_err)?;
-        if single_file {
+        if opened.single_file {
             let shards = index
                 .as_ref()
                 .map(|i| i.num_shards())
                 .or(checkpoint.num_shards);
-            if let Some(more) =
-                load_ids(&state_uri, options, &checkpoint.id_column, shards).map_err(ckpt_err)?
+            if let Some(more) = load_ids(&opened.state_uri, options, &checkpoint.id_column, shards)
+                .map_err(ckpt_err)?
             {
                 match index.as_mut() {
                     Some(i) => i.merge(&more).map_err(ckpt_err)?,
@@ -419,7 +486,7 @@ impl CommitLog {
         let index = match index {
             Some(i) => i,
             None => CheckpointIndex::new(
-                id_type,
+                opened.id_type.clone(),
                 checkpoint.id_column.clone(),
                 checkpoint
                     .num_shards
@@ -427,34 +494,116 @@ impl CommitLog {
             )
             .map_err(ckpt_err)?,
         };
-        index.prepare(&state_uri, options).map_err(ckpt_err)?;
+        index
+            .prepare(&opened.state_uri, options)
+            .map_err(ckpt_err)?;
+        let mut report = opened.report.clone();
         report.ids_done = index.len() as u64;
-
-        let files = dataset
-            .files()
-            .iter()
-            .map(|e| (e.uri().to_string(), Identity::of(e)))
-            .collect();
-        let skip = FinishedInputs(snapshot.files.into_iter().collect());
-        let log = CommitLog {
-            output,
-            state,
-            storage_options: options.clone(),
-            id_column: checkpoint.id_column.clone(),
-            num_shards: index.num_shards(),
-            book,
-            files,
-            deciding: Mutex::new(()),
-            run_id: run_id(),
-            next: AtomicU64::new(0),
-            _lock: lock,
-        };
+        let skip = Arc::new(opened.finished.clone());
+        let log = CommitLog::new(checkpoint, output, opened, index.num_shards(), book);
         Ok(Prepared {
-            dataset: dataset.with_skip(Arc::new(skip)),
+            dataset: dataset.with_skip(skip),
             index: Arc::new(std::sync::RwLock::new(index)),
             log: Arc::new(log),
             report,
         })
+    }
+
+    /// Recover the checkpoint and open the log without loading the ids (they are loaded
+    /// elsewhere: by the readers' filters in other processes). The id parts get the
+    /// checkpoint's shard count (its manifest's; else the one asked for, else the default),
+    /// and the manifest is written when missing.
+    pub(crate) fn prepare_without_ids(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        dataset: &ParquetDataset,
+    ) -> Result<(CommitLog, FinishedInputs, ResumeReport)> {
+        let opened = OpenedState::open(checkpoint, &output, dataset)?;
+        if opened.single_file {
+            return Err(EngineError::InvalidArgument(format!(
+                "the checkpoint {} is a single file; this writer needs a checkpoint directory \
+                 (or URI prefix) that its readers in other processes can load",
+                checkpoint.path
+            )));
+        }
+        let ckpt_err = |e: forebay_checkpoint::CheckpointError| EngineError::Checkpoint {
+            stage: "checkpoint".into(),
+            source: Box::new(e),
+        };
+        let options = &checkpoint.storage_options;
+        let declared = forebay_checkpoint::manifest_num_shards(&opened.state_uri, options)
+            .map_err(ckpt_err)?;
+        let num_shards = match (declared, checkpoint.num_shards) {
+            (Some(have), Some(asked)) if have != asked => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the checkpoint {} has {have} shards, not the {asked} asked for (leave \
+                     num_shards unset to use the checkpoint's)",
+                    opened.state.root_uri()
+                )))
+            }
+            (Some(have), _) => have,
+            (None, asked) => asked.unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
+        };
+        // Creates the manifest, or checks it against the id column and type.
+        CheckpointIndex::new(
+            opened.id_type.clone(),
+            checkpoint.id_column.clone(),
+            num_shards,
+        )
+        .and_then(|layout| layout.prepare(&opened.state_uri, options))
+        .map_err(ckpt_err)?;
+        let finished = opened.finished.clone();
+        let report = opened.report.clone();
+        let log = CommitLog::new(
+            checkpoint,
+            output,
+            opened,
+            num_shards,
+            Arc::new(LineageBook::default()),
+        );
+        Ok((log, finished, report))
+    }
+
+    fn new(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        opened: OpenedState,
+        num_shards: usize,
+        book: Arc<LineageBook>,
+    ) -> CommitLog {
+        CommitLog {
+            output,
+            state: opened.state,
+            storage_options: checkpoint.storage_options.clone(),
+            id_column: checkpoint.id_column.clone(),
+            num_shards,
+            book,
+            files: opened.files,
+            deciding: Mutex::new(()),
+            run_id: run_id(),
+            next: AtomicU64::new(0),
+            _lock: opened.lock,
+        }
+    }
+
+    pub(crate) fn num_shards(&self) -> usize {
+        self.num_shards
+    }
+
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub(crate) fn state(&self) -> &Dir {
+        &self.state
+    }
+
+    pub(crate) fn storage_options(&self) -> &StorageOptions {
+        &self.storage_options
+    }
+
+    pub(crate) fn files(&self) -> impl Iterator<Item = &str> {
+        self.files.iter().map(|(uri, _)| uri.as_str())
     }
 
     pub(crate) fn id_column(&self) -> &str {
@@ -483,49 +632,46 @@ impl CommitLog {
         tickets: Vec<Arc<UnitTicket>>,
     ) -> Result<()> {
         // 1. stage the ids (in parallel with other commits).
-        let ids_record = if ids.iter().all(|a| a.is_empty()) {
-            None
-        } else {
-            let parts: Vec<&dyn Array> = ids.iter().map(|a| a.as_ref()).collect();
-            let all = arrow::compute::concat(&parts).map_err(|e| EngineError::Write {
-                stage: "checkpoint".into(),
-                path: self.state.root_uri(),
-                reason: e.to_string(),
-            })?;
-            let staged_root = self.state.child(&format!("{STAGING}/{commit}")).root_uri();
-            let name = format!("part-{commit}.parquet");
-            let (parts, count) = forebay_checkpoint::write_id_parts(
-                &staged_root,
-                &self.storage_options,
-                &self.id_column,
-                all.as_ref(),
-                self.num_shards,
-                &name,
-            )
-            .map_err(|e| EngineError::Checkpoint {
-                stage: "checkpoint".into(),
-                source: Box::new(e),
-            })?;
-            Some(IdPartsRecord {
-                parts,
-                count: count as u64,
-            })
-        };
+        let ids = stage_id_parts(
+            &self.state,
+            &self.storage_options,
+            &self.id_column,
+            self.num_shards,
+            commit,
+            &ids,
+        )?;
+        let data = data.map(|d| DataFileRecord {
+            staged: d.staged,
+            final_name: d.final_name,
+            rows: d.rows,
+            bytes: d.bytes,
+        });
+        self.decide_and_publish(commit, data, ids, tickets, Completed::default())
+    }
+
+    /// Steps 2 and 3 of a commit whose files are staged: one record at a time, holding the
+    /// completions its tickets release, and `also_completed` (completions decided by the
+    /// caller: readers in other processes), then publish.
+    pub(crate) fn decide_and_publish(
+        &self,
+        commit: &str,
+        data: Option<DataFileRecord>,
+        ids: Option<IdPartsRecord>,
+        tickets: Vec<Arc<UnitTicket>>,
+        also_completed: Completed,
+    ) -> Result<()> {
         // 2. decide.
         let record = {
             let _one_at_a_time = self.deciding.lock().unwrap_or_else(|p| p.into_inner());
             self.book.release(tickets);
-            let completed = self.book.take_completed();
+            let mut completed = self.book.take_completed();
+            completed.units.extend(also_completed.units);
+            completed.files.extend(also_completed.files);
             let record = CommitRecord {
                 format: FORMAT,
                 commit: commit.to_string(),
-                data: data.map(|d| DataFileRecord {
-                    staged: d.staged,
-                    final_name: d.final_name,
-                    rows: d.rows,
-                    bytes: d.bytes,
-                }),
-                ids: ids_record,
+                data,
+                ids,
                 inputs: self.input_records(&completed),
             };
             if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
@@ -589,6 +735,45 @@ impl CommitLog {
         }
         Ok(())
     }
+}
+
+/// Step 1 of a commit for its ids: write them as hash-partitioned parts under the state
+/// directory's `_forebay_staging/<commit>/` (None when there are none).
+pub(crate) fn stage_id_parts(
+    state: &Dir,
+    storage_options: &StorageOptions,
+    id_column: &str,
+    num_shards: usize,
+    commit: &str,
+    ids: &[ArrayRef],
+) -> Result<Option<IdPartsRecord>> {
+    if ids.iter().all(|a| a.is_empty()) {
+        return Ok(None);
+    }
+    let parts: Vec<&dyn Array> = ids.iter().map(|a| a.as_ref()).collect();
+    let all = arrow::compute::concat(&parts).map_err(|e| EngineError::Write {
+        stage: "checkpoint".into(),
+        path: state.root_uri(),
+        reason: e.to_string(),
+    })?;
+    let staged_root = state.child(&format!("{STAGING}/{commit}")).root_uri();
+    let name = format!("part-{commit}.parquet");
+    let (parts, count) = forebay_checkpoint::write_id_parts(
+        &staged_root,
+        storage_options,
+        id_column,
+        all.as_ref(),
+        num_shards,
+        &name,
+    )
+    .map_err(|e| EngineError::Checkpoint {
+        stage: "checkpoint".into(),
+        source: Box::new(e),
+    })?;
+    Ok(Some(IdPartsRecord {
+        parts,
+        count: count as u64,
+    }))
 }
 
 /// The fault-injection hook of the protocol's tests (see the module docs).

@@ -32,6 +32,8 @@
 //!   with the ids of its rows and the input it finishes (stage, one atomic record, publish);
 //!   every run first recovers interrupted commits, then skips finished input unread. The
 //!   module docs draw the files, the order of a commit and the recovery rules.
+//! * **Commits across processes** ([`coordinator`]): the same protocol with the files
+//!   staged in other processes (Ray tasks) and decided by one coordinator.
 //! * **Worker processes** ([`process`]): batches travel through a forebay-store by object id;
 //!   a dead worker is detected by its socket and its batch retried or reported.
 //!
@@ -53,6 +55,7 @@
 mod batch;
 pub mod commit;
 mod concat;
+pub mod coordinator;
 mod error;
 mod events;
 mod lineage;
@@ -73,7 +76,8 @@ mod storage;
 mod writer;
 
 pub use batch::{EngineBatch, Origin};
-pub use commit::{Checkpoint, OnChangedInput, ResumeReport};
+pub use commit::{Checkpoint, FinishedInputs, OnChangedInput, ResumeReport};
+pub use coordinator::{CommitCoordinator, CommitStager, StagedCommit, StagerSpec};
 pub use error::{BatchLabel, EngineError, Result, UserError};
 pub use events::{EventSink, PipelineEvent};
 pub use memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, PoolSnapshot, Reservation};

@@ -63,6 +63,8 @@ pub struct ParquetSink {
     pub(crate) root: String,
     pub(crate) storage_options: StorageOptions,
     pub(crate) compression: Compression,
+    /// The name `compression` was chosen by (what another process is told).
+    pub(crate) compression_name: String,
     pub(crate) rows_per_file: usize,
     pub(crate) row_group_rows: usize,
     pub(crate) concurrency: usize,
@@ -76,6 +78,7 @@ impl ParquetSink {
             root: root.into(),
             storage_options: StorageOptions::new(),
             compression: Compression::ZSTD(ZstdLevel::default()),
+            compression_name: "zstd".into(),
             rows_per_file: DEFAULT_ROWS_PER_FILE,
             row_group_rows: 128 * 1024,
             concurrency: 1,
@@ -103,6 +106,7 @@ impl ParquetSink {
                 )))
             }
         };
+        self.compression_name = name.to_ascii_lowercase();
         Ok(self)
     }
 
@@ -316,6 +320,37 @@ impl OutputTarget {
             rows: 0,
             published: false,
         })
+    }
+
+    /// Write `batches` as one file at `name` and leave it there unpublished: a commit
+    /// decided elsewhere (another process's commit protocol) publishes it.
+    pub(crate) fn stage_file(&self, name: &str, batches: &[RecordBatch]) -> Result<WrittenFile> {
+        let schema = match batches.first() {
+            Some(b) => b.schema(),
+            None => {
+                return Err(EngineError::write(
+                    STAGE,
+                    self.dir.shown(name),
+                    "no batches to write",
+                ))
+            }
+        };
+        let mut file = self.open_file(name, schema.clone(), true)?;
+        for batch in batches {
+            if batch.schema() != schema {
+                return Err(EngineError::write(
+                    STAGE,
+                    &file.shown,
+                    format!(
+                        "batches of one file have different schemas: {:?} then {:?}",
+                        schema,
+                        batch.schema()
+                    ),
+                ));
+            }
+            file.write(batch)?;
+        }
+        file.finish()
     }
 
     fn record(&self, file: WrittenFile, resources: &RunResources) {

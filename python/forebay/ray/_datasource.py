@@ -13,6 +13,7 @@ import pyarrow as pa
 import forebay
 
 from .._filters import normalize_filter
+from ._lineage import UNIT_COLUMN, CheckpointedRead
 
 try:
     import ray
@@ -51,6 +52,7 @@ def _read_task(
     storage_options: dict[str, str] | None,
     batch_size: int,
     num_threads: int,
+    checkpointed: CheckpointedRead | None = None,
 ) -> Iterator[pa.Table]:
     """What one read task runs on its worker: forebay's reader over its files."""
     dataset = forebay.read_parquet(
@@ -61,6 +63,9 @@ def _read_task(
         batch_size=batch_size,
         num_threads=num_threads,
     )
+    if checkpointed is not None:
+        yield from checkpointed.read(dataset._inner, files)
+        return
     for batch in dataset:
         if batch.num_rows:
             yield pa.Table.from_batches([batch])
@@ -108,10 +113,25 @@ class ForebayParquetDatasource(Datasource):
         self._batch_size = batch_size
         self._task_bytes = task_bytes
         self._threads = num_threads_per_task
+        #: Set by forebay.ray.write_parquet for the run it drives (see ``_lineage``).
+        self.checkpointed: CheckpointedRead | None = None
 
     @property
     def schema(self) -> pa.Schema:
         return self._schema
+
+    @property
+    def files(self) -> list[str]:
+        """The listed input files, in scan order."""
+        return list(self._files)
+
+    @property
+    def columns(self) -> list[str] | None:
+        return self._columns
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        return self._options
 
     def get_name(self) -> str:
         return "ForebayParquet"
@@ -160,9 +180,13 @@ class ForebayParquetDatasource(Datasource):
                 self._options,
                 self._batch_size,
                 self._threads,
+                self.checkpointed.for_files(files) if self.checkpointed else None,
             )
+            schema = self._schema
+            if self.checkpointed is not None:
+                schema = schema.append(pa.field(UNIT_COLUMN, pa.int64(), nullable=False))
             tasks.append(
-                ReadTask(read, metadata, schema=self._schema, per_task_row_limit=per_task_row_limit)
+                ReadTask(read, metadata, schema=schema, per_task_row_limit=per_task_row_limit)
             )
         return tasks
 

@@ -1,0 +1,458 @@
+//! # Commits decided in one process, staged in others
+//!
+//! The commit protocol ([`crate::commit`]) with its steps split across processes, for
+//! engines that run the map and write steps elsewhere (forebay.ray runs them in Ray tasks):
+//!
+//! ```text
+//!  coordinator (one process: the driver)           stagers (any process, any number)
+//!  ─────────────────────────────────────           ─────────────────────────────────
+//!  CommitCoordinator::open
+//!    lock, recover, check inputs, manifest
+//!    ├─ finished_inputs() ── JSON ─────────────►  readers skip finished files/row groups
+//!    └─ stager_spec() ────── JSON ─────────────►  CommitStager::new(spec)
+//!                                                  stage(batches): the data file and the
+//!                                                  id parts under _forebay_staging/
+//!  commit(staged, completed inputs) ◄── JSON ────  StagedCommit
+//!    one record at a time (the commit point), then publish
+//!  finish()
+//! ```
+//!
+//! A staged file becomes visible only through the coordinator's record. A stager that dies
+//! leaves staged files that no record names; the next run's recovery deletes them (its rows
+//! are processed again). The caller decides which input units a commit completes (it tracks
+//! each unit's rows across processes) and must report a unit complete only in the commit of
+//! its last rows or after it: the record is what makes a later run skip the unit unread.
+
+use std::sync::Mutex;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use forebay_parquet::{ParquetDataset, StorageOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::commit::{
+    stage_id_parts, Checkpoint, CommitLog, DataFileRecord, FinishedInputs, IdPartsRecord,
+    ResumeReport,
+};
+use crate::error::{EngineError, Result};
+use crate::lineage::Completed;
+use crate::storage::Dir;
+use crate::writer::{OutputTarget, ParquetSink, WrittenFile};
+
+const STAGE: &str = "write_parquet";
+
+/// What a stager needs to know, from the coordinator (serialisable).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StagerSpec {
+    output: String,
+    output_options: StorageOptions,
+    compression: String,
+    row_group_rows: usize,
+    /// The checkpoint's state directory.
+    state: String,
+    state_options: StorageOptions,
+    id_column: String,
+    num_shards: usize,
+    run_id: String,
+}
+
+impl StagerSpec {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("specs serialise")
+    }
+
+    pub fn from_json(text: &str) -> Result<StagerSpec> {
+        serde_json::from_str(text)
+            .map_err(|e| EngineError::InvalidArgument(format!("not a stager spec: {e}")))
+    }
+
+    pub fn id_column(&self) -> &str {
+        &self.id_column
+    }
+}
+
+/// One staged commit: a data file and the ids of its rows, not yet visible.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StagedCommit {
+    commit: String,
+    data: Option<DataFileRecord>,
+    ids: Option<IdPartsRecord>,
+}
+
+impl StagedCommit {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("staged commits serialise")
+    }
+
+    pub fn from_json(text: &str) -> Result<StagedCommit> {
+        serde_json::from_str(text)
+            .map_err(|e| EngineError::InvalidArgument(format!("not a staged commit: {e}")))
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.data.as_ref().map_or(0, |d| d.rows)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.data.as_ref().map_or(0, |d| d.bytes)
+    }
+}
+
+/// Stages data files and their ids for a [`CommitCoordinator`] in another process.
+pub struct CommitStager {
+    spec: StagerSpec,
+    output: OutputTarget,
+    state: Dir,
+}
+
+impl CommitStager {
+    pub fn new(spec: StagerSpec) -> Result<CommitStager> {
+        let sink = ParquetSink::new(spec.output.clone())
+            .with_storage_options(spec.output_options.clone())
+            .with_compression(&spec.compression)?
+            .with_row_group_rows(spec.row_group_rows);
+        let output = OutputTarget::open(sink, None)?;
+        let state = Dir::open(&spec.state, &spec.state_options)
+            .map_err(|e| EngineError::write("checkpoint", e.path, e.reason))?;
+        Ok(CommitStager {
+            spec,
+            output,
+            state,
+        })
+    }
+
+    /// Write `batches` as one staged data file and stage the ids of their rows. The id
+    /// column must be in every batch; it is written to the data file like any other.
+    pub fn stage(&self, batches: &[RecordBatch]) -> Result<StagedCommit> {
+        let commit = format!("{}-{}", self.spec.run_id, unique_suffix());
+        let id_column = &self.spec.id_column;
+        let mut ids: Vec<ArrayRef> = Vec::with_capacity(batches.len());
+        for batch in batches {
+            let column = batch.column_by_name(id_column).ok_or_else(|| {
+                EngineError::write(
+                    STAGE,
+                    self.output_shown(),
+                    format!(
+                        "the rows to write have no column '{id_column}', the checkpoint's id \
+                         column (they have {:?}); keep the id column in every step's output",
+                        batch
+                            .schema()
+                            .fields()
+                            .iter()
+                            .map(|f| f.name())
+                            .collect::<Vec<_>>()
+                    ),
+                )
+            })?;
+            ids.push(column.clone());
+        }
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        if rows == 0 {
+            return Ok(StagedCommit {
+                commit,
+                data: None,
+                ids: None,
+            });
+        }
+        let name = format!("part-{commit}.parquet");
+        let staged = format!("{}/{name}", crate::commit::STAGING);
+        let written: WrittenFile = self.output.stage_file(&staged, batches)?;
+        let ids = stage_id_parts(
+            &self.state,
+            &self.spec.state_options,
+            id_column,
+            self.spec.num_shards,
+            &commit,
+            &ids,
+        )?;
+        Ok(StagedCommit {
+            commit,
+            data: Some(DataFileRecord {
+                staged,
+                final_name: name,
+                rows: written.rows,
+                bytes: written.bytes,
+            }),
+            ids,
+        })
+    }
+
+    fn output_shown(&self) -> String {
+        self.spec.output.clone()
+    }
+}
+
+/// A name part no other stager of the run picks: the process, the time, a counter.
+fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{:x}-{nanos:x}-{:04}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The deciding side of a checkpointed write whose files are staged elsewhere.
+pub struct CommitCoordinator {
+    log: CommitLog,
+    finished: FinishedInputs,
+    report: ResumeReport,
+    spec: StagerSpec,
+    delete_on_success: bool,
+    committed: Mutex<Vec<WrittenFile>>,
+}
+
+impl CommitCoordinator {
+    /// Lock and recover the checkpoint (roll interrupted commits forward or back), check the
+    /// inputs it recorded against `dataset`'s files, and write its manifest if missing. The
+    /// ids it holds are not loaded here.
+    pub fn open(
+        checkpoint: &Checkpoint,
+        sink: &ParquetSink,
+        dataset: &ParquetDataset,
+    ) -> Result<CommitCoordinator> {
+        let output = Dir::open(&sink.root, &sink.storage_options)
+            .map_err(|e| EngineError::write(STAGE, e.path, e.reason))?;
+        let (log, finished, report) = CommitLog::prepare_without_ids(checkpoint, output, dataset)?;
+        let spec = StagerSpec {
+            output: sink.root.clone(),
+            output_options: sink.storage_options.clone(),
+            compression: sink.compression_name.clone(),
+            row_group_rows: sink.row_group_rows,
+            state: log.state().root_uri(),
+            state_options: log.storage_options().clone(),
+            id_column: checkpoint.id_column.clone(),
+            num_shards: log.num_shards(),
+            run_id: log.run_id().to_string(),
+        };
+        Ok(CommitCoordinator {
+            log,
+            finished,
+            report,
+            spec,
+            delete_on_success: checkpoint.delete_on_success,
+            committed: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// What recovery found (`ids_done` is 0: the ids are not loaded here).
+    pub fn report(&self) -> &ResumeReport {
+        &self.report
+    }
+
+    /// The input files and row groups earlier runs finished.
+    pub fn finished_inputs(&self) -> &FinishedInputs {
+        &self.finished
+    }
+
+    /// The input files, in the order completions name them (`file` indices).
+    pub fn files(&self) -> Vec<String> {
+        self.log.files().map(str::to_string).collect()
+    }
+
+    pub fn stager_spec(&self) -> &StagerSpec {
+        &self.spec
+    }
+
+    /// The checkpoint's state directory (where readers load the ids done).
+    pub fn state_uri(&self) -> String {
+        self.log.state().root_uri()
+    }
+
+    pub fn num_shards(&self) -> usize {
+        self.log.num_shards()
+    }
+
+    /// Commit what a stager staged (or, with `None`, only completions), recording as
+    /// finished the row groups `(file, row_group)` and the whole files in `completed_files`.
+    /// One commit at a time; when it returns, the data file is published.
+    pub fn commit(
+        &self,
+        staged: Option<StagedCommit>,
+        completed_units: Vec<(usize, usize)>,
+        completed_files: Vec<usize>,
+    ) -> Result<()> {
+        let files = self.log.files().count();
+        if let Some(bad) = completed_units
+            .iter()
+            .map(|(f, _)| *f)
+            .chain(completed_files.iter().copied())
+            .find(|f| *f >= files)
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "completion names input file {bad}, but the run has {files} input files"
+            )));
+        }
+        let completed = Completed {
+            units: completed_units,
+            files: completed_files,
+        };
+        let (commit, data, ids) = match staged {
+            Some(s) => {
+                if !s.commit.starts_with(self.log.run_id()) {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "staged commit {} belongs to another run (this run is {})",
+                        s.commit,
+                        self.log.run_id()
+                    )));
+                }
+                (s.commit, s.data, s.ids)
+            }
+            None => (self.log.next_commit().0, None, None),
+        };
+        let published = data.as_ref().map(|d| WrittenFile {
+            path: self.log.output().shown(&d.final_name),
+            rows: d.rows,
+            bytes: d.bytes,
+        });
+        self.log
+            .decide_and_publish(&commit, data, ids, Vec::new(), completed)?;
+        if let Some(file) = published {
+            self.committed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(file);
+        }
+        Ok(())
+    }
+
+    /// The data files committed so far.
+    pub fn committed(&self) -> Vec<WrittenFile> {
+        self.committed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// After a successful run: fold the records into the inputs snapshot, delete leftovers
+    /// of stagers that died, and delete forebay's state if the checkpoint asks for it.
+    pub fn finish(&self) -> Result<()> {
+        self.log.finish(self.delete_on_success)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, StringArray};
+    use forebay_parquet::DatasetSource;
+
+    use super::*;
+
+    fn input(dir: &std::path::Path) -> ParquetDataset {
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..100)) as ArrayRef,
+            ),
+            (
+                "text",
+                Arc::new(StringArray::from_iter_values(
+                    (0..100).map(|i| format!("t{i}")),
+                )),
+            ),
+        ])
+        .unwrap();
+        let path = dir.join("in.parquet");
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        ParquetDataset::builder(DatasetSource::uris([path.to_str().unwrap()]))
+            .build()
+            .unwrap()
+    }
+
+    fn data_files(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".parquet"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn staged_elsewhere_visible_only_once_committed_and_finished_inputs_recorded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dataset = input(tmp.path());
+        let out = tmp.path().join("out");
+        let ckpt = tmp.path().join("ckpt");
+        let checkpoint = Checkpoint::new("id", ckpt.to_str().unwrap());
+        let sink = ParquetSink::new(out.to_str().unwrap());
+        let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        assert_eq!(coordinator.files().len(), 1);
+
+        // A stager in "another process": only the JSON spec crosses.
+        let spec = StagerSpec::from_json(&coordinator.stager_spec().to_json()).unwrap();
+        let stager = CommitStager::new(spec).unwrap();
+        let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
+        let staged = stager.stage(std::slice::from_ref(&batch)).unwrap();
+        assert_eq!(staged.rows(), 100);
+        assert!(data_files(&out).is_empty(), "staged files are invisible");
+        // A second stager that dies before its commit: its file must never appear.
+        let _orphan = stager.stage(&[batch.slice(0, 10)]).unwrap();
+
+        let staged = StagedCommit::from_json(&staged.to_json()).unwrap();
+        coordinator
+            .commit(Some(staged), vec![(0, 0)], vec![0])
+            .unwrap();
+        assert_eq!(data_files(&out).len(), 1);
+        assert_eq!(coordinator.committed()[0].rows, 100);
+        coordinator.finish().unwrap();
+        drop(coordinator);
+
+        // The next run: the ids are in the checkpoint, the input is finished, the orphan gone.
+        let ids = forebay_checkpoint::CheckpointIndex::loader(ckpt.to_str().unwrap(), "id")
+            .load()
+            .unwrap();
+        assert_eq!(ids.len(), 100);
+        let again = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        assert_eq!(again.report().files_done, 1);
+        assert_eq!(again.finished_inputs().complete_files(), 1);
+        assert_eq!(data_files(&out).len(), 1);
+        assert!(!out.join(crate::commit::STAGING).exists());
+    }
+
+    #[test]
+    fn a_commit_of_another_run_or_an_unknown_file_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dataset = input(tmp.path());
+        let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").to_str().unwrap());
+        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
+        let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        let stranger = StagedCommit {
+            commit: "another-run-1".into(),
+            data: None,
+            ids: None,
+        };
+        let err = coordinator
+            .commit(Some(stranger), vec![], vec![])
+            .unwrap_err();
+        assert!(err.to_string().contains("another run"), "{err}");
+        let err = coordinator.commit(None, vec![(3, 0)], vec![]).unwrap_err();
+        assert!(err.to_string().contains("input file 3"), "{err}");
+    }
+
+    #[test]
+    fn rows_without_the_id_column_are_an_error_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dataset = input(tmp.path());
+        let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").to_str().unwrap());
+        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
+        let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let batch = RecordBatch::try_from_iter([(
+            "other",
+            Arc::new(Int64Array::from_iter_values(0..3)) as ArrayRef,
+        )])
+        .unwrap();
+        let err = stager.stage(&[batch]).unwrap_err();
+        assert!(err.to_string().contains("'id'"), "{err}");
+    }
+}

@@ -1,0 +1,203 @@
+"""Which input row groups a checkpointed Ray write has finished, tracked across processes.
+
+On one machine the engine knows which output batches derive from which input row group
+(lineage tickets). On Ray the rows pass through the user's steps in other processes, so
+forebay tags them instead:
+
+```text
+ read task (CheckpointedRead)                 stage task                 driver (UnitTracker)
+ ────────────────────────────                 ──────────                 ────────────────────
+ skip finished files / row groups unread
+ drop rows whose id is done (shard actors)
+ tag each row: __forebay_unit = file<<32 | rg ─► … user steps … ─► count rows per unit,
+ report rows emitted per unit ──► UnitLedger                       drop the tag, stage  ─┐
+                                  (actor)  ──── new reports ─────────────────────────► commit:
+                                                                  committed[u] += rows ◄─┘
+                                                 unit finished when committed[u] == emitted[u]
+                                                 file finished when all its units are
+```
+
+A unit is recorded finished in the commit record of its last rows (or a later one), so a
+resumed run skips it unread only when every row read from it is in a committed file. The
+rule relies on each output row keeping its input row's tag and id: steps that keep the rows
+they are given (adding columns, as batch inference does) or drop some of them (then the unit
+never counts as finished: it is read again on resume and filtered by id, still exactly
+once). A step that drops the tag column turns skipping off for the run (a warning says so);
+one that emits several rows per input row must not keep the tag.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .._forebay import RsDataset
+
+log = logging.getLogger("forebay.ray")
+
+#: The column that carries each row's input unit from the read to the write step.
+UNIT_COLUMN = "__forebay_unit"
+
+
+def unit_of(file_index: int, row_group: int) -> int:
+    return (file_index << 32) | row_group
+
+
+def split_unit(unit: int) -> tuple[int, int]:
+    return unit >> 32, unit & 0xFFFF_FFFF
+
+
+@dataclass
+class CheckpointedRead:
+    """What a read task of a checkpointed run needs (pickled into each task).
+
+    finished: the coordinator's finished inputs (``uri -> state``), only this task's files.
+    file_index: input URI -> its index in the coordinator's file list.
+    id_filter: a ``ShardedCheckpointFilter`` (None: nothing is done yet).
+    ledger: the ``UnitLedger`` actor that hears the rows emitted per unit.
+    """
+
+    id_column: str
+    finished: dict[str, Any]
+    file_index: dict[str, int]
+    id_filter: Any
+    ledger: Any
+
+    def for_files(self, files: list[str]) -> CheckpointedRead:
+        """This run's context trimmed to one task's files."""
+        return CheckpointedRead(
+            self.id_column,
+            {f: self.finished[f] for f in files if f in self.finished},
+            {f: self.file_index[f] for f in files},
+            self.id_filter,
+            self.ledger,
+        )
+
+    def read(self, dataset: RsDataset, files: list[str]) -> Iterator[pa.Table]:
+        """Scan ``dataset`` without finished input, drop done ids, tag rows with their unit,
+        and report the rows emitted per unit once the scan is through."""
+        import ray
+
+        scan = dataset.with_finished_inputs(json.dumps(self.finished)).scan()
+        emitted: dict[int, int] = {}
+        while (item := scan.next_with_provenance()) is not None:
+            batch, provenance = item
+            unit = unit_of(self.file_index[provenance["file"]], provenance["row_group"])
+            emitted.setdefault(unit, 0)
+            if batch.num_rows and self.id_filter is not None:
+                done = self.id_filter.done(batch.column(self.id_column))
+                if done.any():
+                    batch = batch.filter(pa.array(~done))
+            if not batch.num_rows:
+                continue
+            emitted[unit] += batch.num_rows
+            tag = pa.array(np.full(batch.num_rows, unit, dtype=np.int64))
+            yield pa.Table.from_batches([batch]).append_column(
+                pa.field(UNIT_COLUMN, pa.int64(), nullable=False), tag
+            )
+        # Delivered before the task ends: a task that is retried reports the same again.
+        ray.get(self.ledger.report.remote(emitted, [self.file_index[f] for f in files]))
+
+
+class UnitLedger:
+    """The actor read tasks report to: rows emitted per unit, files read through."""
+
+    def __init__(self) -> None:
+        self.new_units: dict[int, int] = {}
+        self.new_files: list[int] = []
+
+    def report(self, emitted: dict[int, int], files: list[int]) -> None:
+        self.new_units.update(emitted)
+        self.new_files.extend(files)
+
+    def take_new(self) -> tuple[dict[int, int], list[int]]:
+        """What was reported since the last call."""
+        units, files = self.new_units, self.new_files
+        self.new_units, self.new_files = {}, []
+        return units, files
+
+
+@dataclass
+class UnitTracker:
+    """The driver's books: which units and files the next commit may record as finished."""
+
+    emitted: dict[int, int] = field(default_factory=dict)
+    committed: dict[int, int] = field(default_factory=dict)
+    units_of_file: dict[int, set[int]] = field(default_factory=dict)
+    files_read: set[int] = field(default_factory=set)
+    recorded: set[int] = field(default_factory=set)
+    files_recorded: set[int] = field(default_factory=set)
+    #: Why no more completions are recorded this run (None: they are).
+    stopped: str | None = None
+    #: Rows committed without a unit tag.
+    untagged_rows: int = 0
+
+    def stop(self, why: str) -> None:
+        if self.stopped is None:
+            self.stopped = why
+            log.warning(
+                "forebay.ray.write_parquet: %s; finished input is not recorded for the rest "
+                "of this run (a resumed run reads it again and skips its rows by id: still "
+                "exactly once, only slower)",
+                why,
+            )
+
+    def reported(self, emitted: dict[int, int], files: list[int]) -> list[int]:
+        """Take reports from read tasks; returns the units they name."""
+        for unit, rows in emitted.items():
+            unit, rows = int(unit), int(rows)
+            known = self.emitted.get(unit)
+            if known is not None and known != rows:
+                self.stop(f"input unit {split_unit(unit)} was read twice with different rows")
+            self.emitted[unit] = rows
+            self.units_of_file.setdefault(split_unit(unit)[0], set()).add(unit)
+        self.files_read.update(int(f) for f in files)
+        return [int(u) for u in emitted]
+
+    def committing(self, rows_per_unit: dict[int, int] | None, rows: int) -> None:
+        """Count the rows of the commit being decided."""
+        if rows_per_unit is None:
+            if rows:
+                self.untagged_rows += rows
+                self.stop(
+                    f"{rows} rows reached the write without the {UNIT_COLUMN} column (a step "
+                    "dropped it)"
+                )
+            return
+        for unit, n in rows_per_unit.items():
+            unit = int(unit)
+            self.committed[unit] = self.committed.get(unit, 0) + int(n)
+            if self.committed[unit] > self.emitted.get(unit, self.committed[unit]):
+                self.stop(
+                    f"more rows of input unit {split_unit(unit)} were written than read (a "
+                    "step emits several rows per input row)"
+                )
+
+    def finished(self, candidates: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
+        """Units among ``candidates`` (and files) now finished and not yet recorded; they
+        are marked recorded (the caller puts them in the commit it is deciding)."""
+        if self.stopped is not None:
+            return [], []
+        units = []
+        for unit in candidates:
+            if unit in self.recorded or unit not in self.emitted:
+                continue
+            if self.committed.get(unit, 0) == self.emitted[unit]:
+                units.append(unit)
+        self.recorded.update(units)
+        files = [
+            f
+            for f in self.files_read - self.files_recorded
+            if self.units_of_file.get(f, set()) <= self.recorded
+        ]
+        self.files_recorded.update(files)
+        return [split_unit(u) for u in units], sorted(files)
+
+    def all_units(self) -> list[int]:
+        return list(self.emitted)
