@@ -15,8 +15,11 @@ Scenarios:
             map_batches(identity class) -> write_parquet (8 logical CPUs: on 2 cores Ray's
             actor pool otherwise starves its read tasks); forebay-ray: the same Ray job with
             forebay.ray.read_parquet and forebay.ray.checkpoint_config (the index in 2
-            sharded actors instead of a sorted numpy array per filter actor). Each output is then checked (outside
-            the timing) to hold exactly the ids 8,000,000..9,999,999, each once.
+            sharded actors instead of a sorted numpy array per filter actor); forebay-ray-write:
+            forebay.ray.read_parquet -> map_batches(identity class) -> forebay.ray.write_parquet(
+            checkpoint=forebay.Checkpoint(<that directory>)) (exactly-once commits; done ids
+            dropped in the read tasks through 2 shard actors). Each output is then checked
+            (outside the timing) to hold exactly the ids 8,000,000..9,999,999, each once.
   resume90  the same inputs through forebay with its own checkpoint: a full run, then a run
             killed once 90 % of its rows are committed (SIGKILL) and resumed; reported: the
             input bytes each run fetched, and time. The same resume with an id-only
@@ -116,7 +119,7 @@ def child_seed(engine: str, data: Path, out: Path) -> dict:
             ).write_parquet(str(out))
             seconds = time.perf_counter() - t0
         extra = {}
-    elif engine in ("ray", "forebay-ray"):
+    elif engine in ("ray", "forebay-ray", "forebay-ray-write"):
         import ray
         from ray.data.checkpoint import CheckpointConfig
 
@@ -136,6 +139,19 @@ def child_seed(engine: str, data: Path, out: Path) -> dict:
                     id_column="id", checkpoint_path=str(ckpt_dir), delete_checkpoint_on_success=True
                 )
                 source = ray.data.read_parquet(str(inputs))
+            elif engine == "forebay-ray-write":
+                import forebay
+                import forebay.ray
+
+                forebay.ray.write_parquet(
+                    forebay.ray.read_parquet(str(inputs)).map_batches(
+                        Identity, batch_size=BATCH_SIZE, batch_format="pyarrow", concurrency=2
+                    ),
+                    out,
+                    checkpoint=forebay.Checkpoint("id", str(ckpt_dir), delete_on_success=True),
+                    num_filter_actors=2,
+                )
+                source = None
             else:
                 import forebay.ray
 
@@ -143,9 +159,10 @@ def child_seed(engine: str, data: Path, out: Path) -> dict:
                     "id", str(ckpt_dir), num_actors=2, delete_checkpoint_on_success=True
                 )
                 source = forebay.ray.read_parquet(str(inputs))
-            source.map_batches(
-                Identity, batch_size=BATCH_SIZE, batch_format="pyarrow", concurrency=2
-            ).write_parquet(str(out))
+            if source is not None:
+                source.map_batches(
+                    Identity, batch_size=BATCH_SIZE, batch_format="pyarrow", concurrency=2
+                ).write_parquet(str(out))
             seconds = time.perf_counter() - t0
             ray.shutdown()
         shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -263,7 +280,7 @@ def seed(args: argparse.Namespace, data: Path, work: Path) -> None:
     results: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(args.rounds):
         for e in engines:
-            if e in ("ray", "forebay-ray") and r >= args.ray_rounds:
+            if e in ("ray", "forebay-ray", "forebay-ray-write") and r >= args.ray_rounds:
                 continue
             out = work / f"out-{e}"
             shutil.rmtree(out, ignore_errors=True)

@@ -4,6 +4,7 @@ behaviour when an actor or a task's worker process is killed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import ray
 
 import forebay
 import forebay.ray as fray
+from conftest import S3_CREDENTIALS, start_moto_server
 
 FILES = 24
 ROWS_PER_FILE = 5_000
@@ -503,3 +505,66 @@ def test_write_parquet_killed_task_and_filter_actor_stay_exactly_once(
     assert set(killed) == {"slow_identity", "_ShardOwner"}, killed
     assert_written_once(tmp_path / "out", expected_left())
     assert result["rows"] == len(expected_left())
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    boto3 = pytest.importorskip("boto3")
+    log = tmp_path_factory.mktemp("moto-ray") / "moto.log"
+    proc, endpoint, handle = start_moto_server(log)
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    yield client, endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+    handle.close()
+
+
+S3_DRIVER = """
+import json, sys, ray, forebay, forebay.ray as fray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ray.data.DataContext.get_current().enable_progress_bars = False
+bucket, options = sys.argv[2], json.loads(sys.argv[3])
+ds = fray.read_parquet(f"s3://{bucket}/in/", batch_size=1_000, task_bytes=1,
+                       storage_options=options)
+result = fray.write_parquet(ds, f"s3://{bucket}/out", storage_options=options,
+                            checkpoint=forebay.Checkpoint("id", f"s3://{bucket}/ckpt",
+                                                          storage_options=options))
+print(json.dumps(result["resume"]))
+"""
+
+
+def test_write_parquet_on_s3_resumes_exactly_once(cluster, inputs: Path, s3) -> None:
+    client, endpoint = s3
+    options = {**S3_CREDENTIALS, "aws_endpoint": endpoint}
+    bucket = "ray-write"
+    client.create_bucket(Bucket=bucket)
+    for f in sorted(inputs.iterdir()):
+        client.upload_file(str(f), bucket, f"in/{f.name}")
+    address = ray.get_runtime_context().gcs_address
+    args = [sys.executable, "-c", S3_DRIVER, address, bucket, json.dumps(options)]
+    killed = subprocess.run(
+        args,
+        env={**os.environ, "FOREBAY_CRASH_AT": "recorded:5"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert report["commits_recovered"] >= 5 and report["files_done"] >= 4
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]]
+    assert not [k for k in keys if "_forebay_staging" in k], "staging cleaned up"
+    values = []
+    for key in keys:
+        if "/_" in key or "/." in key:
+            continue
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        values.extend(pq.read_table(pa.BufferReader(body), columns=["value"])["value"].to_pylist())
+    assert sorted(values) == list(range(FILES * ROWS_PER_FILE))
