@@ -432,7 +432,7 @@ def add_double(batch):
 # One read task (and so one committed file) per input file.
 ds = fray.read_parquet(sys.argv[2], batch_size=1_000, task_bytes=1)
 fray.write_parquet(ds.map_batches(add_double, batch_format="pyarrow"), sys.argv[3],
-                   checkpoint=forebay.Checkpoint("id", sys.argv[4]))
+                   checkpoint=forebay.Checkpoint("id", sys.argv[4]), min_rows_per_file=5_000)
 """
 
 
@@ -457,6 +457,7 @@ def test_write_parquet_driver_killed_inside_a_commit_resumes_exactly_once(
         ),
         out,
         checkpoint=forebay.Checkpoint("id", str(ckpt_dir)),
+        min_rows_per_file=5_000,
     )
     assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
     report = resumed["resume"]
@@ -533,6 +534,7 @@ bucket, options = sys.argv[2], json.loads(sys.argv[3])
 ds = fray.read_parquet(f"s3://{bucket}/in/", batch_size=1_000, task_bytes=1,
                        storage_options=options)
 result = fray.write_parquet(ds, f"s3://{bucket}/out", storage_options=options,
+                            min_rows_per_file=5_000,
                             checkpoint=forebay.Checkpoint("id", f"s3://{bucket}/ckpt",
                                                           storage_options=options))
 print(json.dumps(result["resume"]))

@@ -90,6 +90,26 @@ class _ShardOwner:
         }
 
 
+class PendingProbe:
+    """Requests sent to the shard actors for a batch of ids; :meth:`answer` waits."""
+
+    def __init__(self, rows: int, requests: list[tuple[np.ndarray | None, Any]]):
+        self.rows = rows
+        self.requests = requests
+
+    def answer(self) -> np.ndarray:
+        """Whether each id is done (a boolean numpy array)."""
+        done = np.zeros(self.rows, dtype=bool)
+        masks = ray.get([request for _, request in self.requests])
+        for (where, _), mask in zip(self.requests, masks, strict=True):
+            values = mask.to_numpy(zero_copy_only=False)
+            if where is None:
+                done[:] = values
+            else:
+                done[where] = values
+        return done
+
+
 class ShardedCheckpointFilter:
     """Drop rows whose id a checkpoint holds, with the index spread over Ray actors.
 
@@ -169,25 +189,28 @@ class ShardedCheckpointFilter:
 
     def done(self, ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """A boolean numpy array: whether each id is in the checkpoint (nulls: False)."""
+        return self.ask(ids).answer()
+
+    def ask(self, ids: pa.Array | pa.ChunkedArray) -> PendingProbe:
+        """Send the requests for ``ids`` (one per actor owning some) and return at once;
+        ``.answer()`` waits for the mask. Lets a caller read on while the actors probe."""
         if isinstance(ids, pa.ChunkedArray):
             ids = ids.combine_chunks()
         if len(ids) == 0:
-            return np.zeros(0, dtype=bool)
+            return PendingProbe(0, [])
         if len(self.actors) == 1:
-            mask: Any = ray.get(self.actors[0].contains.remote(ids))
-            return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
+            return PendingProbe(len(ids), [(None, self.actors[0].contains.remote(ids))])
         shards = self._router(ids.type).shard_ids(ids).to_numpy()
         owner = shards % len(self.actors)
         positions = [np.flatnonzero(owner == a) for a in range(len(self.actors))]
-        requests = [
-            (where, actor.contains.remote(ids.take(pa.array(where))))
-            for actor, where in zip(self.actors, positions, strict=True)
-            if len(where)
-        ]
-        done = np.zeros(len(ids), dtype=bool)
-        for (where, _), mask in zip(requests, ray.get([r for _, r in requests]), strict=True):
-            done[where] = mask.to_numpy(zero_copy_only=False)
-        return done
+        return PendingProbe(
+            len(ids),
+            [
+                (where, actor.contains.remote(ids.take(pa.array(where))))
+                for actor, where in zip(self.actors, positions, strict=True)
+                if len(where)
+            ],
+        )
 
     def __call__(self, batch: pa.Table | pa.RecordBatch) -> pa.Table | pa.RecordBatch:
         if self.id_column not in batch.schema.names:

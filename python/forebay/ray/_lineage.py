@@ -43,6 +43,8 @@ log = logging.getLogger("forebay.ray")
 
 #: The column that carries each row's input unit from the read to the write step.
 UNIT_COLUMN = "__forebay_unit"
+#: Rows a read task gathers before asking the shard actors which ids are done.
+FILTER_ROWS = 65_536
 
 
 def unit_of(file_index: int, row_group: int) -> int:
@@ -86,14 +88,51 @@ class CheckpointedRead:
 
         scan = dataset.with_finished_inputs(json.dumps(self.finished)).scan()
         emitted: dict[int, int] = {}
-        while (item := scan.next_with_provenance()) is not None:
-            batch, provenance = item
-            unit = unit_of(self.file_index[provenance["file"]], provenance["row_group"])
-            emitted.setdefault(unit, 0)
-            if batch.num_rows and self.id_filter is not None:
-                done = self.id_filter.done(batch.column(self.id_column))
-                if done.any():
-                    batch = batch.filter(pa.array(~done))
+        # Batches wait here until FILTER_ROWS of them can be filtered with one request per
+        # shard actor (a request per small batch would cost more than the probing), and
+        # the actors probe one group while the task reads the next.
+        group: list[tuple[pa.RecordBatch, int]] = []
+        group_rows = 0
+        asked: tuple[list[tuple[pa.RecordBatch, int]], Any] | None = None
+        while True:
+            item = scan.next_with_provenance()
+            if item is not None:
+                batch, provenance = item
+                unit = unit_of(self.file_index[provenance["file"]], provenance["row_group"])
+                emitted.setdefault(unit, 0)
+                if batch.num_rows:
+                    group.append((batch, unit))
+                    group_rows += batch.num_rows
+            if group and (item is None or group_rows >= FILTER_ROWS):
+                probe = self._ask(group)
+                if asked is not None:
+                    yield from self._tagged(*asked, emitted)
+                asked = (group, probe)
+                group, group_rows = [], 0
+            if item is None:
+                break
+        if asked is not None:
+            yield from self._tagged(*asked, emitted)
+        # Delivered before the task ends: a task that is retried reports the same again.
+        ray.get(self.ledger.report.remote(emitted, [self.file_index[f] for f in files]))
+
+    def _ask(self, group: list[tuple[pa.RecordBatch, int]]) -> Any:
+        if self.id_filter is None:
+            return None
+        return self.id_filter.ask(pa.chunked_array([b.column(self.id_column) for b, _ in group]))
+
+    def _tagged(
+        self, group: list[tuple[pa.RecordBatch, int]], probe: Any, emitted: dict[int, int]
+    ) -> Iterator[pa.Table]:
+        """The group's batches without done rows, each tagged with its unit."""
+        done = probe.answer() if probe is not None else None
+        offset = 0
+        for batch, unit in group:
+            if done is not None:
+                mine = done[offset : offset + batch.num_rows]
+                offset += batch.num_rows
+                if mine.any():
+                    batch = batch.filter(pa.array(~mine))
             if not batch.num_rows:
                 continue
             emitted[unit] += batch.num_rows
@@ -101,8 +140,6 @@ class CheckpointedRead:
             yield pa.Table.from_batches([batch]).append_column(
                 pa.field(UNIT_COLUMN, pa.int64(), nullable=False), tag
             )
-        # Delivered before the task ends: a task that is retried reports the same again.
-        ray.get(self.ledger.report.remote(emitted, [self.file_index[f] for f in files]))
 
 
 class UnitLedger:

@@ -49,6 +49,9 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("forebay.ray needs Ray Data: pip install 'forebay[ray]'") from e
 
+#: Rows per data file (and commit) unless the caller says otherwise.
+DEFAULT_MIN_ROWS_PER_FILE = 131_072
+
 _STAGED_SCHEMA = pa.schema([("staged", pa.string()), ("units", pa.string()), ("rows", pa.int64())])
 
 
@@ -107,7 +110,7 @@ def write_parquet(
     checkpoint: Checkpoint,
     on_changed_input: str = "error",
     compression: str = "zstd",
-    min_rows_per_file: int | None = None,
+    min_rows_per_file: int | None = DEFAULT_MIN_ROWS_PER_FILE,
     row_group_rows: int | None = None,
     storage_options: Mapping[str, str] | None = None,
     num_filter_actors: int | None = None,
@@ -127,8 +130,9 @@ def write_parquet(
     on_changed_input: ``"error"`` (default) or ``"reprocess"`` an input file that changed
         since the checkpoint recorded it.
     compression, row_group_rows: of the data files (default zstd, 131,072 rows).
-    min_rows_per_file: rows gathered into each file (Ray's ``batch_size`` of the stage step;
-        default one file per block).
+    min_rows_per_file: rows gathered into each file, and so into each commit (Ray's
+        ``batch_size`` of the stage step; default 131,072; None: one file per block, which
+        after a step with a small ``batch_size`` means many small files and commits).
     storage_options: object_store options for a URI ``path``.
     num_filter_actors: actors sharing the checkpoint's ids (default
         ``min(num_shards, 4)``).
