@@ -423,6 +423,19 @@ def test_write_parquet_errors(cluster, inputs: Path, tmp_path: Path) -> None:
     assert ok["rows"] == FILES * ROWS_PER_FILE
 
 
+def test_write_parquet_a_damaged_checkpoint_fails_naming_the_file(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    ckpt = forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+    first = fray.write_parquet(fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt)
+    assert first["rows"] == FILES * ROWS_PER_FILE
+    damaged = next((tmp_path / "ckpt").glob("shard=*/*.parquet"))
+    damaged.write_bytes(b"not parquet at all")
+    # The shard actors load while the read tasks start: their error must still end the run.
+    with pytest.raises(Exception, match=damaged.name):
+        fray.write_parquet(fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt)
+
+
 DRIVER = """
 import sys, ray, pyarrow.compute as pc, forebay, forebay.ray as fray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)

@@ -122,9 +122,11 @@ class ShardedCheckpointFilter:
         Each holds about 13 bytes per id it owns.
     storage_options: object_store options for URIs (as :func:`forebay.read_parquet`).
     num_cpus_per_actor, num_threads_per_actor: Ray resources and probing threads of an actor.
+    wait_for_load: wait in the constructor until every actor has loaded its shards (a load
+        error is raised there); False lets the caller start reading meanwhile (the first
+        request then waits, and a load error surfaces with it).
 
-    Construction starts the actors and waits until every one has loaded its shards (a load
-    error is raised here). Call it on a ``pyarrow.Table`` or ``RecordBatch`` to get the rows
+    Construction starts the actors. Call it on a ``pyarrow.Table`` or ``RecordBatch`` to get the rows
     not done, or use it as a Ray Data step: :meth:`apply` (``ds.map_batches(self,
     batch_format="pyarrow")``). It pickles as its actor handles.
     """
@@ -139,6 +141,7 @@ class ShardedCheckpointFilter:
         storage_options: Mapping[str, str] | None = None,
         num_cpus_per_actor: float = 0.5,
         num_threads_per_actor: int = 1,
+        wait_for_load: bool = True,
     ):
         num_shards = num_shards or DEFAULT_NUM_SHARDS
         if num_shards < 1 or num_shards & (num_shards - 1):
@@ -165,7 +168,8 @@ class ShardedCheckpointFilter:
             for a in range(num_actors)
         ]
         self._routers: dict[pa.DataType, CheckpointFilter] = {}
-        self.describe()  # waits for every actor's load; raises its error
+        if wait_for_load:
+            self.describe()  # waits for every actor's load; raises its error
 
     def describe(self) -> list[dict[str, Any]]:
         """Per actor: its shards, ids held and index bytes."""

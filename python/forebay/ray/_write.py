@@ -213,6 +213,7 @@ def _run(
         num_shards=coordinator.num_shards(),
         num_actors=num_filter_actors,
         storage_options=checkpoint.storage_options,
+        wait_for_load=False,  # the actors load while the read tasks start
     )
     ledger: Any = ray.remote(UnitLedger).options(num_cpus=0).remote()
     source.checkpointed = CheckpointedRead(
