@@ -1,7 +1,9 @@
-"""Shared fixtures: where Apache's parquet-testing files live, and table comparison."""
+"""Shared fixtures: where Apache's parquet-testing files live, table comparison, and an S3
+server (moto) on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -9,7 +11,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -131,3 +135,24 @@ def start_moto_server(log_path: Path):
                 proc.kill()
                 pytest.fail(f"moto server did not start: {log_path.read_text()}")
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def moto_s3(log_path: Path) -> Iterator[tuple[Any, str]]:
+    """A moto S3 server for the block's duration: ``(boto3 client, endpoint)``; its log goes
+    to ``log_path``."""
+    boto3 = pytest.importorskip("boto3")
+    proc, endpoint, log = start_moto_server(log_path)
+    try:
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        yield client, endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()

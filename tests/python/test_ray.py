@@ -22,7 +22,7 @@ import ray
 
 import forebay
 import forebay.ray as fray
-from conftest import S3_CREDENTIALS, start_moto_server
+from conftest import S3_CREDENTIALS, moto_s3
 
 FILES = 24
 ROWS_PER_FILE = 5_000
@@ -523,20 +523,8 @@ def test_write_parquet_killed_task_and_filter_actor_stay_exactly_once(
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    boto3 = pytest.importorskip("boto3")
-    log = tmp_path_factory.mktemp("moto-ray") / "moto.log"
-    proc, endpoint, handle = start_moto_server(log)
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    yield client, endpoint
-    proc.terminate()
-    proc.wait(timeout=10)
-    handle.close()
+    with moto_s3(tmp_path_factory.mktemp("moto-ray") / "moto.log") as server:
+        yield server
 
 
 S3_DRIVER = """

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import forebay
-from conftest import S3_CREDENTIALS, start_moto_server
+from conftest import S3_CREDENTIALS, moto_s3
 
 FILES, ROWS = 6, 4000  # per file; row groups of 500
 IDS = {f"id-{i}" for i in range(FILES * ROWS)}
@@ -273,20 +273,8 @@ def test_a_damaged_checkpoint_is_an_error_not_a_silent_rerun(job):
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    boto3 = pytest.importorskip("boto3")
-    log = tmp_path_factory.mktemp("moto-resume") / "moto.log"
-    proc, endpoint, handle = start_moto_server(log)
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    yield client, endpoint
-    proc.terminate()
-    proc.wait(timeout=10)
-    handle.close()
+    with moto_s3(tmp_path_factory.mktemp("moto-resume") / "moto.log") as server:
+        yield server
 
 
 def test_twenty_random_sigkills_on_s3(job, s3):

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import forebay
-from conftest import S3_CREDENTIALS, assert_tables_equal, start_moto_server
+from conftest import S3_CREDENTIALS, assert_tables_equal, moto_s3
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -27,14 +27,13 @@ ROWS_PER_GROUP = 2_000
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
-    proc, endpoint, log = start_moto_server(log_path)
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    with moto_s3(log_path) as (client, endpoint):
+        expected = upload_parts(client)
+        yield {"aws_endpoint": endpoint, **S3_CREDENTIALS}, expected, log_path
+
+
+def upload_parts(client) -> pa.Table:
+    """The test files, in the bucket ``forebay-test``; returns their rows."""
     client.create_bucket(Bucket="forebay-test")
     tables = []
     for k in range(FILES):
@@ -47,11 +46,7 @@ def s3(tmp_path_factory):
         pq.write_table(t, buf, row_group_size=ROWS_PER_GROUP)
         client.put_object(Bucket="forebay-test", Key=f"data/part-{k}.parquet", Body=buf.getvalue())
         tables.append(t)
-    options = {"aws_endpoint": endpoint, **S3_CREDENTIALS}
-    yield options, pa.concat_tables(tables), log_path
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
+    return pa.concat_tables(tables)
 
 
 def data_gets(log_path, since: int) -> list[str]:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import forebay
-from conftest import S3_CREDENTIALS, start_moto_server
+from conftest import S3_CREDENTIALS, moto_s3
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -23,19 +23,9 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
-    proc, endpoint, log = start_moto_server(log_path)
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    client.create_bucket(Bucket=BUCKET)
-    yield client, {"aws_endpoint": endpoint, **S3_CREDENTIALS}, log_path
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
+    with moto_s3(log_path) as (client, endpoint):
+        client.create_bucket(Bucket=BUCKET)
+        yield client, {"aws_endpoint": endpoint, **S3_CREDENTIALS}, log_path
 
 
 def requests_for(log_path, key_prefix: str, since: int) -> list[str]:
