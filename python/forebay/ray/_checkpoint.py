@@ -125,6 +125,8 @@ class ShardedCheckpointFilter:
     wait_for_load: wait in the constructor until every actor has loaded its shards (a load
         error is raised there); False lets the caller start reading meanwhile (the first
         request then waits, and a load error surfaces with it).
+    first_actor_class: the class actor 0 runs (a subclass of the shard owner that also does
+        another job of the caller's, saving a Ray worker process; default: a shard owner).
 
     Construction starts the actors. Call it on a ``pyarrow.Table`` or ``RecordBatch`` to get the rows
     not done, or use it as a Ray Data step: :meth:`apply` (``ds.map_batches(self,
@@ -142,6 +144,7 @@ class ShardedCheckpointFilter:
         num_cpus_per_actor: float = 0.5,
         num_threads_per_actor: int = 1,
         wait_for_load: bool = True,
+        first_actor_class: type[_ShardOwner] = _ShardOwner,
     ):
         num_shards = num_shards or DEFAULT_NUM_SHARDS
         if num_shards < 1 or num_shards & (num_shards - 1):
@@ -152,12 +155,11 @@ class ShardedCheckpointFilter:
         self.path = str(path)
         self.id_column = id_column
         self.num_shards = num_shards
-        owner = ray.remote(_ShardOwner).options(
-            num_cpus=num_cpus_per_actor, max_restarts=-1, max_task_retries=-1
-        )
         options = dict(storage_options) if storage_options else None
         self.actors: list[Any] = [
-            owner.remote(
+            ray.remote(first_actor_class if a == 0 else _ShardOwner)
+            .options(num_cpus=num_cpus_per_actor, max_restarts=-1, max_task_retries=-1)
+            .remote(
                 self.path,
                 id_column,
                 num_shards,

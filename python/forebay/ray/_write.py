@@ -41,7 +41,7 @@ from .._checkpointing import Checkpoint
 from .._forebay import RsCommitCoordinator, RsCommitStager
 from ._checkpoint import ShardedCheckpointFilter
 from ._datasource import ForebayParquetDatasource
-from ._lineage import UNIT_COLUMN, CheckpointedRead, UnitLedger, UnitTracker
+from ._lineage import UNIT_COLUMN, CheckpointedRead, LedgerShardOwner, UnitTracker
 
 try:
     import ray
@@ -214,8 +214,9 @@ def _run(
         num_actors=num_filter_actors,
         storage_options=checkpoint.storage_options,
         wait_for_load=False,  # the actors load while the read tasks start
+        first_actor_class=LedgerShardOwner,
     )
-    ledger: Any = ray.remote(UnitLedger).options(num_cpus=0).remote()
+    ledger = id_filter.actors[0]
     source.checkpointed = CheckpointedRead(
         checkpoint.id_column,
         json.loads(coordinator.finished_inputs()),
@@ -260,7 +261,6 @@ def _run(
     finally:
         source.checkpointed = None
         id_filter.shutdown()
-        ray.kill(ledger)
     committed = coordinator.committed()
     return {
         "rows": sum(rows for _, rows, _ in committed),
