@@ -757,8 +757,11 @@ fn encode_parquet(batch: &RecordBatch, what: &str) -> Result<Vec<u8>> {
         what: what.to_string(),
         reason,
     };
+    // Ids in a checkpoint are distinct: a dictionary would only cost the hashing of each
+    // one until it reached its size limit.
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
+        .set_dictionary_enabled(false)
         .build();
     let mut out = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props))

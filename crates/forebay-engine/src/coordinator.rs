@@ -109,7 +109,8 @@ impl CommitStager {
         let sink = ParquetSink::new(spec.output.clone())
             .with_storage_options(spec.output_options.clone())
             .with_compression(&spec.compression)?
-            .with_row_group_rows(spec.row_group_rows);
+            .with_row_group_rows(spec.row_group_rows)
+            .with_unique_column(&spec.id_column);
         let output = OutputTarget::open(sink, None)?;
         let state = Dir::open(&spec.state, &spec.state_options)
             .map_err(|e| EngineError::write("checkpoint", e.path, e.reason))?;

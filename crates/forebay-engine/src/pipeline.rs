@@ -304,6 +304,7 @@ impl Pipeline {
             io_before: prepared.dataset.metrics().io,
             dataset: prepared.dataset,
         };
+        let sink = sink.with_unique_column(id_column);
         self.start_write_inner(sink, Some((book, commits)))
     }
 

@@ -28,6 +28,7 @@ use forebay_parquet::StorageOptions;
 use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::commit::{CommitLog, StagedData};
 use crate::error::{EngineError, Result};
@@ -69,6 +70,8 @@ pub struct ParquetSink {
     pub(crate) row_group_rows: usize,
     pub(crate) concurrency: usize,
     pub(crate) mode: WriteMode,
+    /// Columns written without dictionary encoding (see [`ParquetSink::with_unique_column`]).
+    pub(crate) unique_columns: Vec<String>,
 }
 
 impl ParquetSink {
@@ -83,6 +86,7 @@ impl ParquetSink {
             row_group_rows: 128 * 1024,
             concurrency: 1,
             mode: WriteMode::Append,
+            unique_columns: Vec::new(),
         }
     }
 
@@ -130,6 +134,19 @@ impl ParquetSink {
 
     pub fn with_mode(mut self, mode: WriteMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Declare a column whose values are all (or nearly all) distinct, such as a row id: it
+    /// is written without dictionary encoding. A dictionary of distinct values saves no
+    /// space and costs time: the writer hashes every value into it until the dictionary
+    /// reaches its size limit (1 MiB, ~100 K short strings) in each row group, then writes
+    /// them plainly anyway. A checkpointed write declares its id column.
+    pub fn with_unique_column(mut self, column: impl Into<String>) -> Self {
+        let column = column.into();
+        if !self.unique_columns.contains(&column) {
+            self.unique_columns.push(column);
+        }
         self
     }
 }
@@ -268,10 +285,16 @@ impl OutputTarget {
     }
 
     fn properties(&self) -> WriterProperties {
-        WriterProperties::builder()
+        let builder = WriterProperties::builder()
             .set_compression(self.sink.compression)
             .set_max_row_group_row_count(Some(self.sink.row_group_rows))
-            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES));
+        self.sink
+            .unique_columns
+            .iter()
+            .fold(builder, |b, column| {
+                b.set_column_dictionary_enabled(ColumnPath::from(column.as_str()), false)
+            })
             .build()
     }
 

@@ -311,3 +311,59 @@ fn a_missing_id_column_after_a_step_names_the_step() {
     );
     assert!(output_ids(&out).is_empty());
 }
+
+/// Whether each column chunk of `column` in the Parquet files under `dir` (recursively) has
+/// a dictionary page; one entry per file.
+fn has_dictionary(dir: &Path, column: &str) -> Vec<bool> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(has_dictionary(&path, column));
+            continue;
+        }
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.ends_with(".parquet") || name.starts_with('.') {
+            continue;
+        }
+        let reader =
+            parquet::file::reader::SerializedFileReader::new(std::fs::File::open(&path).unwrap())
+                .unwrap();
+        let meta = parquet::file::reader::FileReader::metadata(&reader);
+        let at = meta
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.name() == column)
+            .unwrap();
+        found.push(
+            meta.row_groups()
+                .iter()
+                .any(|rg| rg.column(at).dictionary_page_offset().is_some()),
+        );
+    }
+    found
+}
+
+#[test]
+fn ids_are_written_without_a_dictionary() {
+    // Ids are distinct: a dictionary of them would only cost the hashing of every value.
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out, ckpt) = (
+        tmp.path().join("in"),
+        tmp.path().join("out"),
+        tmp.path().join("ckpt"),
+    );
+    write_inputs(&input);
+    run(&input, &out, &ckpt, None).unwrap();
+    let id_chunks = has_dictionary(&out, "id");
+    assert!(!id_chunks.is_empty());
+    assert!(id_chunks.iter().all(|d| !d), "data files: {id_chunks:?}");
+    // Other columns keep the default (dictionary first).
+    assert!(has_dictionary(&out, "text").iter().all(|d| *d));
+    // The checkpoint's id parts too.
+    let parts = has_dictionary(&ckpt, "id");
+    assert!(!parts.is_empty());
+    assert!(parts.iter().all(|d| !d), "id parts: {parts:?}");
+}
