@@ -30,13 +30,18 @@ import argparse
 import datetime as dt
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from measure import SystemMemorySampler, peak_rss_mb, wait_for_ray_exit
+from measure import (
+    SystemMemorySampler,
+    median_of,
+    peak_rss_mb,
+    run_child,
+    wait_for_ray_exit,
+)
 
 HERE = Path(__file__).resolve().parent
 BATCH = 65_536
@@ -283,31 +288,15 @@ def child_overcap(files: list[str], limit: str, consumer_ms: float) -> dict:
 # ---------------------------------------------------------------- parent
 
 
-def in_child(*args: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, str(Path(__file__)), "--child", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def alternate(engines: list[str], rounds: int, kind: str, *args: str) -> dict[str, list[dict]]:
     results: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
         for e in engines:
             wait_for_ray_exit()
-            res = in_child(kind, e, *args)
+            res = run_child(__file__, kind, e, *args)
             results[e].append(res)
             print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
     return results
-
-
-def med(rs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rs)
 
 
 def main() -> None:
@@ -341,8 +330,8 @@ def main() -> None:
     if args.scenario == "iter":
         engines = (args.engines or "forebay,polars,pyarrow,ray").split(",")
         res = alternate(engines, args.rounds, "iter", json.dumps(files))
-        base = med(res["forebay"], "seconds")
-        batch_mb = med(res["forebay"], "batch_mb")
+        base = median_of(res["forebay"], "seconds")
+        batch_mb = median_of(res["forebay"], "batch_mb")
         print(
             f"\niter_batches, lineitem SF{args.scale_factor:g}, 16 columns, {BATCH} rows, "
             f"prefetch 4; medians of {args.rounds} ({today}); batch {batch_mb:.1f} MB, "
@@ -352,23 +341,23 @@ def main() -> None:
             f"{'engine':<10}{'seconds':>9}{'vs forebay':>12}{'sys rise MB':>13}{'max RSS MB':>12}"
         )
         for e in engines:
-            s = med(res[e], "seconds")
+            s = median_of(res[e], "seconds")
             print(
-                f"{e:<10}{s:>9.3f}{s / base:>11.2f}x{med(res[e], 'rise_mb'):>13.0f}"
-                f"{med(res[e], 'rss_mb'):>12.0f}"
+                f"{e:<10}{s:>9.3f}{s / base:>11.2f}x{median_of(res[e], 'rise_mb'):>13.0f}"
+                f"{median_of(res[e], 'rss_mb'):>12.0f}"
             )
     elif args.scenario == "gil":
         engines = (args.engines or "forebay-threads,forebay-processes,ray").split(",")
         res = alternate(engines, args.rounds, "gil", json.dumps(files), str(args.rows))
-        base = med(res["forebay-threads"], "seconds")
+        base = median_of(res["forebay-threads"], "seconds")
         print(
             f"\nGIL-holding map_batches (Python over l_comment), {args.rows} rows, concurrency 2, "
             f"batch_size 10,000; medians of {args.rounds} ({today})"
         )
         print(f"{'engine':<20}{'seconds':>9}{'speed-up vs threads':>21}{'sys rise MB':>13}")
         for e in engines:
-            s = med(res[e], "seconds")
-            print(f"{e:<20}{s:>9.3f}{base / s:>20.2f}x{med(res[e], 'rise_mb'):>13.0f}")
+            s = median_of(res[e], "seconds")
+            print(f"{e:<20}{s:>9.3f}{base / s:>20.2f}x{median_of(res[e], 'rise_mb'):>13.0f}")
     elif args.scenario == "sleep":
         engines = (args.engines or "forebay,ray").split(",")
         res = alternate(engines, args.rounds, "sleep", json.dumps(files), str(args.rows))
@@ -378,7 +367,7 @@ def main() -> None:
         )
         print(f"{'engine':<10}{'wall s':>9}{'fn own s':>10}{'overhead':>10}")
         for e in engines:
-            wall, own = med(res[e], "seconds"), med(res[e], "own_s")
+            wall, own = median_of(res[e], "seconds"), median_of(res[e], "own_s")
             print(f"{e:<10}{wall:>9.3f}{own:>10.3f}{(wall / own - 1) * 100:>9.1f}%")
     else:
         res = alternate(
@@ -395,10 +384,10 @@ def main() -> None:
             f"sleeping {args.consumer_ms:g} ms per batch; medians of {args.rounds} ({today})"
         )
         print(
-            f"limit {med(r, 'limit_mb'):.0f} MB, data {med(r, 'data_mb'):.0f} MB "
-            f"({med(r, 'data_mb') / med(r, 'limit_mb'):.1f}x), time {med(r, 'seconds'):.1f} s, "
-            f"pool peak {med(r, 'pool_peak_mb'):.0f} MB, system rise {med(r, 'rise_mb'):.0f} MB "
-            f"(max {max(x['rise_mb'] for x in r):.0f}), max RSS {med(r, 'rss_mb'):.0f} MB"
+            f"limit {median_of(r, 'limit_mb'):.0f} MB, data {median_of(r, 'data_mb'):.0f} MB "
+            f"({median_of(r, 'data_mb') / median_of(r, 'limit_mb'):.1f}x), time {median_of(r, 'seconds'):.1f} s, "
+            f"pool peak {median_of(r, 'pool_peak_mb'):.0f} MB, system rise {median_of(r, 'rise_mb'):.0f} MB "
+            f"(max {max(x['rise_mb'] for x in r):.0f}), max RSS {median_of(r, 'rss_mb'):.0f} MB"
         )
 
 

@@ -3,8 +3,11 @@ sampled, so helper processes count; plus the process's own max RSS)."""
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
+import sys
 import threading
 import time
 
@@ -108,3 +111,22 @@ def wait_for_ray_exit(timeout: float = 120.0) -> None:
         if previous - now < 8_000_000:
             return
         previous = now
+
+
+def run_child(script: str, *args: str) -> dict:
+    """Run ``script --child *args`` in a fresh interpreter (so each measurement starts with
+    nothing cached in the process) and return the JSON object its last stdout line holds."""
+    out = subprocess.run(
+        [sys.executable, script, "--child", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median_of(results: list[dict], key: str) -> float:
+    """The median of ``key`` over a list of child results."""
+    return statistics.median(r[key] for r in results)

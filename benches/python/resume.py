@@ -39,14 +39,19 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from checkpoint import CHECKPOINT_IDS, TOTAL_IDS, generate
-from measure import SystemMemorySampler, peak_rss_mb, wait_for_ray_exit
+from measure import (
+    SystemMemorySampler,
+    median_of,
+    peak_rss_mb,
+    run_child,
+    wait_for_ray_exit,
+)
 
 HERE = Path(__file__).resolve().parent
 BATCH_SIZE = 1000
@@ -259,22 +264,6 @@ def make_id_checkpoint(data: Path, path: Path, upto: int) -> None:
 # ---------------------------------------------------------------- parent
 
 
-def in_child(*args: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, str(Path(__file__)), "--child", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def med(rs: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rs)
-
-
 def seed(args: argparse.Namespace, data: Path, work: Path) -> None:
     engines = (args.engines or "forebay,duckdb,polars,daft,ray").split(",")
     results: dict[str, list[dict]] = {e: [] for e in engines}
@@ -285,12 +274,12 @@ def seed(args: argparse.Namespace, data: Path, work: Path) -> None:
             out = work / f"out-{e}"
             shutil.rmtree(out, ignore_errors=True)
             wait_for_ray_exit()
-            res = in_child("seed", e, str(data), str(out))
-            res.update(in_child("check", str(out), str(CHECKPOINT_IDS), str(TOTAL_IDS)))
+            res = run_child(__file__, "seed", e, str(data), str(out))
+            res.update(run_child(__file__, "check", str(out), str(CHECKPOINT_IDS), str(TOTAL_IDS)))
             shutil.rmtree(out, ignore_errors=True)
             results[e].append(res)
             print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
-    base = med(results["forebay"], "seconds")
+    base = median_of(results["forebay"], "seconds")
     print(
         f"\nseed workload: 1,000 files x 10,000 string ids, 8 M done; read -> filter -> "
         f"identity map_batches({BATCH_SIZE}) -> write; medians of {args.rounds} "
@@ -302,41 +291,41 @@ def seed(args: argparse.Namespace, data: Path, work: Path) -> None:
     )
     for e in engines:
         rs = results[e]
-        s = med(rs, "seconds")
+        s = median_of(rs, "seconds")
         exact = all(x["exact"] for x in rs)
         print(
-            f"{e:<10}{s:>9.2f}{s / base:>11.2f}x{med(rs, 'rise_mb'):>13.0f}"
-            f"{med(rs, 'rss_mb'):>12.0f}{exact!s:>14}"
+            f"{e:<10}{s:>9.2f}{s / base:>11.2f}x{median_of(rs, 'rise_mb'):>13.0f}"
+            f"{median_of(rs, 'rss_mb'):>12.0f}{exact!s:>14}"
         )
 
 
 def resume90(args: argparse.Namespace, data: Path, work: Path) -> None:
     id_ckpt = work / "ids-0-8999999.parquet"
-    in_child("make-ids", str(data), str(id_ckpt), "9000000")
+    run_child(__file__, "make-ids", str(data), str(id_ckpt), "9000000")
     rows: dict[str, list[dict]] = {"full": [], "resume-own": [], "resume-ids": []}
     for r in range(args.rounds):
         # A full run with forebay's checkpoint.
         out, ckpt = work / "r-out", work / "r-ckpt"
         for p in (out, ckpt):
             shutil.rmtree(p, ignore_errors=True)
-        rows["full"].append(in_child("run", str(data), str(out), str(ckpt), "full"))
+        rows["full"].append(run_child(__file__, "run", str(data), str(out), str(ckpt), "full"))
         # Killed at 90 %, then resumed with forebay's checkpoint.
         for p in (out, ckpt):
             shutil.rmtree(p, ignore_errors=True)
         committed = killed_at(data, out, str(ckpt), 0.9)
-        res = in_child("run", str(data), str(out), str(ckpt), "own")
+        res = run_child(__file__, "run", str(data), str(out), str(ckpt), "own")
         res["committed_before"] = committed
-        res["exact"] = in_child("check", str(out), "0", str(TOTAL_IDS))["exact"]
+        res["exact"] = run_child(__file__, "check", str(out), "0", str(TOTAL_IDS))["exact"]
         rows["resume-own"].append(res)
         # The same resume from an id-only checkpoint: every input is read, filtered by id.
         out2 = work / "r-out-ids"
         shutil.rmtree(out2, ignore_errors=True)
         shutil.rmtree(Path(str(id_ckpt) + ".forebay"), ignore_errors=True)
-        res = in_child("run", str(data), str(out2), str(id_ckpt), "ids")
+        res = run_child(__file__, "run", str(data), str(out2), str(id_ckpt), "ids")
         rows["resume-ids"].append(res)
         for k in rows:
             print(f"  round {r + 1} {k}: {json.dumps(rows[k][-1])}", file=sys.stderr)
-    full_bytes = med(rows["full"], "bytes_read")
+    full_bytes = median_of(rows["full"], "bytes_read")
     print(
         f"\nresume of a 90 %-complete run (SIGKILL once 9,000,000 of 10,000,000 rows were "
         f"committed), 1,000 input files; medians of {args.rounds} ({dt.date.today()})"
@@ -346,10 +335,10 @@ def resume90(args: argparse.Namespace, data: Path, work: Path) -> None:
         f"{'sys rise MB':>13}"
     )
     for k, rs in rows.items():
-        b = med(rs, "bytes_read")
+        b = median_of(rs, "bytes_read")
         print(
-            f"{k:<12}{med(rs, 'rows'):>14,.0f}{b:>14,.0f}{b / full_bytes * 100:>8.1f}%"
-            f"{med(rs, 'seconds'):>9.2f}{med(rs, 'rise_mb'):>13.0f}"
+            f"{k:<12}{median_of(rs, 'rows'):>14,.0f}{b:>14,.0f}{b / full_bytes * 100:>8.1f}%"
+            f"{median_of(rs, 'seconds'):>9.2f}{median_of(rs, 'rise_mb'):>13.0f}"
         )
     exact = all(x["exact"] for x in rows["resume-own"])
     print(f"resumed outputs hold every id exactly once: {exact}")
