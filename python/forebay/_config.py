@@ -40,8 +40,8 @@ def configure(
     memory_limit: hard cap on the memory of batches in flight in one run (bytes, or a size
         such as ``"4GiB"``); default a quarter of the machine's memory. The source waits when
         the cap is reached; batches a run must hold beyond it go to disk.
-    num_threads: default ``concurrency`` of ``map_batches(compute="threads")`` and of
-        ``compute="processes"``; default the number of cores.
+    num_threads: default ``concurrency`` of ``map_batches(compute="threads")``, of
+        ``compute="processes"`` and of ``write_parquet``; default the number of cores.
     spill_dir: where held batches are spilled (default: the system temp directory).
     progress: draw a progress bar on stderr during long runs (only when stderr is a
         terminal). Default True.

@@ -268,7 +268,7 @@ class Dataset:
         compression: str = "zstd",
         mode: str = "append",
         storage_options: Mapping[str, str] | None = None,
-        concurrency: int = 1,
+        concurrency: int | None = None,
         preserve_order: bool = False,
         checkpoint: Checkpoint | None = None,
         on_changed_input: str = "error",
@@ -283,7 +283,11 @@ class Dataset:
         mode: ``"append"`` (default: new files beside existing ones), ``"overwrite"`` (delete
             the directory's ``*.parquet`` first) or ``"error"`` (fail if it has any).
         storage_options: object_store options for URIs (as in :func:`read_parquet`).
-        concurrency: files written at once (each writer its own files).
+        concurrency: files written at once, each by its own writer thread that encodes and
+            compresses it. Default: ``forebay.configure(num_threads=...)``, the number of
+            cores; 1 with ``preserve_order=True``, so that the files hold the rows in order.
+            Each writer cuts its own files, so with more than one writer the last file of
+            each is short of ``rows_per_file`` (pass ``concurrency=1`` for exact file sizes).
         preserve_order: keep the source's order through concurrent steps.
         checkpoint: a :class:`forebay.Checkpoint`: write exactly once, and resume when the
             same script runs again after any interruption (see ``Checkpoint``). Files are
@@ -298,6 +302,8 @@ class Dataset:
         """
         if rows_per_file is not None and rows_per_file < 1:
             raise ValueError("rows_per_file must be at least 1")
+        if concurrency is None:
+            concurrency = 1 if preserve_order else _config.settings()["num_threads"]
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if on_changed_input not in ("error", "reprocess"):

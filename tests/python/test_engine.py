@@ -385,7 +385,7 @@ def test_write_parquet_round_trips_and_publishes_only_whole_files(data, tmp_path
     result = (
         forebay.read_parquet(str(data))
         .map_batches(add_length, concurrency=2)
-        .write_parquet(out, rows_per_file=6000, compression="snappy")
+        .write_parquet(out, rows_per_file=6000, compression="snappy", concurrency=1)
     )
     assert result["rows"] == ROWS and result["files"] == 4 and result["bytes"] > 0
     names = sorted(p.name for p in out.iterdir())
