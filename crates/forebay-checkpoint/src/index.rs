@@ -12,7 +12,7 @@ use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{
     fingerprints_into, fingerprints_into_slice, shard_of, IdFamily, FINGERPRINT_BITS,
 };
-use crate::shard::ShardTable;
+use crate::shard::{ProbeKey, ShardTable};
 
 /// Shard count of a new index when none is given. A checkpoint's manifest records its own.
 pub const DEFAULT_NUM_SHARDS: usize = 16;
@@ -24,6 +24,13 @@ const PARALLEL_MIN_ROWS: usize = 1 << 16;
 /// The number of worker threads used for parallel probes, loads and builds.
 pub(crate) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// One row's probe: the row, its shard and where in the shard to look.
+struct RowProbe {
+    row: usize,
+    shard: u32,
+    key: ProbeKey,
 }
 
 /// Which ids are already done: fingerprints of ids, split into `2^s` shards.
@@ -229,6 +236,7 @@ impl CheckpointIndex {
                 fps.len(),
                 |j| j,
                 &valid,
+                &mut Vec::with_capacity(fps.len()),
                 |row| arrow::util::bit_util::set_bit(slice, row),
             )?;
             BooleanBuffer::new(bits.into(), 0, fps.len())
@@ -239,9 +247,12 @@ impl CheckpointIndex {
     }
 
     /// Probe `count` rows (`row_at(j)` is the j-th row to probe) and call `on_hit(row)` for
-    /// each id present. Software-pipelined: while probing row j, the directory entry of row
-    /// j + 16 and the bucket of row j + 8 are prefetched, so the two dependent cache misses
-    /// of each probe overlap with other probes instead of stalling one after another.
+    /// each id present. Two passes: first each row's [`ProbeKey`] (shard, bucket, remainder)
+    /// into `keys`, then the probes, software-pipelined: while probing key j, the directory
+    /// entry of key j + 16 and the bucket of key j + 8 are prefetched, so the two dependent
+    /// cache misses of each probe overlap with other probes instead of stalling one after
+    /// another. Computing the keys up front keeps the second loop short: the work between
+    /// prefetches decides how many probes a core keeps in flight.
     #[inline]
     fn probe_pipelined(
         &self,
@@ -249,32 +260,42 @@ impl CheckpointIndex {
         count: usize,
         row_at: impl Fn(usize) -> usize,
         valid: &(dyn Fn(usize) -> bool + Sync),
+        keys: &mut Vec<RowProbe>,
         mut on_hit: impl FnMut(usize),
     ) -> Result<()> {
         const DIRECTORY_AHEAD: usize = 16;
         const BUCKET_AHEAD: usize = 8;
-        let table_of = |fp: u128| self.shards[shard_of(fp, self.shard_bits)].as_ref();
+        keys.clear();
         for j in 0..count {
-            if j + DIRECTORY_AHEAD < count {
-                let fp = fps[row_at(j + DIRECTORY_AHEAD)];
-                if let Some(t) = table_of(fp) {
-                    t.prefetch_directory(self.local(fp));
-                }
-            }
-            if j + BUCKET_AHEAD < count {
-                let fp = fps[row_at(j + BUCKET_AHEAD)];
-                if let Some(t) = table_of(fp) {
-                    t.prefetch_bucket(self.local(fp));
-                }
-            }
             let row = row_at(j);
             if !valid(row) {
                 continue;
             }
             let fp = fps[row];
-            let table =
-                table_of(fp).ok_or_else(|| self.not_loaded(shard_of(fp, self.shard_bits)))?;
-            if table.contains(self.local(fp)) {
+            let shard = shard_of(fp, self.shard_bits);
+            let table = self.shards[shard]
+                .as_ref()
+                .ok_or_else(|| self.not_loaded(shard))?;
+            keys.push(RowProbe {
+                row,
+                shard: shard as u32,
+                key: table.probe_key(self.local(fp)),
+            });
+        }
+        let table = |probe: &RowProbe| {
+            self.shards[probe.shard as usize]
+                .as_ref()
+                .expect("checked when the key was made")
+        };
+        for (j, probe) in keys.iter().enumerate() {
+            if let Some(ahead) = keys.get(j + DIRECTORY_AHEAD) {
+                table(ahead).prefetch_directory(ahead.key);
+            }
+            if let Some(ahead) = keys.get(j + BUCKET_AHEAD) {
+                table(ahead).prefetch_bucket(ahead.key);
+            }
+            let row = probe.row;
+            if table(probe).contains_key(probe.key, self.local(fps[row])) {
                 on_hit(row);
             }
         }
@@ -298,6 +319,7 @@ impl CheckpointIndex {
                     scope.spawn(move || -> Result<Vec<u8>> {
                         let mut bits = vec![0u8; bitmap_len];
                         let mut rows = Vec::with_capacity(BLOCK);
+                        let mut keys = Vec::with_capacity(BLOCK);
                         for block in (0..fps.len()).step_by(BLOCK) {
                             rows.clear();
                             rows.extend((block..(block + BLOCK).min(fps.len())).filter(|&row| {
@@ -309,6 +331,7 @@ impl CheckpointIndex {
                                 rows.len(),
                                 |j| rows[j],
                                 &|_| true,
+                                &mut keys,
                                 |row| arrow::util::bit_util::set_bit(&mut bits, row),
                             )?;
                         }

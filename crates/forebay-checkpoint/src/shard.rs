@@ -4,12 +4,12 @@
 //!
 //! Within shard `k` of `2^s`, an id's *local fingerprint* is the low `100 - s` bits of its
 //! fingerprint (the top `s` bits are `k` and need not be stored). Its top `b` bits pick one of
-//! `2^b` buckets; the remaining `r = 100 - s - b ≤ 96` bits, the *remainder*, are stored in
-//! two parallel arrays: the top 64 bits in a `u64`, the rest (the *tail*) in a `u16` when
-//! `r ≤ 80` (any shard of 2^18 ids or more) or a `u32` otherwise. Entries are grouped by
-//! bucket and sorted within it; `dir[i]..dir[i + 1]` is bucket `i`'s range. `b` is chosen so
-//! that buckets hold 4 to 8 ids on average, so a probe reads one directory entry and one
-//! cache line of each array. Because the bucket bits are implied by position, the full local
+//! `2^b` buckets; the remaining `r = 100 - s - b ≤ 96` bits, the *remainder*, are stored as
+//! one record in a single array: the top 64 bits, then the rest (the *tail*) in 2 bytes when
+//! `r ≤ 80` (any shard of 2^18 ids or more) or 4 otherwise. Entries are grouped by bucket
+//! and sorted within it; `dir[i]..dir[i + 1]` is bucket `i`'s range. `b` is chosen so that
+//! buckets hold 4 to 8 ids on average, so a probe reads one directory entry and one cache
+//! line of records (two when the bucket straddles a line boundary). Because the bucket bits are implied by position, the full local
 //! fingerprint can be rebuilt from the table at any time; a rebuild with more ids picks a
 //! larger `b`.
 //!
@@ -74,60 +74,139 @@ impl Hasher for FingerprintHasher {
     }
 }
 
-/// The low bits of the remainders: 16 bits when they fit (big shards), else 32.
-enum Tails {
-    Narrow(Vec<u16>),
-    Wide(Vec<u32>),
+/// The remainders of a table in bucket order, each one fixed-width little-endian record: its
+/// top 64 bits, then its *tail*, the low bits (2 bytes when the tail has 16 bits or fewer, as
+/// in any shard of 2^18 ids or more, else 4). One array rather than one per part, so the
+/// entries a probe scans (a bucket of 4 to 8) share one cache line, rarely two: on a table far
+/// larger than the caches every line is a trip to memory.
+struct Remainders {
+    bytes: Vec<u8>,
+    /// 2 or 4.
+    tail_bytes: usize,
 }
 
-impl Tails {
-    fn with_capacity(tail_bits: u32, n: usize) -> Tails {
-        if tail_bits <= 16 {
-            Tails::Narrow(Vec::with_capacity(n))
+impl Remainders {
+    fn with_capacity(tail_bits: u32, n: usize) -> Remainders {
+        let tail_bytes = if tail_bits <= 16 { 2 } else { 4 };
+        Remainders {
+            bytes: Vec::with_capacity(n * (8 + tail_bytes)),
+            tail_bytes,
+        }
+    }
+
+    #[inline(always)]
+    fn stride(&self) -> usize {
+        8 + self.tail_bytes
+    }
+
+    fn len(&self) -> usize {
+        self.bytes.len() / self.stride()
+    }
+
+    /// Append a remainder: `hi` its top bits, the low bits of `rem` its tail.
+    fn push(&mut self, hi: u64, rem: u128) {
+        self.bytes.extend_from_slice(&hi.to_le_bytes());
+        if self.tail_bytes == 2 {
+            self.bytes.extend_from_slice(&(rem as u16).to_le_bytes());
         } else {
-            Tails::Wide(Vec::with_capacity(n))
+            self.bytes.extend_from_slice(&(rem as u32).to_le_bytes());
         }
     }
-    /// Append the low bits of `rem` (the caller stores the high bits).
-    fn push(&mut self, rem: u128) {
-        match self {
-            Tails::Narrow(v) => v.push(rem as u16),
-            Tails::Wide(v) => v.push(rem as u32),
+
+    #[inline(always)]
+    fn hi(&self, i: usize) -> u64 {
+        let at = i * self.stride();
+        u64::from_le_bytes(self.bytes[at..at + 8].try_into().expect("8 bytes"))
+    }
+
+    /// Entry `i`'s tail (as stored: the low 16 or 32 bits of its remainder).
+    #[inline(always)]
+    fn tail(&self, i: usize) -> u32 {
+        let at = i * self.stride() + 8;
+        if self.tail_bytes == 2 {
+            u16::from_le_bytes([self.bytes[at], self.bytes[at + 1]]) as u32
+        } else {
+            u32::from_le_bytes(self.bytes[at..at + 4].try_into().expect("4 bytes"))
         }
     }
+
+    /// The tail `rem` would have if stored.
+    #[inline(always)]
+    fn tail_of(&self, rem: u128) -> u32 {
+        if self.tail_bytes == 2 {
+            rem as u16 as u32
+        } else {
+            rem as u32
+        }
+    }
+
+    /// Whether entries `start..end` (one bucket, sorted) hold the remainder whose top bits
+    /// are `hi` and whose tail is `tail`.
     #[inline]
-    fn matches(&self, i: usize, rem: u128) -> bool {
-        match self {
-            Tails::Narrow(v) => v[i] == rem as u16,
-            Tails::Wide(v) => v[i] == rem as u32,
+    fn bucket_holds(&self, start: usize, end: usize, hi: u64, tail: u32) -> bool {
+        if self.tail_bytes == 2 {
+            scan_bucket::<10>(&self.bytes, start, end, hi, tail)
+        } else {
+            scan_bucket::<12>(&self.bytes, start, end, hi, tail)
         }
     }
+
+    /// Hint the CPU to fetch entries `start..end` (one or two cache lines).
     #[inline]
-    fn get(&self, i: usize) -> u128 {
-        match self {
-            Tails::Narrow(v) => v[i] as u128,
-            Tails::Wide(v) => v[i] as u128,
+    fn prefetch(&self, start: usize, end: usize) {
+        if start < end {
+            let stride = self.stride();
+            prefetch(&self.bytes[start * stride]);
+            prefetch(&self.bytes[end * stride - 1]);
         }
     }
-    #[inline]
-    fn prefetch(&self, i: usize) {
-        match self {
-            Tails::Narrow(v) => v.get(i).map(prefetch),
-            Tails::Wide(v) => v.get(i).map(prefetch),
-        };
-    }
+
     fn shrink_to_fit(&mut self) {
-        match self {
-            Tails::Narrow(v) => v.shrink_to_fit(),
-            Tails::Wide(v) => v.shrink_to_fit(),
-        }
+        self.bytes.shrink_to_fit();
     }
+
     fn capacity_bytes(&self) -> usize {
-        match self {
-            Tails::Narrow(v) => v.capacity() * 2,
-            Tails::Wide(v) => v.capacity() * 4,
+        self.bytes.capacity()
+    }
+}
+
+/// [`Remainders::bucket_holds`] for records of `STRIDE` bytes (10 or 12): a compile-time
+/// stride lets the scan run on fixed offsets, with one bounds check for the whole bucket.
+#[inline(always)]
+fn scan_bucket<const STRIDE: usize>(
+    bytes: &[u8],
+    start: usize,
+    end: usize,
+    hi: u64,
+    tail: u32,
+) -> bool {
+    for record in bytes[start * STRIDE..end * STRIDE].chunks_exact(STRIDE) {
+        let h = u64::from_le_bytes(record[..8].try_into().expect("8 bytes"));
+        if h >= hi {
+            if h > hi {
+                return false;
+            }
+            let t = if STRIDE == 10 {
+                u16::from_le_bytes([record[8], record[9]]) as u32
+            } else {
+                u32::from_le_bytes(record[8..12].try_into().expect("4 bytes"))
+            };
+            if t == tail {
+                return true;
+            }
         }
     }
+    false
+}
+
+/// Where a probe of one local fingerprint looks, computed once per probe so that prefetching
+/// it ahead and probing it later do not redo the arithmetic: its bucket, and its remainder
+/// split as the table stores it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ProbeKey {
+    bucket: u32,
+    tail: u32,
+    hi: u64,
 }
 
 type DeltaSet = HashSet<u128, BuildHasherDefault<FingerprintHasher>>;
@@ -211,12 +290,11 @@ pub(crate) struct ShardTable {
     local_bits: u32,
     /// `b`: the directory has `2^b` buckets.
     bucket_bits: u32,
-    /// Bucket `i` is `dir[i]..dir[i+1]` in the remainder arrays (`2^b + 1` entries).
+    /// Bucket `i` is `dir[i]..dir[i+1]` in `remainders` (`2^b + 1` entries).
     dir: Vec<u32>,
-    rem_hi: Vec<u64>,
-    /// Low `tail_bits` bits of each remainder (the rest is in `rem_hi`).
-    tails: Tails,
-    /// `max(remainder bits - 64, 0)`: 16 or fewer in any shard of 2^18 ids or more.
+    remainders: Remainders,
+    /// `max(remainder bits - 64, 0)`: the bits of a remainder below its top 64 (16 or fewer
+    /// in any shard of 2^18 ids or more).
     tail_bits: u32,
     /// Local fingerprints inserted since the last rebuild, none of them in the table.
     delta: DeltaSet,
@@ -260,9 +338,8 @@ impl ShardTable {
         let (dir, fps) = group_by_bucket(fps, rem_bits, bucket_bits);
 
         // Sort each bucket, drop duplicates, split remainders into the two arrays.
-        let mut rem_hi = Vec::with_capacity(fps.len());
         let tail_bits = rem_bits.saturating_sub(64);
-        let mut tails = Tails::with_capacity(tail_bits, fps.len());
+        let mut remainders = Remainders::with_capacity(tail_bits, fps.len());
         let mut dir = dir;
         let mut fps = fps;
         let mut start = 0usize;
@@ -274,84 +351,77 @@ impl ShardTable {
             for &f in bucket.iter() {
                 let rem = f & rem_mask;
                 if last != Some(rem) {
-                    rem_hi.push((rem >> tail_bits) as u64);
-                    tails.push(rem);
+                    remainders.push((rem >> tail_bits) as u64, rem);
                     last = Some(rem);
                 }
             }
             start = end;
-            dir[i + 1] = rem_hi.len() as u32;
+            dir[i + 1] = remainders.len() as u32;
         }
         drop(fps);
-        rem_hi.shrink_to_fit();
-        tails.shrink_to_fit();
+        remainders.shrink_to_fit();
         Ok(ShardTable {
             local_bits,
             bucket_bits,
             dir,
-            rem_hi,
-            tails,
+            remainders,
             tail_bits,
             delta: DeltaSet::default(),
         })
     }
 
+    /// Where a probe of `local` looks.
     #[inline]
-    fn in_table(&self, local: u128) -> bool {
+    pub(crate) fn probe_key(&self, local: u128) -> ProbeKey {
         let rem_bits = self.local_bits - self.bucket_bits;
-        let bucket = (local >> rem_bits) as usize;
         let rem = local & ((1u128 << rem_bits) - 1);
-        let hi = (rem >> self.tail_bits) as u64;
+        ProbeKey {
+            bucket: (local >> rem_bits) as u32,
+            tail: self.remainders.tail_of(rem),
+            hi: (rem >> self.tail_bits) as u64,
+        }
+    }
+
+    #[inline]
+    fn in_table(&self, key: ProbeKey) -> bool {
+        let bucket = key.bucket as usize;
         let (start, end) = (self.dir[bucket] as usize, self.dir[bucket + 1] as usize);
-        for i in start..end {
-            let h = self.rem_hi[i];
-            if h >= hi {
-                if h > hi {
-                    return false;
-                }
-                if self.tails.matches(i, rem) {
-                    return true;
-                }
-            }
-        }
-        false
+        self.remainders.bucket_holds(start, end, key.hi, key.tail)
     }
 
-    /// The bucket of a local fingerprint (index into `dir`).
+    /// Hint the CPU to fetch the directory entry a probe of `key` will read first.
     #[inline]
-    pub(crate) fn bucket_of(&self, local: u128) -> usize {
-        (local >> (self.local_bits - self.bucket_bits)) as usize
+    pub(crate) fn prefetch_directory(&self, key: ProbeKey) {
+        prefetch(&self.dir[key.bucket as usize]);
     }
 
-    /// Hint the CPU to fetch the directory entry a probe of `local` will read first.
+    /// Hint the CPU to fetch the remainders a probe of `key` will scan. Reads the directory,
+    /// so call it after [`ShardTable::prefetch_directory`] had time to land.
     #[inline]
-    pub(crate) fn prefetch_directory(&self, local: u128) {
-        prefetch(&self.dir[self.bucket_of(local)]);
+    pub(crate) fn prefetch_bucket(&self, key: ProbeKey) {
+        let bucket = key.bucket as usize;
+        self.remainders
+            .prefetch(self.dir[bucket] as usize, self.dir[bucket + 1] as usize);
     }
 
-    /// Hint the CPU to fetch the remainders a probe of `local` will scan. Reads the
-    /// directory, so call it after [`ShardTable::prefetch_directory`] had time to land.
+    /// Whether the shard holds `local`, whose probe key is `key`.
     #[inline]
-    pub(crate) fn prefetch_bucket(&self, local: u128) {
-        let start = self.dir[self.bucket_of(local)] as usize;
-        if let Some(hi) = self.rem_hi.get(start) {
-            prefetch(hi);
-            self.tails.prefetch(start);
-        }
+    pub(crate) fn contains_key(&self, key: ProbeKey, local: u128) -> bool {
+        self.in_table(key) || (!self.delta.is_empty() && self.delta.contains(&local))
     }
 
     /// Whether the shard holds this local fingerprint.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn contains(&self, local: u128) -> bool {
-        self.in_table(local) || (!self.delta.is_empty() && self.delta.contains(&local))
+        self.contains_key(self.probe_key(local), local)
     }
 
     /// Add a local fingerprint; true if it was new. May rebuild the table.
     pub(crate) fn insert(&mut self, local: u128, shard: usize) -> Result<bool> {
-        if self.in_table(local) || !self.delta.insert(local) {
+        if self.in_table(self.probe_key(local)) || !self.delta.insert(local) {
             return Ok(false);
         }
-        if self.delta.len() >= DELTA_MIN_REBUILD.max(self.rem_hi.len() / 4) {
+        if self.delta.len() >= DELTA_MIN_REBUILD.max(self.remainders.len() / 4) {
             self.rebuild(shard)?;
         }
         Ok(true)
@@ -374,8 +444,8 @@ impl ShardTable {
             let range = self.dir[bucket] as usize..self.dir[bucket + 1] as usize;
             range.map(move |i| {
                 ((bucket as u128) << rem_bits)
-                    | ((self.rem_hi[i] as u128) << self.tail_bits)
-                    | self.tails.get(i)
+                    | ((self.remainders.hi(i) as u128) << self.tail_bits)
+                    | self.remainders.tail(i) as u128
             })
         })
     }
@@ -387,14 +457,13 @@ impl ShardTable {
 
     /// Distinct ids held.
     pub(crate) fn len(&self) -> usize {
-        self.rem_hi.len() + self.delta.len()
+        self.remainders.len() + self.delta.len()
     }
 
     /// Heap bytes held (capacity, not length: what the allocator gave us).
     pub(crate) fn memory_bytes(&self) -> usize {
         self.dir.capacity() * 4
-            + self.rem_hi.capacity() * 8
-            + self.tails.capacity_bytes()
+            + self.remainders.capacity_bytes()
             // hashbrown: one 16-byte slot and one control byte per bucket.
             + self.delta.capacity() * 17
     }
@@ -444,8 +513,8 @@ mod tests {
         let mut seed = 7;
         let ids: Vec<u128> = (0..600_000).map(|_| random(&mut seed)).collect();
         let table = ShardTable::build(ids.clone(), 4, 0).unwrap();
-        assert!(
-            matches!(table.tails, Tails::Narrow(_)),
+        assert_eq!(
+            table.remainders.tail_bytes, 2,
             "tail bits {}",
             table.tail_bits
         );
