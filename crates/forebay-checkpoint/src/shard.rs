@@ -9,9 +9,9 @@
 //! `r ≤ 80` (any shard of 2^18 ids or more) or 4 otherwise. Entries are grouped by bucket
 //! and sorted within it; `dir[i]..dir[i + 1]` is bucket `i`'s range. `b` is chosen so that
 //! buckets hold 4 to 8 ids on average, so a probe reads one directory entry and one cache
-//! line of records (two when the bucket straddles a line boundary). Because the bucket bits are implied by position, the full local
-//! fingerprint can be rebuilt from the table at any time; a rebuild with more ids picks a
-//! larger `b`.
+//! line of records (two when the bucket straddles a line boundary). Because the bucket bits
+//! are implied by position, the full local fingerprint can be rebuilt from the table at any
+//! time; a rebuild with more ids picks a larger `b`.
 //!
 //! # Inserts
 //!
@@ -337,7 +337,7 @@ impl ShardTable {
 
         let (dir, fps) = group_by_bucket(fps, rem_bits, bucket_bits);
 
-        // Sort each bucket, drop duplicates, split remainders into the two arrays.
+        // Sort each bucket, drop duplicates, append each remainder as a record.
         let tail_bits = rem_bits.saturating_sub(64);
         let mut remainders = Remainders::with_capacity(tail_bits, fps.len());
         let mut dir = dir;
