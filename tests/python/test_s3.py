@@ -107,7 +107,12 @@ def test_write_parquet_to_s3_publishes_whole_objects(s3, tmp_path):
     result = (
         forebay.read_parquet(str(local))
         .map_batches(lambda t: t)
-        .write_parquet("s3://forebay-test/written/", rows_per_file=2000, storage_options=options)
+        .write_parquet(
+            "s3://forebay-test/written/",
+            rows_per_file=2000,
+            concurrency=1,
+            storage_options=options,
+        )
     )
     assert result["rows"] == 5000 and result["files"] == 3
     back = forebay.read_parquet("s3://forebay-test/written/", storage_options=options).to_arrow()
