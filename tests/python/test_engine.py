@@ -434,6 +434,16 @@ def test_limit_take_count_schema_stats(data):
     assert stats["peak_bytes"] <= stats["memory_limit"]
 
 
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_write_stats_count_each_row_once_with_several_writers(data, tmp_path, checkpointed):
+    ds = forebay.read_parquet(str(data)).map_batches(add_length)
+    options = {"checkpoint": forebay.Checkpoint("id", str(tmp_path / "ck"))} if checkpointed else {}
+    result = ds.write_parquet(tmp_path / "out", rows_per_file=3000, concurrency=3, **options)
+    assert result["rows"] == ROWS
+    write = next(s for s in ds.stats()["stages"] if s["name"] == "write_parquet")
+    assert write["rows_out"] == ROWS
+
+
 def test_polars_and_duckdb_consume_a_pipeline(data):
     import duckdb
     import polars as pl

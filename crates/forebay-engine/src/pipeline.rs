@@ -336,10 +336,9 @@ impl Pipeline {
             );
             let counters = counters.clone();
             run.spawn("write_parquet", move || {
-                let before = rows.load(Ordering::Relaxed);
-                let r = run_writer(target, worker, last, resources, holder, rows.clone());
-                counters.record_out((rows.load(Ordering::Relaxed) - before) as usize);
-                r
+                let written = run_writer(target, worker, last, resources, holder, rows)?;
+                counters.record_out(written as usize);
+                Ok(())
             });
         }
         run.start_progress("write_parquet", progress);

@@ -525,7 +525,8 @@ impl Drop for OpenFile {
     }
 }
 
-/// One writer worker: take batches from `input` until it ends, writing files.
+/// One writer worker: take batches from `input` until it ends, writing files. Returns the
+/// rows this worker wrote (`rows_written`, shared by all workers, counts them live).
 pub(crate) fn run_writer(
     target: Arc<OutputTarget>,
     worker: usize,
@@ -533,7 +534,7 @@ pub(crate) fn run_writer(
     resources: RunResources,
     holder: MemoryConsumer,
     rows_written: Arc<AtomicU64>,
-) -> Result<()> {
+) -> Result<u64> {
     match target.commits.clone() {
         None => write_plain(&target, worker, &input, &resources, &holder, &rows_written),
         Some(log) => write_checkpointed(&target, &log, &input, &resources, &holder, &rows_written),
@@ -568,7 +569,8 @@ fn write_plain(
     resources: &RunResources,
     holder: &MemoryConsumer,
     rows_written: &AtomicU64,
-) -> Result<()> {
+) -> Result<u64> {
+    let mut written = 0;
     let cancel = resources.cancel_token().clone();
     let mut file: Option<OpenFile> = None;
     let mut buffered: Option<Reservation> = None;
@@ -590,6 +592,7 @@ fn write_plain(
             open.write(&batch.slice(offset, n))?;
             offset += n;
             rows_written.fetch_add(n as u64, Ordering::Relaxed);
+            written += n as u64;
             // The encoder's buffers are memory in flight too.
             buffered = Some(holder.reserve_bytes(open.memory(), Admission::Now)?);
             if open.rows as usize >= target.sink.rows_per_file {
@@ -604,7 +607,7 @@ fn write_plain(
     if let Some(open) = file.take() {
         target.record(open.finish()?, resources);
     }
-    Ok(())
+    Ok(written)
 }
 
 /// A file being written in a checkpointed run, with what its commit needs.
@@ -628,7 +631,8 @@ fn write_checkpointed(
     resources: &RunResources,
     holder: &MemoryConsumer,
     rows_written: &AtomicU64,
-) -> Result<()> {
+) -> Result<u64> {
+    let mut written = 0;
     let cancel = resources.cancel_token().clone();
     let mut pending: Option<Pending> = None;
     let mut schema: Option<SchemaRef> = None;
@@ -665,6 +669,7 @@ fn write_checkpointed(
         let p = pending.as_mut().expect("just opened");
         p.file.write(&batch.batch)?;
         rows_written.fetch_add(batch.batch.num_rows() as u64, Ordering::Relaxed);
+        written += batch.batch.num_rows() as u64;
         p.tickets.extend(batch.take_tickets());
         let id_batch = RecordBatch::try_from_iter([("id", ids.clone())])
             .map_err(|e| EngineError::write(STAGE, &p.file.shown, e))?;
@@ -680,7 +685,7 @@ fn write_checkpointed(
     if let Some(p) = pending.take() {
         commit_file(target, log, p, resources)?;
     }
-    Ok(())
+    Ok(written)
 }
 
 fn commit_file(
