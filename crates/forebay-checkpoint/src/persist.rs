@@ -30,7 +30,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::compute::interleave;
 use arrow::datatypes::{DataType, Field, Schema};
 use forebay_parquet::{DatasetSource, ParquetDataset, ParquetError, StorageOptions};
 use object_store::path::Path as ObjectPath;
@@ -44,7 +45,7 @@ use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS
 use crate::index::{
     default_threads, id_value_type, shard_bits_for, CheckpointIndex, DEFAULT_NUM_SHARDS,
 };
-use crate::shard::ShardTable;
+use crate::shard::{Packed96, ShardTable};
 
 /// Name of the manifest file at the root of a checkpoint written by forebay.
 pub const MANIFEST_FILE: &str = "_forebay_checkpoint";
@@ -598,21 +599,25 @@ impl CheckpointLoader {
         }
 
         // Hash in parallel: workers pull decoded batches from one scan and append each id's
-        // local fingerprint to its shard's vector.
+        // local fingerprint, packed in 12 bytes, to its collection: one per shard, or
+        // `2^part_bits` per shard when shards are so few that a local fingerprint has more
+        // than 96 bits (the top `part_bits` bits then pick the collection and are not stored).
+        let part_bits = (FINGERPRINT_BITS - shard_bits).saturating_sub(Packed96::BITS);
+        let num_parts = num_shards << part_bits;
+        let packed_bits = FINGERPRINT_BITS - shard_bits - part_bits;
+        let packed_mask = (1u128 << packed_bits) - 1;
         let expected = dataset.count_rows().map_err(|e| self.read_error(e))?;
-        let per_shard_guess = (expected / num_shards as u64) * 21 / 20 + 1024;
-        let reserve = per_shard_guess.min(expected) as usize;
-        let collected: Vec<Mutex<Vec<u128>>> = owned
-            .iter()
-            .map(|o| {
-                Mutex::new(if *o {
+        let per_part_guess = (expected / num_parts as u64) * 21 / 20 + 1024;
+        let reserve = per_part_guess.min(expected) as usize;
+        let collected: Vec<Mutex<Vec<Packed96>>> = (0..num_parts)
+            .map(|part| {
+                Mutex::new(if owned[part >> part_bits] {
                     Vec::with_capacity(reserve)
                 } else {
                     Vec::new()
                 })
             })
             .collect();
-        let local_mask = (1u128 << (FINGERPRINT_BITS - shard_bits)) - 1;
         let stream = Mutex::new(dataset.scan());
         let failed = AtomicBool::new(false);
         let first_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
@@ -621,7 +626,7 @@ impl CheckpointLoader {
                 scope.spawn(|| {
                     let run = || -> Result<()> {
                         let mut fps = Vec::new();
-                        let mut by_shard: Vec<Vec<u128>> = vec![Vec::new(); num_shards];
+                        let mut by_part: Vec<Vec<Packed96>> = vec![Vec::new(); num_parts];
                         while !failed.load(Ordering::Relaxed) {
                             let next = stream.lock().expect("scan lock").next_blocking();
                             let Some(item) = next else { break };
@@ -648,12 +653,13 @@ impl CheckpointLoader {
                                     });
                                 }
                                 if owned[k] {
-                                    by_shard[k].push(fp & local_mask);
+                                    by_part[(*fp >> packed_bits) as usize]
+                                        .push(Packed96::new(fp & packed_mask));
                                 }
                             }
-                            for (k, local) in by_shard.iter_mut().enumerate() {
+                            for (part, local) in by_part.iter_mut().enumerate() {
                                 if !local.is_empty() {
-                                    collected[k]
+                                    collected[part]
                                         .lock()
                                         .expect("shard lock")
                                         .extend_from_slice(local);
@@ -694,9 +700,12 @@ impl CheckpointLoader {
                     if !owned[k] {
                         continue;
                     }
-                    let fps = std::mem::take(&mut *collected[k].lock().expect("shard lock"));
-                    // ShardTable::build refuses shards over its capacity (ShardTooLarge).
-                    match ShardTable::build(fps, shard_bits, k) {
+                    let parts = collected[k << part_bits..(k + 1) << part_bits]
+                        .iter()
+                        .map(|part| std::mem::take(&mut *part.lock().expect("shard lock")))
+                        .collect();
+                    // The build refuses shards over its capacity (ShardTooLarge).
+                    match ShardTable::build_from_packed(parts, part_bits, shard_bits, k) {
                         Ok(t) => *tables[k].lock().expect("lock") = Some(t),
                         Err(e) => {
                             build_error.lock().expect("lock").get_or_insert(e);
@@ -781,16 +790,14 @@ impl CheckpointIndex {
     pub fn write(&mut self, path: &str, storage_options: &StorageOptions) -> Result<WriteSummary> {
         let target = self.prepare_target(path, storage_options)?;
         let pending = self.take_pending();
-        let written = concat_pending(&pending).and_then(|ids| {
-            write_parts(
-                &target,
-                ids.as_ref(),
-                &self.id_column,
-                &self.id_type,
-                self.shard_bits,
-                |_| unique_part_name(),
-            )
-        });
+        let written = write_parts(
+            &target,
+            &pending,
+            &self.id_column,
+            &self.id_type,
+            self.shard_bits,
+            |_| unique_part_name(),
+        );
         match written {
             Ok(summary) => Ok(summary),
             Err(e) => {
@@ -848,37 +855,41 @@ pub fn manifest_num_shards(path: &str, storage_options: &StorageOptions) -> Resu
     Ok(target.read_manifest()?.map(|m| m.num_shards))
 }
 
-/// Write `ids` (of column `id_column`) under `root` as hash-partitioned part files all named
-/// `part_name`: `root/shard=<k>/<part_name>` for each shard `k` that gets ids, each written
-/// atomically. No manifest is written or read: this is for callers that stage parts and
-/// publish them into a checkpoint themselves (the engine's commit protocol). Nulls are
-/// skipped. Returns the files written, relative to `root`, and the ids written.
+/// Write `ids` (of column `id_column`; the chunks of one column, e.g. the batches of one
+/// output file) under `root` as hash-partitioned part files all named `part_name`:
+/// `root/shard=<k>/<part_name>` for each shard `k` that gets ids, each written atomically.
+/// No manifest is written or read: this is for callers that stage parts and publish them
+/// into a checkpoint themselves (the engine's commit protocol). Nulls are skipped. The chunks
+/// are not concatenated: each shard's ids are gathered from them directly, so the memory
+/// this takes beyond `ids` is ~8 bytes an id plus one shard's part. Returns the files
+/// written, relative to `root`, and the ids written.
 pub fn write_id_parts(
     root: &str,
     storage_options: &StorageOptions,
     id_column: &str,
-    ids: &dyn Array,
+    ids: &[ArrayRef],
     num_shards: usize,
     part_name: &str,
 ) -> Result<(Vec<String>, usize)> {
     let target = Target::parse(root, storage_options)?;
     let shard_bits = shard_bits_for(num_shards)?;
-    let ids = arrow::compute::filter(ids, &arrow::compute::is_not_null(ids).map_err(encode_err)?)
-        .map_err(encode_err)?;
-    let id_type = id_value_type(ids.data_type(), root, id_column)?;
-    let ids = if ids.data_type() == &id_type {
-        ids
-    } else {
-        arrow::compute::cast(&ids, &id_type).map_err(encode_err)?
+    let Some(first) = ids.first() else {
+        return Ok((Vec::new(), 0));
     };
-    let summary = write_parts(
-        &target,
-        ids.as_ref(),
-        id_column,
-        &id_type,
-        shard_bits,
-        |_| part_name.to_string(),
-    )?;
+    let id_type = id_value_type(first.data_type(), root, id_column)?;
+    let ids = ids
+        .iter()
+        .map(|chunk| {
+            if chunk.data_type() == &id_type {
+                Ok(chunk.clone())
+            } else {
+                arrow::compute::cast(chunk, &id_type).map_err(encode_err)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let summary = write_parts(&target, &ids, id_column, &id_type, shard_bits, |_| {
+        part_name.to_string()
+    })?;
     let base = target.shown("");
     let relative = summary
         .files
@@ -900,45 +911,60 @@ fn encode_err(e: arrow::error::ArrowError) -> CheckpointError {
     }
 }
 
-fn concat_pending(pending: &[ArrayRef]) -> Result<ArrayRef> {
-    let parts: Vec<&dyn Array> = pending.iter().map(|a| a.as_ref()).collect();
-    if parts.is_empty() {
-        return Ok(arrow::array::new_empty_array(&DataType::Null));
-    }
-    arrow::compute::concat(&parts).map_err(encode_err)
-}
-
-/// Write `ids` into one part file per shard that gets ids, named by `name_of(shard)`.
+/// Write `chunks` (ids of type `id_type`) into one part file per shard that gets ids, named
+/// by `name_of(shard)`; null ids are skipped. Each id's shard is found a block of rows at a
+/// time, and each shard's ids are gathered straight from the chunks, so neither a
+/// concatenation of the chunks nor a fingerprint per id is ever held.
 fn write_parts(
     target: &Target,
-    ids: &dyn Array,
+    chunks: &[ArrayRef],
     id_column: &str,
     id_type: &DataType,
     shard_bits: u32,
     name_of: impl Fn(usize) -> String,
 ) -> Result<WriteSummary> {
-    if ids.is_empty() {
-        return Ok(WriteSummary::default());
-    }
-    let mut fps = Vec::new();
-    fingerprints_into(ids, &mut fps);
+    const BLOCK: usize = 8192;
     let num_shards = 1usize << shard_bits;
-    let mut rows_by_shard: Vec<Vec<u32>> = vec![Vec::new(); num_shards];
-    for (row, fp) in fps.iter().enumerate() {
-        rows_by_shard[shard_of(*fp, shard_bits)].push(row as u32);
+    // (chunk, row) of every non-null id, by shard, in input order.
+    let mut rows_by_shard: Vec<Vec<(u32, u32)>> = vec![Vec::new(); num_shards];
+    let mut fps = Vec::with_capacity(BLOCK);
+    for (c, chunk) in chunks.iter().enumerate() {
+        if chunk.len() > u32::MAX as usize {
+            return Err(CheckpointError::InvalidArgument(format!(
+                "a chunk of {} ids is too long to write as one part",
+                chunk.len()
+            )));
+        }
+        let nulls = chunk.logical_nulls();
+        for start in (0..chunk.len()).step_by(BLOCK) {
+            let len = BLOCK.min(chunk.len() - start);
+            fingerprints_into(chunk.slice(start, len).as_ref(), &mut fps);
+            for (i, fp) in fps.iter().enumerate() {
+                let row = start + i;
+                if nulls.as_ref().is_none_or(|n| n.is_valid(row)) {
+                    rows_by_shard[shard_of(*fp, shard_bits)].push((c as u32, row as u32));
+                }
+            }
+        }
     }
     let schema = Arc::new(Schema::new(vec![Field::new(
         id_column,
         id_type.clone(),
         false,
     )]));
+    let sources: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
     let mut summary = WriteSummary::default();
-    for (k, rows) in rows_by_shard.into_iter().enumerate() {
+    for (k, rows) in rows_by_shard.iter_mut().enumerate() {
         if rows.is_empty() {
             continue;
         }
-        let shard_ids =
-            arrow::compute::take(ids, &UInt32Array::from(rows), None).map_err(encode_err)?;
+        let picks: Vec<(usize, usize)> = rows
+            .iter()
+            .map(|&(c, row)| (c as usize, row as usize))
+            .collect();
+        *rows = Vec::new();
+        let shard_ids = interleave(&sources, &picks).map_err(encode_err)?;
+        drop(picks);
         let batch = RecordBatch::try_new(schema.clone(), vec![shard_ids]).map_err(encode_err)?;
         let relative = format!("shard={k}/{}", name_of(k));
         let bytes = encode_parquet(&batch, &target.shown(&relative))?;
@@ -1009,5 +1035,73 @@ mod tests {
         assert_eq!(held, 2000, "every id in exactly one owner");
         let whole = CheckpointIndex::loader(root, "id").load().unwrap();
         assert_eq!(whole.contains(&all).unwrap().true_count(), 2000);
+    }
+
+    #[test]
+    fn id_parts_gather_every_chunk_by_shard_in_input_order() {
+        use arrow::array::{AsArray, DictionaryArray, StringArray};
+        use arrow::datatypes::Int32Type;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        // Three chunks of one column: plain with nulls, longer than a fingerprint block, and
+        // dictionary-encoded (cast to the first chunk's type).
+        let plain: ArrayRef = Arc::new(StringArray::from_iter(
+            (0..50).map(|i| (i % 7 != 3).then(|| format!("a{i}"))),
+        ));
+        let long: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..20_000).map(|i| format!("b{i}")),
+        ));
+        let dict: ArrayRef = Arc::new(
+            ["c0", "c1", "c0", "c2"]
+                .into_iter()
+                .collect::<DictionaryArray<Int32Type>>(),
+        );
+        let (files, count) = write_id_parts(
+            root,
+            &StorageOptions::new(),
+            "id",
+            &[plain.clone(), long.clone(), dict],
+            8,
+            "part-x.parquet",
+        )
+        .unwrap();
+        let expected: Vec<String> = plain
+            .as_string::<i32>()
+            .iter()
+            .flatten()
+            .map(str::to_string)
+            .chain(long.as_string::<i32>().iter().flatten().map(str::to_string))
+            .chain(["c0", "c1", "c0", "c2"].map(str::to_string))
+            .collect();
+        assert_eq!(count, expected.len());
+        assert_eq!(files.len(), 8, "{files:?}");
+        let mut seen = 0;
+        for k in 0..8 {
+            let relative = format!("shard={k}/part-x.parquet");
+            assert!(files.contains(&relative), "{files:?}");
+            let bytes = bytes::Bytes::from(fs::read(dir.path().join(&relative)).unwrap());
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(bytes, 1 << 20)
+                    .unwrap();
+            let got: Vec<String> = reader
+                .flat_map(|b| {
+                    let b = b.unwrap();
+                    b.column(0)
+                        .as_string::<i32>()
+                        .iter()
+                        .flatten()
+                        .map(str::to_string)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let want: Vec<String> = expected
+                .iter()
+                .filter(|id| shard_of(crate::fingerprint::fingerprint_bytes(id.as_bytes()), 3) == k)
+                .cloned()
+                .collect();
+            assert_eq!(got, want, "shard {k}");
+            seen += got.len();
+        }
+        assert_eq!(seen, expected.len());
     }
 }

@@ -750,19 +750,13 @@ pub(crate) fn stage_id_parts(
     if ids.iter().all(|a| a.is_empty()) {
         return Ok(None);
     }
-    let parts: Vec<&dyn Array> = ids.iter().map(|a| a.as_ref()).collect();
-    let all = arrow::compute::concat(&parts).map_err(|e| EngineError::Write {
-        stage: "checkpoint".into(),
-        path: state.root_uri(),
-        reason: e.to_string(),
-    })?;
     let staged_root = state.child(&format!("{STAGING}/{commit}")).root_uri();
     let name = format!("part-{commit}.parquet");
     let (parts, count) = forebay_checkpoint::write_id_parts(
         &staged_root,
         storage_options,
         id_column,
-        all.as_ref(),
+        ids,
         num_shards,
         &name,
     )
