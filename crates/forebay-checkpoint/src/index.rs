@@ -26,10 +26,10 @@ pub(crate) fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// One row's probe: the row, its shard and where in the shard to look.
-struct RowProbe {
+/// One row's probe: the row, its shard's table and where in it to look.
+struct RowProbe<'a> {
     row: usize,
-    shard: u32,
+    table: &'a ShardTable,
     key: ProbeKey,
 }
 
@@ -254,13 +254,13 @@ impl CheckpointIndex {
     /// another. Computing the keys up front keeps the second loop short: the work between
     /// prefetches decides how many probes a core keeps in flight.
     #[inline]
-    fn probe_pipelined(
-        &self,
+    fn probe_pipelined<'a>(
+        &'a self,
         fps: &[u128],
         count: usize,
         row_at: impl Fn(usize) -> usize,
         valid: &(dyn Fn(usize) -> bool + Sync),
-        keys: &mut Vec<RowProbe>,
+        keys: &mut Vec<RowProbe<'a>>,
         mut on_hit: impl FnMut(usize),
     ) -> Result<()> {
         const DIRECTORY_AHEAD: usize = 16;
@@ -278,24 +278,19 @@ impl CheckpointIndex {
                 .ok_or_else(|| self.not_loaded(shard))?;
             keys.push(RowProbe {
                 row,
-                shard: shard as u32,
+                table,
                 key: table.probe_key(self.local(fp)),
             });
         }
-        let table = |probe: &RowProbe| {
-            self.shards[probe.shard as usize]
-                .as_ref()
-                .expect("checked when the key was made")
-        };
         for (j, probe) in keys.iter().enumerate() {
             if let Some(ahead) = keys.get(j + DIRECTORY_AHEAD) {
-                table(ahead).prefetch_directory(ahead.key);
+                ahead.table.prefetch_directory(ahead.key);
             }
             if let Some(ahead) = keys.get(j + BUCKET_AHEAD) {
-                table(ahead).prefetch_bucket(ahead.key);
+                ahead.table.prefetch_bucket(ahead.key);
             }
             let row = probe.row;
-            if table(probe).contains_key(probe.key, self.local(fps[row])) {
+            if probe.table.contains_key(probe.key, || self.local(fps[row])) {
                 on_hit(row);
             }
         }

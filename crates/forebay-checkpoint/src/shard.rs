@@ -565,16 +565,17 @@ impl ShardTable {
             .prefetch(self.dir[bucket] as usize, self.dir[bucket + 1] as usize);
     }
 
-    /// Whether the shard holds `local`, whose probe key is `key`.
+    /// Whether the shard holds the local fingerprint whose probe key is `key`; `local` gives
+    /// that fingerprint, needed only when ids were inserted since the last build.
     #[inline]
-    pub(crate) fn contains_key(&self, key: ProbeKey, local: u128) -> bool {
-        self.in_table(key) || (!self.delta.is_empty() && self.delta.contains(&local))
+    pub(crate) fn contains_key(&self, key: ProbeKey, local: impl FnOnce() -> u128) -> bool {
+        self.in_table(key) || (!self.delta.is_empty() && self.delta.contains(&local()))
     }
 
     /// Whether the shard holds this local fingerprint.
     #[cfg(test)]
     pub(crate) fn contains(&self, local: u128) -> bool {
-        self.contains_key(self.probe_key(local), local)
+        self.contains_key(self.probe_key(local), || local)
     }
 
     /// Add a local fingerprint; true if it was new. May rebuild the table.
