@@ -115,6 +115,20 @@ impl Remainders {
         }
     }
 
+    /// Append one bucket's local fingerprints (any order, duplicates allowed): sorted, each
+    /// distinct remainder (`f & rem_mask`, its tail the low `tail_bits`) once.
+    fn append_bucket(&mut self, bucket: &mut [u128], rem_mask: u128, tail_bits: u32) {
+        sort_small(bucket);
+        let mut last = None;
+        for &f in bucket.iter() {
+            let rem = f & rem_mask;
+            if last != Some(rem) {
+                self.push((rem >> tail_bits) as u64, rem);
+                last = Some(rem);
+            }
+        }
+    }
+
     #[inline(always)]
     fn hi(&self, i: usize) -> u64 {
         let at = i * self.stride();
@@ -374,29 +388,18 @@ impl ShardTable {
         let mut start = 0usize;
         for i in 0..buckets {
             let end = dir[i + 1] as usize;
-            let bucket = &mut fps[start..end];
-            sort_small(bucket);
-            let mut last = None;
-            for &f in bucket.iter() {
-                let rem = f & rem_mask;
-                if last != Some(rem) {
-                    remainders.push((rem >> tail_bits) as u64, rem);
-                    last = Some(rem);
-                }
-            }
+            remainders.append_bucket(&mut fps[start..end], rem_mask, tail_bits);
             start = end;
             dir[i + 1] = remainders.len() as u32;
         }
         drop(fps);
-        remainders.shrink_to_fit();
-        Ok(ShardTable {
+        Ok(ShardTable::from_parts(
             local_bits,
             bucket_bits,
             dir,
             remainders,
             tail_bits,
-            delta: DeltaSet::default(),
-        })
+        ))
     }
 
     /// Build a table from fingerprints collected in `parts` (any order, duplicates allowed):
@@ -507,28 +510,37 @@ impl ShardTable {
             }
             for b in 0..buckets_per_partition {
                 let bucket = &mut grouped[bucket_start[b]..bucket_start[b + 1]];
-                sort_small(bucket);
-                let mut last = None;
-                for &f in bucket.iter() {
-                    let rem = f & rem_mask;
-                    if last != Some(rem) {
-                        remainders.push((rem >> tail_bits) as u64, rem);
-                        last = Some(rem);
-                    }
-                }
+                remainders.append_bucket(bucket, rem_mask, tail_bits);
                 dir[(q << second_bits) + b + 1] = remainders.len() as u32;
             }
         }
         drop(scratch);
+        Ok(ShardTable::from_parts(
+            local_bits,
+            bucket_bits,
+            dir,
+            remainders,
+            tail_bits,
+        ))
+    }
+
+    /// A table of a finished directory and remainders (trimmed to size), no delta.
+    fn from_parts(
+        local_bits: u32,
+        bucket_bits: u32,
+        dir: Vec<u32>,
+        mut remainders: Remainders,
+        tail_bits: u32,
+    ) -> ShardTable {
         remainders.shrink_to_fit();
-        Ok(ShardTable {
+        ShardTable {
             local_bits,
             bucket_bits,
             dir,
             remainders,
             tail_bits,
             delta: DeltaSet::default(),
-        })
+        }
     }
 
     /// Where a probe of `local` looks.
