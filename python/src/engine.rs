@@ -61,6 +61,7 @@ use crate::errors::{
     checkpoint_err_message, to_py_err, ForebayError, MemoryLimitExceeded, StageError,
     WorkerDiedError, WriteError,
 };
+use crate::thread_state::KeptThreadState;
 
 /// A Python exception raised by a user's function, carried through the engine unchanged.
 #[derive(Debug)]
@@ -94,12 +95,18 @@ struct PyFunction {
 
 struct PyFunctionWorker {
     call: Py<PyAny>,
+    /// Declared last: dropped after `call`.
+    _thread_state: KeptThreadState,
 }
 
 impl MapFn for PyFunction {
     fn start_worker(&self, _: &WorkerContext<'_>) -> Result<Box<dyn MapWorker>, StageFailure> {
+        let thread_state = KeptThreadState::new();
         let call = Python::attach(|py| self.make_worker.call0(py)).map_err(failure)?;
-        Ok(Box::new(PyFunctionWorker { call }))
+        Ok(Box::new(PyFunctionWorker {
+            call,
+            _thread_state: thread_state,
+        }))
     }
 }
 

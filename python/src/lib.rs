@@ -13,6 +13,7 @@
 //! | `store` | `forebay.ObjectStore` |
 //! | `engine` | running `forebay.Dataset` pipelines (`map_batches`, `iter_batches`, `write_parquet`) |
 //! | `coordinator` | `forebay.ray.write_parquet`'s commits: coordinator on the driver, stagers in tasks |
+//! | `thread_state` | (none: glue) keeps an engine thread's Python thread state between `map_batches` calls |
 
 mod arrow_import;
 mod checkpoint;
@@ -23,6 +24,7 @@ mod errors;
 mod remote_spill;
 mod spill;
 mod store;
+mod thread_state;
 
 use pyo3::prelude::*;
 
