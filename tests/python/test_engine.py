@@ -96,6 +96,29 @@ def test_class_constructed_once_per_worker_with_arguments(data, tmp_path):
     assert log.read_text() == "xxx", "one instance per worker"
 
 
+def test_thread_locals_last_across_the_calls_of_a_thread_worker(data):
+    """A threads worker keeps one Python thread state for its life, so `threading.local`
+    data set in one call (a per-thread session or model) is still there in the next, as on
+    a thread the user started. (A thread state made and dropped per call lost it.)"""
+    import threading
+
+    local = threading.local()
+
+    def count_calls(batch):
+        local.calls = getattr(local, "calls", 0) + 1
+        return {"id": batch["id"], "calls": np.full(len(batch["id"]), local.calls)}
+
+    out = (
+        forebay.read_parquet(str(data), columns=["id"])
+        .map_batches(count_calls, batch_size=1000, batch_format="numpy", concurrency=2)
+        .to_arrow()
+    )
+    assert out.num_rows == ROWS
+    calls = sorted(set(out.column("calls").to_pylist()))
+    # 20 calls over two workers: each worker counts its own calls from 1 up.
+    assert calls[0] == 1 and calls[-1] >= ROWS // 1000 // 2, calls
+
+
 @pytest.mark.parametrize("batch_format", ["pyarrow", "numpy", "pandas", "default"])
 def test_batch_formats_reach_the_function(data, batch_format):
     seen = set()
