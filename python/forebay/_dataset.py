@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import _config, _forebay
+from . import _config, _forebay, _runs
 from ._checkpointing import Checkpoint
 from ._filters import normalize_filter
 from ._udf import ITER_FORMATS, MAP_FORMATS, FunctionSpec, check_format, make_worker, to_format
@@ -240,25 +240,30 @@ class Dataset:
         run if the consumer stops early or an exception (Ctrl-C) interrupts it."""
         finished = False
         try:
-            while True:
-                state, pieces = stream.poll(0.1)
-                _config.log_events(stream.drain_events())
-                if state == 2:
-                    finished = True
-                    return
-                if state == 1 or pieces is None:
-                    continue  # nothing yet; Ctrl-C is seen between polls
-                if fmt is not None:
-                    yield to_format(pa.Table.from_batches(pieces), fmt)
-                elif len(pieces) == 1:
-                    yield pieces[0]
-                else:
-                    yield pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+            with _runs.live(stream):
+                yield from self._batches(stream, fmt)
+            finished = True
         finally:
             if not finished:
                 stream.cancel()
             _config.log_events(stream.drain_events())
             self._last_stats = stream.stats()
+
+    @staticmethod
+    def _batches(stream: _forebay.RsBatchStream, fmt: str | None) -> Iterator[Any]:
+        while True:
+            state, pieces = stream.poll(0.1)
+            _config.log_events(stream.drain_events())
+            if state == 2:
+                return
+            if state == 1 or pieces is None:
+                continue  # nothing yet; Ctrl-C is seen between polls
+            if fmt is not None:
+                yield to_format(pa.Table.from_batches(pieces), fmt)
+            elif len(pieces) == 1:
+                yield pieces[0]
+            else:
+                yield pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
 
     def write_parquet(
         self,
@@ -322,11 +327,12 @@ class Dataset:
             checkpoint._args(on_changed_input) if checkpoint is not None else None,
         )
         try:
-            while True:
-                result = running.wait(0.1)
-                _config.log_events(running.drain_events())
-                if result is not None:
-                    return result
+            with _runs.live(running):
+                while True:
+                    result = running.wait(0.1)
+                    _config.log_events(running.drain_events())
+                    if result is not None:
+                        return result
         except BaseException:
             running.cancel()
             raise

@@ -686,6 +686,27 @@ def test_ctrl_c_stops_within_a_second_and_leaves_nothing_behind(data, tmp_path, 
     assert not any(p.name.startswith(".") for p in out.iterdir()), "no temporary file left"
 
 
+def test_a_script_may_exit_while_an_abandoned_run_still_calls_its_function(data, tmp_path):
+    """A script that takes one batch and exits leaves the run going; the interpreter must
+    stop it before finalizing, not end its threads inside Python (that aborted the process:
+    "Fatal Python error: PyGILState_Release", 11 exits of 12 before the fix)."""
+    body = f"""
+        import time, forebay
+        def slow(batch):
+            time.sleep(0.001)
+            return batch
+        ds = forebay.read_parquet({str(data)!r}, batch_size=100).map_batches(
+            slow, batch_size=100, concurrency=2)
+        it = ds.iter_batches(batch_size=100)
+        next(it)
+        print("leaving", flush=True)
+        """
+    for _ in range(5):
+        result = run_script(tmp_path, body)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "leaving"
+
+
 def test_progress_bar_only_on_a_terminal(data, tmp_path):
     body = f"""
         import time, forebay
