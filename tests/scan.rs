@@ -160,3 +160,31 @@ fn selective_filter_skips_row_groups_and_keeps_order() {
         assert_eq!(ids.value(0), first);
     }
 }
+
+#[test]
+fn only_the_first_row_group_is_cut_into_small_batches() {
+    // The scan's first batch is what a pipeline waits for before anything runs: the first
+    // row group comes in batches of at most 8,192 rows, the others as `batch_size` allows.
+    let parts: Vec<Vec<u8>> = (0..2).map(|k| write(&table(30_000, k), 20_000)).collect();
+    let ds = ParquetDataset::builder(source(store_with(&parts)))
+        .build()
+        .unwrap();
+    let batches: Vec<_> = ds.scan().map(|b| b.unwrap()).collect();
+    let sizes: Vec<usize> = batches.iter().map(|b| b.batch.num_rows()).collect();
+    assert_eq!(sizes, [8192, 8192, 3616, 10_000, 20_000, 10_000]);
+    for b in &batches {
+        let ids = b
+            .batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        assert_eq!(ids.value(0), b.provenance.first_row.unwrap() as i64);
+    }
+    // A smaller batch_size applies everywhere, the first row group included.
+    let ds = ParquetDataset::builder(source(store_with(&parts)))
+        .with_batch_size(5000)
+        .build()
+        .unwrap();
+    assert!(read_all(&ds).iter().all(|b| b.num_rows() == 5000));
+}

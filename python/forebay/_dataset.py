@@ -474,7 +474,8 @@ def read_parquet(
         list of lists is OR of ANDs). Operators: ``= == != < <= > >= in not in`` and
         ``("x", "is null")`` / ``("x", "is not null")``. Row groups and pages that cannot
         match are skipped using statistics; the surviving rows are filtered exactly.
-    batch_size: rows per batch (filtered batches can be smaller).
+    batch_size: rows per batch (filtered batches can be smaller, and so are the first row
+        group's, at most 8,192 rows each: the first batch arrives sooner).
     prefetch: row groups in flight at once (bounds memory); default threads + 2.
     num_threads: row groups decoded in parallel; default and maximum the number of cores.
     dictionary_columns: string/binary columns to return as dictionary arrays.

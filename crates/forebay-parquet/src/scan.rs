@@ -137,7 +137,9 @@ impl ParquetDatasetBuilder {
         self
     }
 
-    /// Rows per batch (default 65,536). Filtered batches may be smaller.
+    /// Rows per batch (default 65,536). Filtered batches may be smaller, and so are those of
+    /// the scan's first row group (at most 8,192 rows each), so that the first batch arrives
+    /// sooner.
     pub fn with_batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size;
         self
@@ -1143,6 +1145,9 @@ impl Unit {
 
 type BatchResult = Result<ProvenancedBatch>;
 
+/// Rows per batch of the scan's first unit (when `batch_size` is larger).
+const FIRST_UNIT_BATCH_ROWS: usize = 8192;
+
 /// The scan driver: opens files ahead, keeps up to `prefetch` units decoding, and forwards
 /// their batches in order.
 async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
@@ -1170,6 +1175,9 @@ async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
     let mut pending_units: VecDeque<(Arc<OpenedFile>, Unit)> = VecDeque::new();
     let mut in_flight: VecDeque<mpsc::Receiver<BatchResult>> = VecDeque::new();
     let mut files_done = false;
+    // The scan's first unit decodes smaller batches: its first batch is what the whole
+    // pipeline waits for, and it is decoded while the next units compete for the cores.
+    let mut batch_rows = inner.options.batch_size.min(FIRST_UNIT_BATCH_ROWS);
 
     loop {
         // Top up: launch units until `prefetch` are in flight or there are no more.
@@ -1180,9 +1188,11 @@ async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
                     inner.clone(),
                     file,
                     unit,
+                    batch_rows,
                     tx,
                     decode_permits.clone(),
                 ));
+                batch_rows = inner.options.batch_size;
                 in_flight.push_back(rx);
                 continue;
             }
@@ -1261,13 +1271,14 @@ async fn run_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,
+    batch_rows: usize,
     tx: mpsc::Sender<BatchResult>,
     permits: Arc<Semaphore>,
 ) {
     let path = unit.file.clone();
     let rg = unit.row_group;
     let tx_panic = tx.clone();
-    let work = AssertUnwindSafe(decode_unit(inner, file, unit, tx, permits));
+    let work = AssertUnwindSafe(decode_unit(inner, file, unit, batch_rows, tx, permits));
     if let Err(panic) = work.catch_unwind().await {
         let _ = tx_panic
             .send(Err(ParquetError::Corrupt {
@@ -1283,6 +1294,7 @@ async fn decode_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,
+    batch_rows: usize,
     tx: mpsc::Sender<BatchResult>,
     permits: Arc<Semaphore>,
 ) {
@@ -1297,7 +1309,7 @@ async fn decode_unit(
     let mut builder =
         ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.reader_meta.clone())
             .with_projection(file.projection.clone())
-            .with_batch_size(inner.options.batch_size)
+            .with_batch_size(batch_rows)
             .with_row_groups(vec![rg]);
     let rows_are_consecutive = unit.selection.is_none() && file.filter.is_none();
     if let Some(selection) = unit.selection {
