@@ -2,8 +2,9 @@
 return, and the exceptions that come back from worker processes.
 
 Used on the engine's threads (``compute="threads"``) and inside worker processes
-(``compute="processes"``, see ``forebay._worker``): both build a runner with
-:func:`make_worker` and call it with one ``pyarrow.RecordBatch`` at a time.
+(``compute="processes"``, see ``forebay._worker``): both build a :class:`Runner` with
+:func:`make_worker` and give it one ``pyarrow.RecordBatch`` at a time (engine threads
+prepare the next batch's input while the function runs on the current one).
 
 Formats a function receives (``batch_format``):
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import pickle
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,23 +56,38 @@ def check_format(batch_format: str, allowed: Sequence[str]) -> str:
     return fmt
 
 
-def make_worker(spec: FunctionSpec) -> Callable[[pa.RecordBatch], list[pa.RecordBatch]]:
+class Runner:
+    """One worker's runner of the user's function, in two steps: :meth:`prepare` turns a
+    batch into the function's input (its ``batch_format``), :meth:`run` calls the function and
+    returns its output as record batches. Kept apart so that a worker thread can prepare its
+    next batch on another thread while the function runs; ``runner(batch)`` does both."""
+
+    def __init__(self, spec: FunctionSpec) -> None:
+        fn = spec.fn
+        if isinstance(fn, type):
+            call = fn(*spec.fn_constructor_args, **dict(spec.fn_constructor_kwargs))
+            if not callable(call):
+                raise TypeError(f"{fn.__name__} instances must be callable (define __call__)")
+        else:
+            call = fn
+        self._call = call
+        self._args, self._kwargs = tuple(spec.fn_args), dict(spec.fn_kwargs)
+        self._format, self._stage = spec.batch_format, spec.stage
+
+    def prepare(self, batch: pa.RecordBatch) -> Any:
+        return to_format(batch, self._format)
+
+    def run(self, prepared: Any) -> list[pa.RecordBatch]:
+        return normalize_output(self._call(prepared, *self._args, **self._kwargs), self._stage)
+
+    def __call__(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        return self.run(self.prepare(batch))
+
+
+def make_worker(spec: FunctionSpec) -> Runner:
     """Build one worker's runner: construct the class (once per worker) if ``fn`` is a
-    class, and return ``run(batch) -> [RecordBatch, ...]``."""
-    fn = spec.fn
-    if isinstance(fn, type):
-        call = fn(*spec.fn_constructor_args, **dict(spec.fn_constructor_kwargs))
-        if not callable(call):
-            raise TypeError(f"{fn.__name__} instances must be callable (define __call__)")
-    else:
-        call = fn
-    args, kwargs = tuple(spec.fn_args), dict(spec.fn_kwargs)
-    fmt, stage = spec.batch_format, spec.stage
-
-    def run(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return normalize_output(call(to_format(batch, fmt), *args, **kwargs), stage)
-
-    return run
+    class; ``runner(batch) -> [RecordBatch, ...]``."""
+    return Runner(spec)
 
 
 def to_format(batch: pa.RecordBatch | pa.Table, fmt: str) -> Any:

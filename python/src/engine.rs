@@ -15,8 +15,8 @@ use arrow_pyarrow::ToPyArrow;
 use forebay_engine::process::{ProcessPool, RemoteError};
 use forebay_engine::{
     BatchStream, Checkpoint, EngineError, IterOptions, MapFn, MapStage, MapWorker, OnChangedInput,
-    ParquetSink, Pipeline, PipelineEvent, PipelineOptions, Poll, RunStats, RunningWrite,
-    StageFailure, WorkerContext, WriteMode,
+    ParquetSink, Pipeline, PipelineEvent, PipelineOptions, Poll, PrepareNext, RunStats,
+    RunningWrite, StageFailure, WorkerContext, WriteMode,
 };
 
 /// `(id_column, path, num_shards, delete_on_success, on_changed_input, storage_options)`.
@@ -61,6 +61,7 @@ use crate::errors::{
     checkpoint_err_message, to_py_err, ForebayError, MemoryLimitExceeded, StageError,
     WorkerDiedError, WriteError,
 };
+use crate::lookahead::{NextBatchPreparer, PreparedInputs};
 use crate::thread_state::KeptThreadState;
 
 /// A Python exception raised by a user's function, carried through the engine unchanged.
@@ -88,36 +89,62 @@ fn failure(err: PyErr) -> StageFailure {
 }
 
 /// A Python map function run on engine threads. `make_worker()` is called once per worker
-/// and returns the callable that maps one `pyarrow.RecordBatch` to a list of them.
+/// and returns its `forebay._udf.Runner`: `prepare(pyarrow.RecordBatch)` makes the function's
+/// input, `run(input)` calls the function and returns a list of `pyarrow.RecordBatch`.
 struct PyFunction {
     make_worker: Py<PyAny>,
 }
 
 struct PyFunctionWorker {
-    call: Py<PyAny>,
-    /// Declared last: dropped after `call`.
+    prepare: Py<PyAny>,
+    run: Py<PyAny>,
+    /// Inputs made ahead by the worker's `NextBatchPreparer` (see `lookahead`).
+    prepared: Arc<PreparedInputs>,
+    /// Declared last: dropped after the Python objects.
     _thread_state: KeptThreadState,
 }
 
 impl MapFn for PyFunction {
     fn start_worker(&self, _: &WorkerContext<'_>) -> Result<Box<dyn MapWorker>, StageFailure> {
         let thread_state = KeptThreadState::new();
-        let call = Python::attach(|py| self.make_worker.call0(py)).map_err(failure)?;
+        let (prepare, run) = Python::attach(|py| -> PyResult<_> {
+            let runner = self.make_worker.call0(py)?;
+            Ok((runner.getattr(py, "prepare")?, runner.getattr(py, "run")?))
+        })
+        .map_err(failure)?;
         Ok(Box::new(PyFunctionWorker {
-            call,
+            prepare,
+            run,
+            prepared: PreparedInputs::new(),
             _thread_state: thread_state,
         }))
     }
 }
 
 impl MapWorker for PyFunctionWorker {
+    fn next_batch_preparer(&mut self) -> Option<Box<dyn PrepareNext>> {
+        let preparer = Python::attach(|py| {
+            NextBatchPreparer::new(py, self.prepared.clone(), self.prepare.clone_ref(py))
+        });
+        // Without a preparer the worker converts each batch itself, as it always can.
+        preparer.ok().map(|p| Box::new(p) as Box<dyn PrepareNext>)
+    }
+
     fn call(
         &mut self,
         batch: RecordBatch,
         _: &WorkerContext<'_>,
     ) -> Result<Vec<RecordBatch>, StageFailure> {
+        let prepared = self.prepared.take(&batch);
         Python::attach(|py| -> PyResult<Vec<RecordBatch>> {
-            let out = self.call.call1(py, (batch.to_pyarrow(py)?,))?;
+            let input = match prepared {
+                Some(input) => input?,
+                None => self.prepare.call1(py, (batch.to_pyarrow(py)?,))?,
+            };
+            self.prepared.allow_next();
+            let out = self.run.call1(py, (input,));
+            self.prepared.function_returned();
+            let out = out?;
             out.bind(py)
                 .try_iter()?
                 .map(|item| import_map_output(&item?, &batch))
@@ -127,9 +154,11 @@ impl MapWorker for PyFunctionWorker {
     }
 
     fn close(&mut self) {
-        // Drop the Python object with the GIL held.
+        self.prepared.clear();
+        // Drop the Python objects with the GIL held.
         Python::attach(|py| {
-            let _ = std::mem::replace(&mut self.call, py.None());
+            let _ = std::mem::replace(&mut self.prepare, py.None());
+            let _ = std::mem::replace(&mut self.run, py.None());
         });
     }
 }

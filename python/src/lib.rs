@@ -14,6 +14,7 @@
 //! | `engine` | running `forebay.Dataset` pipelines (`map_batches`, `iter_batches`, `write_parquet`) |
 //! | `coordinator` | `forebay.ray.write_parquet`'s commits: coordinator on the driver, stagers in tasks |
 //! | `thread_state` | (none: glue) keeps an engine thread's Python thread state between `map_batches` calls |
+//! | `lookahead` | (none: glue) prepares a `map_batches` worker's next batch while its function runs |
 
 mod arrow_import;
 mod checkpoint;
@@ -21,6 +22,7 @@ mod coordinator;
 mod dataset;
 mod engine;
 mod errors;
+mod lookahead;
 mod remote_spill;
 mod spill;
 mod store;

@@ -119,6 +119,99 @@ def test_thread_locals_last_across_the_calls_of_a_thread_worker(data):
     assert calls[0] == 1 and calls[-1] >= ROWS // 1000 // 2, calls
 
 
+def _prepare_threads(monkeypatch) -> tuple[list[int], set[int]]:
+    """Record the native thread of every batch conversion (`Runner.prepare`) and of every
+    call of the function (`Runner.run`)."""
+    import threading
+
+    from forebay import _udf
+
+    prepared_on: list[int] = []
+    called_on: set[int] = set()
+    prepare, run = _udf.Runner.prepare, _udf.Runner.run
+
+    def recording_prepare(self, batch):
+        prepared_on.append(threading.get_native_id())
+        return prepare(self, batch)
+
+    def recording_run(self, prepared):
+        called_on.add(threading.get_native_id())
+        return run(self, prepared)
+
+    monkeypatch.setattr(_udf.Runner, "prepare", recording_prepare)
+    monkeypatch.setattr(_udf.Runner, "run", recording_run)
+    return prepared_on, called_on
+
+
+def test_the_next_batch_is_prepared_while_the_function_waits(data, monkeypatch):
+    """A function that releases the GIL (a sleep, a GPU call) does not wait for the next
+    batch's conversion to its format: that runs on another thread during the call."""
+    prepared_on, called_on = _prepare_threads(monkeypatch)
+
+    def wait(batch):
+        time.sleep(0.002)
+        return batch
+
+    out = (
+        forebay.read_parquet(str(data), columns=["id"])
+        .map_batches(wait, batch_size=500, batch_format="pandas", concurrency=1)
+        .to_arrow()
+    )
+    assert sorted(out.column("id").to_pylist()) == list(range(ROWS))
+    assert len(prepared_on) == ROWS // 500
+    assert not set(prepared_on) & called_on, "every batch was converted ahead, off the worker"
+
+
+@pytest.mark.parametrize("calls_last", ["longer than the switch interval", "no time"])
+def test_a_function_holding_the_gil_gets_its_batches_converted_inline(
+    data, monkeypatch, calls_last
+):
+    """Converting ahead only adds GIL hand-offs when the function never lets go of the GIL
+    (the interpreter takes it away after its switch interval, or the call ends first): after
+    a few batches the worker converts them itself again."""
+    prepared_on, called_on = _prepare_threads(monkeypatch)
+    seconds = 2 * sys.getswitchinterval() if calls_last.startswith("longer") else 0.0
+
+    def spin(batch):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+        return batch
+
+    out = (
+        forebay.read_parquet(str(data), columns=["id"])
+        .map_batches(spin, batch_size=1000, concurrency=1)
+        .to_arrow()
+    )
+    assert out.num_rows == ROWS
+    inline = sum(1 for t in prepared_on if t in called_on)
+    assert inline >= len(prepared_on) // 2, f"{inline} of {len(prepared_on)} converted inline"
+
+
+def test_an_error_converting_a_batch_ahead_is_raised_for_that_batch(data, monkeypatch):
+    from forebay import _udf
+
+    prepare = _udf.Runner.prepare
+    seen = []
+
+    def failing_prepare(self, batch):
+        seen.append(batch.num_rows)
+        if len(seen) == 3:
+            raise ValueError("cannot convert this one")
+        return prepare(self, batch)
+
+    monkeypatch.setattr(_udf.Runner, "prepare", failing_prepare)
+
+    def wait(batch):
+        time.sleep(0.001)
+        return batch
+
+    ds = forebay.read_parquet(str(data), columns=["id"]).map_batches(wait, batch_size=500)
+    with pytest.raises(ValueError, match="cannot convert this one") as raised:
+        ds.to_arrow()
+    assert "map_batches(wait)" in "".join(getattr(raised.value, "__notes__", []))
+
+
 @pytest.mark.parametrize("batch_format", ["pyarrow", "numpy", "pandas", "default"])
 def test_batch_formats_reach_the_function(data, batch_format):
     seen = set()

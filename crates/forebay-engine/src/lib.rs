@@ -85,7 +85,7 @@ pub use pipeline::{
     default_memory_limit, BatchStream, IterOptions, Pipeline, PipelineOptions, Poll, RunningWrite,
 };
 pub use source::{BatchIterator, Source};
-pub use stage::{MapFn, MapStage, MapWorker, StageFailure, WorkerContext};
+pub use stage::{MapFn, MapStage, MapWorker, PrepareNext, StageFailure, WorkerContext};
 pub use stats::{RunStats, StageStats};
 pub use writer::{
     ParquetSink, ResumeStats, WriteMode, WriteStats, WrittenFile, DEFAULT_ROWS_PER_FILE,

@@ -13,6 +13,12 @@
 //!
 //! A worker is charged for the batch it works on; its outputs are reserved before its input
 //! is released, so the pool never undercounts a batch in hand.
+//!
+//! A worker with a [`PrepareNext`] (Python functions: the batch → pyarrow → batch format
+//! conversion) gets its tasks through a second thread of its own, which takes the next task
+//! as soon as the dispatcher has it, prepares it while the worker still calls on the current
+//! one, and hands it over: the conversion overlaps the function instead of delaying its next
+//! call. Such a worker holds at most two batches, both charged to the stage.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -125,8 +131,27 @@ pub trait MapWorker: Send {
         ctx: &WorkerContext<'_>,
     ) -> std::result::Result<Vec<RecordBatch>, StageFailure>;
 
+    /// A preparer for this worker's next batch (asked once, after `start_worker`). With one,
+    /// the engine receives the worker's tasks on a second thread, which calls
+    /// [`PrepareNext::prepare`] on each batch before handing it to the worker: while the
+    /// worker calls on batch k, batch k+1 is being prepared (turned into a Python object, ...).
+    /// The worker then holds two batches, the one in its call and the next.
+    fn next_batch_preparer(&mut self) -> Option<Box<dyn PrepareNext>> {
+        None
+    }
+
     /// The stage is done with this worker (stop a process, release a model).
     fn close(&mut self) {}
+}
+
+/// Prepares a worker's batches one ahead, on a thread of its own (see
+/// [`MapWorker::next_batch_preparer`]).
+pub trait PrepareNext: Send {
+    /// Prepare `next`, the batch the worker's next `call` will receive (the worker may still
+    /// be calling on the one before). Return early once `worker_done` is set: the worker has
+    /// left (the run ended or failed). A panic here turns preparing off for the worker; its
+    /// batches still reach it, unprepared.
+    fn prepare(&mut self, next: &RecordBatch, worker_done: &CancelToken);
 }
 
 /// A Rust closure as a [`MapFn`]; every worker shares it.
@@ -397,7 +422,6 @@ fn dispatch(r: &Running, tasks: crossbeam_channel::Sender<Task>) -> Result<()> {
 }
 
 fn work(r: &Running, index: usize, tasks: crossbeam_channel::Receiver<Task>) -> Result<()> {
-    let cancel = r.resources.cancel_token();
     let ctx = WorkerContext {
         stage: &r.stage.name,
         index,
@@ -409,51 +433,120 @@ fn work(r: &Running, index: usize, tasks: crossbeam_channel::Receiver<Task>) -> 
             BatchLabel(format!("worker {index} start-up (before its first batch)")),
         )
     })?;
-    let result = (|| -> Result<()> {
-        loop {
-            let task = match tasks.recv_timeout(Duration::from_millis(50)) {
-                Ok(task) => task,
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    cancel.check()?;
-                    continue;
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(()),
-            };
-            cancel.check()?;
-            let label = task.batch.label();
-            let started = Instant::now();
-            let outputs = worker
-                .call(task.batch.batch.clone(), &ctx)
-                .map_err(|f| f.into_error(&r.stage.name, label.clone()))?;
-            r.counters.record_busy(started.elapsed());
-            let mut reserved = Vec::with_capacity(outputs.len());
-            for batch in outputs {
-                check_output(&r.stage, &batch, &label)?;
-                if batch.num_rows() == 0 {
-                    continue;
-                }
-                let reservation = r.holder.reserve_batch(&batch, Admission::Now)?;
-                reserved.push(EngineBatch {
-                    batch,
-                    seq: 0,
-                    origin: task.batch.origin.clone(),
-                    reservation,
-                });
-            }
-            let mut input = task.batch;
-            if reserved.is_empty() {
-                // Every row of the input is done (filtered out, or dropped by the function):
-                // a legitimate end of its lineage.
-                if let Some(book) = r.resources.lineage() {
-                    book.release(input.take_tickets());
-                }
-            }
-            drop(input);
-            emit(r, task.index, reserved)?;
+    let result = match worker.next_batch_preparer() {
+        None => serve(r, &ctx, &mut *worker, tasks),
+        Some(preparer) => {
+            let worker_done = CancelToken::new();
+            let (handoff, prepared_tasks) = crossbeam_channel::bounded::<Task>(0);
+            std::thread::scope(|scope| {
+                let fetcher = std::thread::Builder::new()
+                    .name(format!("forebay-{}-{index}-next", r.stage.name))
+                    .spawn_scoped(scope, || {
+                        fetch_ahead(r, tasks, preparer, handoff, &worker_done)
+                    });
+                let result = match fetcher {
+                    Ok(_) => serve(r, &ctx, &mut *worker, prepared_tasks),
+                    Err(e) => Err(EngineError::Worker {
+                        stage: r.stage.name.clone(),
+                        reason: format!("cannot start the thread preparing its batches: {e}"),
+                    }),
+                };
+                worker_done.cancel();
+                result
+            })
         }
-    })();
+    };
     worker.close();
     result
+}
+
+/// Receive a worker's tasks ahead of it: prepare each batch, then hand the task over (one at
+/// a time, so the worker holds its current batch and at most this one more).
+fn fetch_ahead(
+    r: &Running,
+    tasks: crossbeam_channel::Receiver<Task>,
+    mut preparer: Box<dyn PrepareNext>,
+    handoff: crossbeam_channel::Sender<Task>,
+    worker_done: &CancelToken,
+) {
+    let cancel = r.resources.cancel_token();
+    let stopped = || cancel.is_cancelled() || worker_done.is_cancelled();
+    let mut preparing = true;
+    loop {
+        let mut task = match tasks.recv_timeout(Duration::from_millis(50)) {
+            Ok(task) => task,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) if !stopped() => continue,
+            // Dropping `handoff` ends the worker's loop once it has taken every task.
+            Err(_) => return,
+        };
+        if preparing {
+            let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                preparer.prepare(&task.batch.batch, worker_done)
+            }));
+            preparing = prepared.is_ok();
+        }
+        loop {
+            match handoff.send_timeout(task, Duration::from_millis(50)) {
+                Ok(()) => break,
+                Err(crossbeam_channel::SendTimeoutError::Timeout(t)) if !stopped() => task = t,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// A worker's loop: call on each task's batch, hand the outputs on.
+fn serve(
+    r: &Running,
+    ctx: &WorkerContext<'_>,
+    worker: &mut dyn MapWorker,
+    tasks: crossbeam_channel::Receiver<Task>,
+) -> Result<()> {
+    let cancel = r.resources.cancel_token();
+    loop {
+        let task = match tasks.recv_timeout(Duration::from_millis(50)) {
+            Ok(task) => task,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                cancel.check()?;
+                continue;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                // The end of the input, or the run stopped (its error is the run's).
+                return cancel.check();
+            }
+        };
+        cancel.check()?;
+        let label = task.batch.label();
+        let started = Instant::now();
+        let outputs = worker
+            .call(task.batch.batch.clone(), ctx)
+            .map_err(|f| f.into_error(&r.stage.name, label.clone()))?;
+        r.counters.record_busy(started.elapsed());
+        let mut reserved = Vec::with_capacity(outputs.len());
+        for batch in outputs {
+            check_output(&r.stage, &batch, &label)?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let reservation = r.holder.reserve_batch(&batch, Admission::Now)?;
+            reserved.push(EngineBatch {
+                batch,
+                seq: 0,
+                origin: task.batch.origin.clone(),
+                reservation,
+            });
+        }
+        let mut input = task.batch;
+        if reserved.is_empty() {
+            // Every row of the input is done (filtered out, or dropped by the function):
+            // a legitimate end of its lineage.
+            if let Some(book) = r.resources.lineage() {
+                book.release(input.take_tickets());
+            }
+        }
+        drop(input);
+        emit(r, task.index, reserved)?;
+    }
 }
 
 fn check_output(stage: &MapStage, batch: &RecordBatch, label: &BatchLabel) -> Result<()> {

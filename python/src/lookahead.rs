@@ -1,0 +1,221 @@
+//! Preparing a `map_batches` worker's next batch while its function still runs on the current
+//! one.
+//!
+//! A call on one batch is: the batch to pyarrow, to the function's batch format (`Table`,
+//! numpy arrays, a pandas `DataFrame`), the function, the output back to Arrow. One after the
+//! other, the conversions before the function sit between two calls: the function (a model on
+//! a GPU, a remote service) waits for them on every batch, and a pandas conversion can take
+//! milliseconds. The engine receives a worker's tasks one ahead on a second thread and calls
+//! [`NextBatchPreparer::prepare`] there (see `forebay_engine::PrepareNext`):
+//!
+//! ```text
+//!  worker thread:    call(k): take input k, allow k+1, run fn ───► call(k+1): take input k+1 ...
+//!                                              │
+//!  engine's          prepare(k+1): wait until allowed, take the GIL (free while fn sleeps or
+//!  fetcher thread:   waits on a GPU), batch → pyarrow → Runner.prepare → input k+1 ready
+//! ```
+//!
+//! Batch k+1 is only converted once call k holds the GIL and is about to run the function
+//! ("allow k+1"): started earlier, the conversion would take the GIL first and delay call k.
+//!
+//! A function that holds the GIL gains nothing (the conversion waits for the GIL either way)
+//! and pays for the GIL changing hands twice more per batch. So the preparer notes how it got
+//! the GIL: a function that releases it does so at once (a sleep, a GPU call), while one that
+//! holds it lets go only when it returns or when the interpreter takes it away after its
+//! switch interval (5 ms). When such waits clearly outnumber the others the preparer stops,
+//! and batches are converted in the call again.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use arrow_pyarrow::ToPyArrow;
+use forebay_engine::CancelToken;
+use forebay_engine::PrepareNext;
+use pyo3::prelude::*;
+
+use crate::thread_state::KeptThreadState;
+
+/// A wait for the GIL at least this share of the switch interval means the function held it.
+const HELD_GIL_SHARE_OF_SWITCH_INTERVAL: f64 = 0.8;
+/// Each preparation that got the GIL only when the function returned, or waited that long
+/// for it, adds one to a score, each other one takes one off (other threads wanting the GIL
+/// make some waits short); at this score: stop.
+const HELD_GIL_SCORE_TO_STOP: u32 = 3;
+/// How often a preparer waiting to be allowed checks whether the worker has gone.
+const WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// A batch and the function input made of it (or the exception converting it raised).
+type Prepared = (RecordBatch, PyResult<Py<PyAny>>);
+
+/// What a worker and its preparer share.
+#[derive(Default)]
+pub(crate) struct PreparedInputs {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Batches the preparer may convert now: one per call that has started (and holds the
+    /// GIL), plus one for the first batch, which has no call before it.
+    allowed: u32,
+    /// Inputs made, in the order of the worker's calls (at most one: the engine hands a task
+    /// over only after its preparation).
+    ready: VecDeque<Prepared>,
+    /// The worker is inside the function (set and cleared with the GIL held).
+    in_call: bool,
+    /// The preparer stopped (the function holds the GIL).
+    stopped: bool,
+}
+
+impl PreparedInputs {
+    pub(crate) fn new() -> Arc<PreparedInputs> {
+        let inputs = PreparedInputs::default();
+        inputs.lock().allowed = 1;
+        Arc::new(inputs)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The input prepared for `batch`, if it was (call without the GIL or with it: nothing
+    /// here waits).
+    pub(crate) fn take(&self, batch: &RecordBatch) -> Option<PyResult<Py<PyAny>>> {
+        let (made_for, input) = self.lock().ready.pop_front()?;
+        if same_batch(&made_for, batch) {
+            return Some(input);
+        }
+        // Not the batch the engine announced (never expected): drop the stale input.
+        Python::attach(|_| drop(input));
+        None
+    }
+
+    /// A call now holds the GIL and is about to run the function: the next batch may be
+    /// converted (it gets the GIL when the function lets go of it).
+    pub(crate) fn allow_next(&self) {
+        let mut state = self.lock();
+        state.in_call = true;
+        if !state.stopped {
+            state.allowed = state.allowed.saturating_add(1);
+            self.changed.notify_one();
+        }
+    }
+
+    /// The function has returned (call with the GIL still held).
+    pub(crate) fn function_returned(&self) {
+        self.lock().in_call = false;
+    }
+
+    /// Drop the inputs nobody took, with the GIL held (the worker is closing).
+    pub(crate) fn clear(&self) {
+        let left: Vec<Prepared> = self.lock().ready.drain(..).collect();
+        if !left.is_empty() {
+            Python::attach(|_| drop(left));
+        }
+    }
+
+    /// Wait until a batch may be converted; false if the worker has gone or preparing stopped.
+    fn wait_until_allowed(&self, worker_done: &CancelToken) -> bool {
+        let mut state = self.lock();
+        loop {
+            if state.stopped || worker_done.is_cancelled() {
+                return false;
+            }
+            if state.allowed > 0 {
+                state.allowed -= 1;
+                return true;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, WAIT_SLICE)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The preparer of one worker, run on the engine's fetcher thread.
+pub(crate) struct NextBatchPreparer {
+    inputs: Arc<PreparedInputs>,
+    /// `Runner.prepare`; `None` once dropped (with the GIL held).
+    prepare: Option<Py<PyAny>>,
+    /// A wait for the GIL at least this long counts as the function holding it.
+    held_gil_wait: Duration,
+    /// Long waits minus short ones (never below 0).
+    held_gil_score: u32,
+    /// The fetcher thread's Python thread state, made on its first batch. Declared last:
+    /// dropped after the Python objects.
+    thread_state: Option<KeptThreadState>,
+}
+
+impl NextBatchPreparer {
+    /// A preparer calling `prepare` (a `Runner.prepare`) for the worker that shares `inputs`.
+    pub(crate) fn new(
+        py: Python<'_>,
+        inputs: Arc<PreparedInputs>,
+        prepare: Py<PyAny>,
+    ) -> PyResult<NextBatchPreparer> {
+        let switch_interval: f64 = py
+            .import("sys")?
+            .call_method0("getswitchinterval")?
+            .extract()?;
+        Ok(NextBatchPreparer {
+            inputs,
+            prepare: Some(prepare),
+            held_gil_wait: Duration::from_secs_f64(
+                switch_interval.max(0.0) * HELD_GIL_SHARE_OF_SWITCH_INTERVAL,
+            ),
+            held_gil_score: 0,
+            thread_state: None,
+        })
+    }
+}
+
+impl PrepareNext for NextBatchPreparer {
+    fn prepare(&mut self, next: &RecordBatch, worker_done: &CancelToken) {
+        let Some(prepare) = &self.prepare else {
+            return;
+        };
+        if !self.inputs.wait_until_allowed(worker_done) {
+            return;
+        }
+        self.thread_state.get_or_insert_with(KeptThreadState::new);
+        let asked = Instant::now();
+        let (input, waited, during_call) = Python::attach(|py| {
+            let waited = asked.elapsed();
+            let during_call = self.inputs.lock().in_call;
+            let input = next.to_pyarrow(py).and_then(|b| prepare.call1(py, (b,)));
+            (input, waited, during_call)
+        });
+        let mut state = self.inputs.lock();
+        state.ready.push_back((next.clone(), input));
+        // Held: the GIL came only when the function returned, or was taken from it.
+        if !during_call || waited >= self.held_gil_wait {
+            self.held_gil_score += 1;
+            state.stopped = self.held_gil_score >= HELD_GIL_SCORE_TO_STOP;
+        } else {
+            self.held_gil_score = self.held_gil_score.saturating_sub(1);
+        }
+    }
+}
+
+impl Drop for NextBatchPreparer {
+    fn drop(&mut self) {
+        if let Some(prepare) = self.prepare.take() {
+            Python::attach(|_| drop(prepare));
+        }
+    }
+}
+
+/// Whether two batches are the same rows of the same arrays (clones of one batch).
+fn same_batch(a: &RecordBatch, b: &RecordBatch) -> bool {
+    a.num_rows() == b.num_rows()
+        && a.num_columns() == b.num_columns()
+        && a.columns()
+            .iter()
+            .zip(b.columns())
+            .all(|(x, y)| Arc::ptr_eq(x, y))
+}
