@@ -150,15 +150,14 @@ fn selective_filter_skips_row_groups_and_keeps_order() {
         .unwrap();
     for b in all.scan() {
         let b = b.unwrap();
-        let first = b.provenance.first_row.unwrap() as i64;
-        let ids = b
-            .batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
-        assert_eq!(ids.value(0), first);
+        assert_eq!(first_id(&b.batch), b.provenance.first_row.unwrap() as i64);
     }
+}
+
+/// The id (column 0) of a batch's first row.
+fn first_id(batch: &RecordBatch) -> i64 {
+    let ids = batch.column(0).as_any().downcast_ref::<Int64Array>();
+    ids.unwrap().value(0)
 }
 
 #[test]
@@ -173,13 +172,7 @@ fn only_the_first_row_group_is_cut_into_small_batches() {
     let sizes: Vec<usize> = batches.iter().map(|b| b.batch.num_rows()).collect();
     assert_eq!(sizes, [8192, 8192, 3616, 10_000, 20_000, 10_000]);
     for b in &batches {
-        let ids = b
-            .batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
-        assert_eq!(ids.value(0), b.provenance.first_row.unwrap() as i64);
+        assert_eq!(first_id(&b.batch), b.provenance.first_row.unwrap() as i64);
     }
     // A smaller batch_size applies everywhere, the first row group included.
     let ds = ParquetDataset::builder(source(store_with(&parts)))
