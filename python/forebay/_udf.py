@@ -57,10 +57,11 @@ def check_format(batch_format: str, allowed: Sequence[str]) -> str:
 
 
 class Runner:
-    """One worker's runner of the user's function, in two steps: :meth:`prepare` turns a
-    batch into the function's input (its ``batch_format``), :meth:`run` calls the function and
-    returns its output as record batches. Kept apart so that a worker thread can prepare its
-    next batch on another thread while the function runs; ``runner(batch)`` does both."""
+    """One worker's runner of the user's function, in three steps: :meth:`prepare` turns a
+    batch into the function's input (its ``batch_format``), :meth:`run` calls the function,
+    :meth:`finish` turns its output into record batches. Kept apart so that a worker thread
+    can prepare its next batch on another thread while the function runs (and tell the
+    function's own time from the conversions'); ``runner(batch)`` does all three."""
 
     def __init__(self, spec: FunctionSpec) -> None:
         fn = spec.fn
@@ -77,11 +78,14 @@ class Runner:
     def prepare(self, batch: pa.RecordBatch) -> Any:
         return to_format(batch, self._format)
 
-    def run(self, prepared: Any) -> list[pa.RecordBatch]:
-        return normalize_output(self._call(prepared, *self._args, **self._kwargs), self._stage)
+    def run(self, prepared: Any) -> Any:
+        return self._call(prepared, *self._args, **self._kwargs)
+
+    def finish(self, out: Any) -> list[pa.RecordBatch]:
+        return normalize_output(out, self._stage)
 
     def __call__(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        return self.run(self.prepare(batch))
+        return self.finish(self.run(self.prepare(batch)))
 
 
 def make_worker(spec: FunctionSpec) -> Runner:

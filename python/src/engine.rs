@@ -90,7 +90,8 @@ fn failure(err: PyErr) -> StageFailure {
 
 /// A Python map function run on engine threads. `make_worker()` is called once per worker
 /// and returns its `forebay._udf.Runner`: `prepare(pyarrow.RecordBatch)` makes the function's
-/// input, `run(input)` calls the function and returns a list of `pyarrow.RecordBatch`.
+/// input, `run(input)` calls the function, `finish(output)` turns what it returned into a list
+/// of `pyarrow.RecordBatch`.
 struct PyFunction {
     make_worker: Py<PyAny>,
 }
@@ -98,6 +99,7 @@ struct PyFunction {
 struct PyFunctionWorker {
     prepare: Py<PyAny>,
     run: Py<PyAny>,
+    finish: Py<PyAny>,
     /// Inputs made ahead by the worker's `NextBatchPreparer` (see `lookahead`).
     prepared: Arc<PreparedInputs>,
     /// Declared last: dropped after the Python objects.
@@ -107,14 +109,19 @@ struct PyFunctionWorker {
 impl MapFn for PyFunction {
     fn start_worker(&self, _: &WorkerContext<'_>) -> Result<Box<dyn MapWorker>, StageFailure> {
         let thread_state = KeptThreadState::new();
-        let (prepare, run) = Python::attach(|py| -> PyResult<_> {
+        let (prepare, run, finish) = Python::attach(|py| -> PyResult<_> {
             let runner = self.make_worker.call0(py)?;
-            Ok((runner.getattr(py, "prepare")?, runner.getattr(py, "run")?))
+            Ok((
+                runner.getattr(py, "prepare")?,
+                runner.getattr(py, "run")?,
+                runner.getattr(py, "finish")?,
+            ))
         })
         .map_err(failure)?;
         Ok(Box::new(PyFunctionWorker {
             prepare,
             run,
+            finish,
             prepared: PreparedInputs::new(),
             _thread_state: thread_state,
         }))
@@ -144,7 +151,7 @@ impl MapWorker for PyFunctionWorker {
             self.prepared.allow_next();
             let out = self.run.call1(py, (input,));
             self.prepared.function_returned();
-            let out = out?;
+            let out = self.finish.call1(py, (out?,))?;
             out.bind(py)
                 .try_iter()?
                 .map(|item| import_map_output(&item?, &batch))
@@ -159,6 +166,7 @@ impl MapWorker for PyFunctionWorker {
         Python::attach(|py| {
             let _ = std::mem::replace(&mut self.prepare, py.None());
             let _ = std::mem::replace(&mut self.run, py.None());
+            let _ = std::mem::replace(&mut self.finish, py.None());
         });
     }
 }

@@ -182,6 +182,7 @@ impl PrepareNext for NextBatchPreparer {
         if !self.inputs.wait_until_allowed(worker_done) {
             return;
         }
+        let first = self.thread_state.is_none();
         self.thread_state.get_or_insert_with(KeptThreadState::new);
         let asked = Instant::now();
         let (input, waited, during_call) = Python::attach(|py| {
@@ -192,6 +193,10 @@ impl PrepareNext for NextBatchPreparer {
         });
         let mut state = self.inputs.lock();
         state.ready.push_back((next.clone(), input));
+        if first {
+            // No call runs before the first batch: nothing to learn about the function.
+            return;
+        }
         // Held: the GIL came only when the function returned, or was taken from it.
         if !during_call || waited >= self.held_gil_wait {
             self.held_gil_score += 1;
