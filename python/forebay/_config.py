@@ -37,9 +37,12 @@ def configure(
 ) -> dict[str, Any]:
     """Set defaults for pipeline runs; returns the settings now in force.
 
-    memory_limit: hard cap on the memory of batches in flight in one run (bytes, or a size
-        such as ``"4GiB"``); default a quarter of the machine's memory. The source waits when
-        the cap is reached; batches a run must hold beyond it go to disk.
+    memory_limit: hard cap on the memory one run adds to this process (bytes, or a size
+        such as ``"4GiB"``); default a quarter of the machine's memory. It covers the batches
+        in flight and what the process holds beyond them (decoder pages, the allocator's
+        retention, objects a function allocates), except that the batches always get a
+        quarter of it. The source waits when the cap is reached; batches a run must hold
+        beyond it go to disk.
     num_threads: default ``concurrency`` of ``map_batches(compute="threads")``, of
         ``compute="processes"`` and of ``write_parquet``; default the number of cores.
     spill_dir: where held batches are spilled (default: the system temp directory).

@@ -21,7 +21,9 @@
 //!   references (a one-row slice of a 128 MB buffer costs 128 MB; batches sharing a buffer
 //!   are charged once). Queues, stages, buffers and the scan's prefetch window are holders;
 //!   their bytes add up to the pool's. Only the source waits for room, so backpressure starts
-//!   at the source and nothing downstream deadlocks.
+//!   at the source and nothing downstream deadlocks. A run's pool also counts what the
+//!   process holds beyond its books (decoder pages, allocator retention), so the limit caps
+//!   the process's growth; the batches always get a quarter of it.
 //! * **Order.** By default batches flow as they finish; with `preserve_order` a stage's
 //!   outputs are re-ordered in a bounded window, held batches beyond the window's byte budget
 //!   move into the run's object store (and on to disk when it is full).
