@@ -78,8 +78,10 @@ impl CancelToken {
 #[derive(Debug, Clone, Copy)]
 pub enum Admission<'a> {
     /// Wait until `used + bytes + headroom <= limit`, or until no batch is held at all (so
-    /// that a batch larger than what the limit leaves still gets through alone). For the
-    /// source.
+    /// that a batch larger than what the limit leaves still gets through alone). A run's pool
+    /// (`MemoryPool::for_process`) also counts the process's memory beyond the books, and
+    /// then always admits batches within a quarter of the limit (see `process_memory`). For
+    /// the source.
     Wait {
         headroom: usize,
         cancel: &'a CancelToken,
