@@ -28,7 +28,8 @@ Scenarios:
 
 Every measurement runs in a fresh subprocess (engines alternate: A B C, A B C, ...); the child
 imports its libraries first, then samples system-wide used memory (MemTotal - MemAvailable
-every 10 ms, so helper processes such as Ray's count) and reports its rise over the run.
+less the kernel's per-CPU free lists, every 10 ms, so helper processes such as Ray's count)
+and reports its rise over the run.
 """
 
 from __future__ import annotations

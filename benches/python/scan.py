@@ -11,7 +11,8 @@ polars DataFrame) for the selected rows:
 Engines run interleaved (A B C D, A B C D, ...); medians of --rounds runs; ratios are
 engine time / forebay time (> 1 means forebay is faster). Then the peak memory of
 streaming all 16 columns, each engine in a fresh subprocess: rise of system used memory
-(MemTotal - MemAvailable, sampled every 10 ms) and the process's max RSS.
+(MemTotal - MemAvailable less the kernel's per-CPU free lists, sampled every
+10 ms) and the process's max RSS.
 """
 
 from __future__ import annotations
