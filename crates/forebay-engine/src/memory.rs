@@ -18,9 +18,10 @@
 //! (stages, queues, buffers) add up exactly to the pool's `used`.
 //!
 //! Only the source waits for room ([`Admission::Wait`], with headroom for what the stages
-//! downstream will allocate); every other holder is charged at once ([`Admission::Now`]).
-//! Holders downstream of the source always make progress (the sink drains), so waiting at
-//! the source alone cannot deadlock, and the pool returns under its limit as they drain.
+//! downstream and the scan's decoders will allocate next); every other holder is charged at
+//! once ([`Admission::Now`]). Holders downstream of the source always make progress (the
+//! sink drains), so waiting at the source alone cannot deadlock, and the pool returns under
+//! its limit as they drain.
 //! A run's pool ([`MemoryPool::for_process`]) also counts memory the process holds beyond
 //! the books: when it is what keeps the source waiting, the allocator is asked to return its
 //! free pages first (retention of freed batches); what no trim returns (the decoder's working
@@ -293,21 +294,25 @@ impl MemoryConsumer {
                 let books_fit = charged <= shared.limit;
                 let process_fits = charged + untracked <= shared.limit;
                 let within_batch_share = batches_held + new <= shared.limit / BATCHES_ALWAYS_GET;
-                if batches_held == 0 || process_fits || (books_fit && within_batch_share) {
-                    break;
-                }
-                let trim = if books_fit {
-                    state.process.as_mut().and_then(ProcessMemory::due_trim)
-                } else {
+                let trim = if batches_held == 0 || process_fits || !books_fit {
                     None
+                } else {
+                    state.process.as_mut().and_then(ProcessMemory::due_trim)
                 };
                 if let Some(trim) = trim {
                     // Only memory outside the books is in the way: ask the allocator for
-                    // its free pages (without the lock: a trim walks every arena).
+                    // its free pages (without the lock: a trim walks every arena), then look
+                    // again before falling back on the batches' quarter.
                     drop(state);
                     trim();
                     state = shared.lock();
                     continue;
+                }
+                if batches_held == 0 || process_fits || (books_fit && within_batch_share) {
+                    if let Some(process) = state.process.as_mut() {
+                        process.admitted();
+                    }
+                    break;
                 }
                 state = shared
                     .room
@@ -760,6 +765,33 @@ mod tests {
             let _third = third.join().unwrap();
             assert_eq!(pool.used(), size * 2);
         });
+    }
+
+    #[test]
+    fn the_allocator_is_asked_before_the_batches_quarter_is_used() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let size = batch_memory(&batch(10_000));
+        /// Returns everything outside the books: retention of freed batches.
+        fn trim() {
+            TRIMS.fetch_add(1, SeqCst);
+            READING.store(batch_memory(&batch(10_000)) * 2, SeqCst);
+        }
+        // A quarter of the limit is two batches.
+        let pool = pool_measuring_reading(size * 8, trim);
+        let cancel = CancelToken::new();
+        let wait = Admission::Wait {
+            headroom: 0,
+            cancel: &cancel,
+        };
+        let source = pool.consumer("source");
+        let _first = source.reserve_batch(&batch(10_000), wait).unwrap();
+        // Ten batches of retention: the second batch is within the quarter, but the process
+        // is over the limit, so the allocator gives back its free pages first.
+        READING.store(size * 11, SeqCst);
+        std::thread::sleep(Duration::from_millis(30)); // past the reuse of the last figure
+        let _second = source.reserve_batch(&batch(10_000), wait).unwrap();
+        assert_eq!(TRIMS.load(SeqCst), 1);
     }
 
     #[test]

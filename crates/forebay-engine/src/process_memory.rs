@@ -9,13 +9,19 @@
 //! difference too:
 //!
 //! ```text
-//!  anonymous resident bytes now − at the start of the run      (/proc/self/statm, every ≥ 20 ms)
+//!  anonymous resident bytes now − at the start of the run      (/proc/self/statm, at most
+//!                                                               every 20 ms, and afresh
+//!                                                               after each admission)
 //!        − bytes the pool has charged                          = untracked
 //!  the source admits a batch when
 //!        charged + batch + headroom + untracked ≤ limit
 //!     or batches held + batch ≤ limit / 4 (and the books alone fit the limit)
 //!     or no batch is held at all (so a run always progresses)
 //! ```
+//!
+//! The headroom is what will be allocated before the next look shows it: a batch for each
+//! worker downstream and for each of the scan's decoding threads. The admitted batch itself
+//! is already decoded, so it is in the process figure too; counting it twice is the margin.
 //!
 //! When untracked memory is what keeps the source waiting, the allocator is asked to hand its
 //! free pages back to the OS first (`malloc_trim`, at most every 200 ms): retention of freed
@@ -84,6 +90,14 @@ impl ProcessMemory {
         }
     }
 
+    /// A batch was admitted on the last measurement: the next admission measures afresh.
+    /// Taking a batch lets the source decode another at once, which the last figure cannot
+    /// show; without this, every batch admitted within one measurement period is judged
+    /// against the same figure.
+    pub(crate) fn admitted(&mut self) {
+        self.last = None;
+    }
+
     /// The trim to run now, if one is due (rate-limited); the caller runs it without
     /// holding the pool's lock, then measures again.
     pub(crate) fn due_trim(&mut self) -> Option<fn()> {
@@ -149,5 +163,23 @@ mod tests {
         *figures.lock().unwrap() = 90;
         memory.last = None;
         assert_eq!(memory.untracked(0), 0, "memory below the start");
+    }
+
+    #[test]
+    fn an_admission_makes_the_next_look_measure_afresh() {
+        let figures = std::sync::Arc::new(std::sync::Mutex::new(100usize));
+        let source = figures.clone();
+        let mut memory =
+            ProcessMemory::with_reader(Box::new(move || Some(*source.lock().unwrap())), no_trim)
+                .unwrap();
+        assert_eq!(memory.untracked(0), 0);
+        // Within the measurement period the figure is reused (dated in the future here, so
+        // that a slow machine cannot let the period run out between two lines)...
+        memory.last = Some((Instant::now() + Duration::from_secs(3600), 0));
+        *figures.lock().unwrap() = 130;
+        assert_eq!(memory.untracked(0), 0);
+        // ...unless a batch was admitted on it.
+        memory.admitted();
+        assert_eq!(memory.untracked(0), 30);
     }
 }

@@ -104,7 +104,12 @@ impl Holds {
 }
 
 /// Read the source into `output` until it ends, downstream stops, or the run is cancelled.
-/// `headroom`: bytes per batch in flight downstream (workers × a batch) kept free.
+/// `downstream_workers`: the workers of the stages and the sink, each of which may allocate
+/// about a batch of its own.
+///
+/// Each batch is admitted with headroom for what will be allocated before the pool's next
+/// look at the process: a batch per downstream worker, and a batch per decoding thread of
+/// the scan (taking a batch from the scan lets it decode the next ones at once).
 pub(crate) fn run_source(
     source: Source,
     output: Arc<BatchQueue>,
@@ -115,8 +120,12 @@ pub(crate) fn run_source(
     let cancel = resources.cancel_token().clone();
     let name = source.name();
     let holder = resources.pool().consumer(name);
+    let decoders = match &source {
+        Source::Parquet(dataset) => dataset.decode_threads(),
+        Source::Batches { .. } => 0,
+    };
     let admit = |batch: &RecordBatch| {
-        let headroom = downstream_workers * batch_memory(batch);
+        let headroom = (downstream_workers + decoders) * batch_memory(batch);
         holder.reserve_batch(
             batch,
             Admission::Wait {

@@ -7,23 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema};
 use forebay_engine::{
     EngineError, IterOptions, MapStage, ParquetSink, Pipeline, PipelineEvent, Source, UserError,
     WriteMode,
 };
 
-fn schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]))
-}
-
-fn batch_of(values: impl IntoIterator<Item = i64>) -> RecordBatch {
-    RecordBatch::try_new(
-        schema(),
-        vec![Arc::new(Int64Array::from_iter_values(values))],
-    )
-    .unwrap()
-}
+mod common;
+use common::{batch_of, schema, times};
 
 /// Batches of consecutive values with uneven sizes (deterministic).
 fn uneven_source(batches: usize) -> (Source, i64) {
@@ -60,19 +51,6 @@ fn values(batches: &[RecordBatch]) -> Vec<i64> {
 
 fn collect(stream: forebay_engine::BatchStream) -> Vec<RecordBatch> {
     stream.map(|b| b.unwrap()).collect()
-}
-
-/// A map that multiplies by `k`, sleeping a little on some batches to shuffle finish order.
-fn times(name: &str, k: i64) -> MapStage {
-    let calls = Arc::new(AtomicUsize::new(0));
-    MapStage::rust(name, move |b| {
-        let n = calls.fetch_add(1, Ordering::Relaxed);
-        if n.is_multiple_of(3) {
-            std::thread::sleep(Duration::from_millis(3));
-        }
-        let x = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-        Ok(batch_of(x.values().iter().map(|v| v * k)))
-    })
 }
 
 #[test]
@@ -209,48 +187,6 @@ fn a_limit_stops_an_endless_source() {
     got.dedup();
     assert_eq!(got.len(), 1050);
     assert!(pulled.load(Ordering::Relaxed) < 100, "the source stopped");
-}
-
-#[test]
-fn memory_stays_under_the_limit_with_a_slow_consumer() {
-    // 300 batches of 1 MiB through a 2-worker stage, 12 MiB limit, consumer slower than all.
-    let big = |i: i64| batch_of((0..131_072).map(move |v| v + i));
-    let source = Source::Batches {
-        schema: schema(),
-        batches: Box::new((0..300).map(move |i| Ok::<_, UserError>(big(i)))),
-    };
-    let limit = 12 << 20;
-    let mut stream = Pipeline::new(source)
-        .with_memory_limit(limit)
-        .map(times("double", 2).with_concurrency(2))
-        .iter(IterOptions {
-            prefetch_batches: 2,
-            ..Default::default()
-        })
-        .unwrap();
-    let mut rows = 0;
-    let mut peak_used = 0;
-    while let Some(b) = stream.next() {
-        rows += b.unwrap().num_rows();
-        if let Some(m) = stream.memory() {
-            peak_used = peak_used.max(m.used);
-            let held: usize = m.consumers.iter().map(|c| c.held).sum();
-            assert_eq!(held, m.used, "holders add up to the pool");
-        }
-        std::thread::sleep(Duration::from_millis(4)); // slower than the source and the stage
-    }
-    assert_eq!(rows, 300 * 131_072);
-    let stats = stream.stats().unwrap();
-    assert!(
-        stats.peak_bytes as usize <= limit,
-        "peak {} > limit {limit}",
-        stats.peak_bytes
-    );
-    // The queues filled up behind the slow consumer (so the limit was what held it back).
-    assert!(
-        peak_used > limit / 3,
-        "the pipeline used its budget ({peak_used})"
-    );
 }
 
 #[test]

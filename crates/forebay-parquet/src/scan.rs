@@ -424,9 +424,15 @@ impl ParquetDataset {
         self.count_rows().ok()
     }
 
-    /// Row groups decoded at once by a scan (bounds its memory with `prefetch`).
+    /// Row groups a scan keeps in flight (fetched or decoding; bounds its memory).
     pub fn prefetch(&self) -> usize {
         self.inner.prefetch
+    }
+
+    /// Batches a scan decodes at once: when its consumer takes a batch, this many new ones
+    /// may be allocated before the consumer sees any of them.
+    pub fn decode_threads(&self) -> usize {
+        self.inner.threads
     }
 
     /// Number of rows: from footers alone when there is no filter, otherwise by scanning
