@@ -49,7 +49,7 @@
 //! record with files still staged (rolled forward), or a finished commit. Rows are written
 //! once: a row's id is published only by the commit that publishes its data file, and a
 //! resumed run drops rows whose id is published. Inputs are skipped only once every row
-//! derived from them is committed or was dropped empty ([`crate::lineage`]).
+//! derived from them is committed or was dropped empty (the `lineage` module).
 //!
 //! On object stores there is no rename: staging keys are copied server-side to final keys;
 //! a reader listing the output sees a data file only once it is complete and committed.

@@ -1,6 +1,6 @@
 //! Byte-range I/O against object_store, instrumented.
 //!
-//! Every read forebay makes of a Parquet file goes through [`ObjectFileReader`], which
+//! Every read forebay makes of a Parquet file goes through `ObjectFileReader`, which
 //! implements the parquet crate's [`AsyncFileReader`]. It does three things the stock
 //! `ParquetObjectReader` does not:
 //!

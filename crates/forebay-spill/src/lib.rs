@@ -19,7 +19,7 @@
 //!     └─ drop (last object of the file) ── file deleted
 //! ```
 //!
-//! Format: see [`format`]. Durability: [`SyncPolicy`]. Errors name the file and offset.
+//! Format: see [`format`](mod@format). Durability: [`SyncPolicy`]. Errors name the file and offset.
 //!
 //! [`RemoteSpillTarget`] spills the same object format to S3-like storage through
 //! `object_store`: one remote object per round, one PUT or a multipart upload of fixed-size
