@@ -14,6 +14,9 @@
 //!  input batch ──► hash ids ──► group rows by shard ──► probe shards in parallel ──► mask
 //!                                                                  │
 //!  completed ids ──► insert ──► pending ──► write: shard=<k>/part-<id>.parquet (commit)
+//!
+//!  ids of an output file ──► IdPartsWriter: encoded into their shard's part as they come
+//!                            ──► finish: shard=<k>/<name>, for a caller's commit protocol
 //! ```
 //!
 //! ## Memory and correctness
@@ -47,6 +50,7 @@
 
 pub mod error;
 pub mod fingerprint;
+mod id_parts;
 mod index;
 mod persist;
 pub mod shard;
@@ -54,6 +58,7 @@ mod stream;
 
 pub use error::{CheckpointError, Result};
 pub use fingerprint::{IdFamily, FINGERPRINT_BITS};
+pub use id_parts::IdPartsWriter;
 pub use index::{CheckpointIndex, DEFAULT_NUM_SHARDS, MAX_NUM_SHARDS};
 pub use persist::{
     clean_stale_temp_files, manifest_num_shards, write_id_parts, CheckpointLoader, WriteSummary,

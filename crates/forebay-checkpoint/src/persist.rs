@@ -30,18 +30,15 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, ArrayRef, RecordBatch};
-use arrow::compute::interleave;
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{Array, ArrayRef};
+use arrow::datatypes::DataType;
 use forebay_parquet::{DatasetSource, ParquetDataset, ParquetError, StorageOptions};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
 
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
+use crate::id_parts::IdPartsWriter;
 use crate::index::{
     default_threads, id_value_type, shard_bits_for, CheckpointIndex, DEFAULT_NUM_SHARDS,
 };
@@ -126,7 +123,7 @@ impl Manifest {
 }
 
 /// Where a checkpoint lives: a local directory or a prefix in an object store.
-enum Target {
+pub(crate) enum Target {
     Local(PathBuf),
     Remote {
         store: Arc<dyn ObjectStore>,
@@ -136,7 +133,7 @@ enum Target {
 }
 
 impl Target {
-    fn parse(path: &str, options: &StorageOptions) -> Result<Target> {
+    pub(crate) fn parse(path: &str, options: &StorageOptions) -> Result<Target> {
         if let Some(rest) = path.strip_prefix("file://") {
             return Ok(Target::Local(PathBuf::from(rest)));
         }
@@ -158,7 +155,7 @@ impl Target {
         })
     }
 
-    fn shown(&self, relative: &str) -> String {
+    pub(crate) fn shown(&self, relative: &str) -> String {
         match self {
             Target::Local(dir) => dir.join(relative).display().to_string(),
             Target::Remote { shown, .. } => format!("{}/{relative}", shown.trim_end_matches('/')),
@@ -276,7 +273,7 @@ impl Target {
     }
 
     /// Store `bytes` under `relative` so that readers see all of it or nothing.
-    fn put_atomic(&self, relative: &str, bytes: Vec<u8>) -> Result<String> {
+    pub(crate) fn put_atomic(&self, relative: &str, bytes: Vec<u8>) -> Result<String> {
         let shown = self.shown(relative);
         match self {
             Target::Local(dir) => {
@@ -761,25 +758,6 @@ fn unique_part_name() -> String {
     )
 }
 
-fn encode_parquet(batch: &RecordBatch, what: &str) -> Result<Vec<u8>> {
-    let encode = |reason: String| CheckpointError::Encode {
-        what: what.to_string(),
-        reason,
-    };
-    // Ids in a checkpoint are distinct: a dictionary would only cost the hashing of each
-    // one until it reached its size limit.
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_dictionary_enabled(false)
-        .build();
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props))
-        .map_err(|e| encode(e.to_string()))?;
-    writer.write(batch).map_err(|e| encode(e.to_string()))?;
-    writer.close().map_err(|e| encode(e.to_string()))?;
-    Ok(out)
-}
-
 impl CheckpointIndex {
     /// Persist the ids inserted since the last write into the checkpoint at `path`, one new
     /// part file per shard that received ids (`<path>/shard=<k>/part-<id>.parquet`), each
@@ -791,12 +769,11 @@ impl CheckpointIndex {
         let target = self.prepare_target(path, storage_options)?;
         let pending = self.take_pending();
         let written = write_parts(
-            &target,
+            target,
             &pending,
             &self.id_column,
             &self.id_type,
             self.shard_bits,
-            |_| unique_part_name(),
         );
         match written {
             Ok(summary) => Ok(summary),
@@ -860,9 +837,8 @@ pub fn manifest_num_shards(path: &str, storage_options: &StorageOptions) -> Resu
 /// `root/shard=<k>/<part_name>` for each shard `k` that gets ids, each written atomically.
 /// No manifest is written or read: this is for callers that stage parts and publish them
 /// into a checkpoint themselves (the engine's commit protocol). Nulls are skipped. The chunks
-/// are not concatenated: each shard's ids are gathered from them directly, so the memory
-/// this takes beyond `ids` is ~8 bytes an id plus one shard's part. Returns the files
-/// written, relative to `root`, and the ids written.
+/// are not concatenated: they go through an [`IdPartsWriter`] a block at a time. Returns the
+/// files written, relative to `root`, and the ids written.
 pub fn write_id_parts(
     root: &str,
     storage_options: &StorageOptions,
@@ -871,112 +847,51 @@ pub fn write_id_parts(
     num_shards: usize,
     part_name: &str,
 ) -> Result<(Vec<String>, usize)> {
-    let target = Target::parse(root, storage_options)?;
-    let shard_bits = shard_bits_for(num_shards)?;
-    let Some(first) = ids.first() else {
-        return Ok((Vec::new(), 0));
-    };
-    let id_type = id_value_type(first.data_type(), root, id_column)?;
-    let ids = ids
-        .iter()
-        .map(|chunk| {
-            if chunk.data_type() == &id_type {
-                Ok(chunk.clone())
-            } else {
-                arrow::compute::cast(chunk, &id_type).map_err(encode_err)
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let summary = write_parts(&target, &ids, id_column, &id_type, shard_bits, |_| {
-        part_name.to_string()
-    })?;
-    let base = target.shown("");
-    let relative = summary
-        .files
-        .iter()
-        .map(|f| {
-            f.strip_prefix(base.trim_end_matches('/'))
-                .unwrap_or(f)
-                .trim_start_matches('/')
-                .to_string()
-        })
-        .collect();
-    Ok((relative, summary.ids))
-}
-
-fn encode_err(e: arrow::error::ArrowError) -> CheckpointError {
-    CheckpointError::Encode {
-        what: "checkpoint ids".into(),
-        reason: e.to_string(),
+    let mut writer = IdPartsWriter::new(root, storage_options, id_column, num_shards, part_name)?;
+    for chunk in ids {
+        writer.push(chunk)?;
     }
+    writer.finish()
 }
 
-/// Write `chunks` (ids of type `id_type`) into one part file per shard that gets ids, named
-/// by `name_of(shard)`; null ids are skipped. Each id's shard is found a block of rows at a
-/// time, and each shard's ids are gathered straight from the chunks, so neither a
-/// concatenation of the chunks nor a fingerprint per id is ever held.
+/// Write `chunks` (ids of type `id_type`) into one part file per shard that gets ids, each
+/// with a name of its own; null ids are skipped.
 fn write_parts(
-    target: &Target,
+    target: Target,
     chunks: &[ArrayRef],
     id_column: &str,
     id_type: &DataType,
     shard_bits: u32,
-    name_of: impl Fn(usize) -> String,
 ) -> Result<WriteSummary> {
-    const BLOCK: usize = 8192;
-    let num_shards = 1usize << shard_bits;
-    // (chunk, row) of every non-null id, by shard, in input order.
-    let mut rows_by_shard: Vec<Vec<(u32, u32)>> = vec![Vec::new(); num_shards];
-    let mut fps = Vec::with_capacity(BLOCK);
-    for (c, chunk) in chunks.iter().enumerate() {
-        if chunk.len() > u32::MAX as usize {
-            return Err(CheckpointError::InvalidArgument(format!(
-                "a chunk of {} ids is too long to write as one part",
-                chunk.len()
-            )));
-        }
-        let nulls = chunk.logical_nulls();
-        for start in (0..chunk.len()).step_by(BLOCK) {
-            let len = BLOCK.min(chunk.len() - start);
-            fingerprints_into(chunk.slice(start, len).as_ref(), &mut fps);
-            for (i, fp) in fps.iter().enumerate() {
-                let row = start + i;
-                if nulls.as_ref().is_none_or(|n| n.is_valid(row)) {
-                    rows_by_shard[shard_of(*fp, shard_bits)].push((c as u32, row as u32));
-                }
-            }
-        }
-    }
-    let schema = Arc::new(Schema::new(vec![Field::new(
+    let mut writer = IdPartsWriter::with_names(
+        target,
         id_column,
-        id_type.clone(),
-        false,
-    )]));
-    let sources: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
-    let mut summary = WriteSummary::default();
-    for (k, rows) in rows_by_shard.iter_mut().enumerate() {
-        if rows.is_empty() {
-            continue;
-        }
-        let picks: Vec<(usize, usize)> = rows
-            .iter()
-            .map(|&(c, row)| (c as usize, row as usize))
-            .collect();
-        *rows = Vec::new();
-        let shard_ids = interleave(&sources, &picks).map_err(encode_err)?;
-        drop(picks);
-        let batch = RecordBatch::try_new(schema.clone(), vec![shard_ids]).map_err(encode_err)?;
-        let relative = format!("shard={k}/{}", name_of(k));
-        let bytes = encode_parquet(&batch, &target.shown(&relative))?;
-        summary.files.push(target.put_atomic(&relative, bytes)?);
-        summary.ids += batch.num_rows();
+        Some(id_type.clone()),
+        shard_bits,
+        Box::new(|_| unique_part_name()),
+    )?;
+    for chunk in chunks {
+        writer.push(chunk)?;
     }
-    Ok(summary)
+    writer.finish_summary()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use arrow::array::RecordBatch;
+    use parquet::arrow::ArrowWriter;
+
+    /// `batch` as a Parquet file in memory, encoded as checkpoint parts are.
+    fn encode_parquet(batch: &RecordBatch) -> Vec<u8> {
+        let mut out = Vec::new();
+        let props = crate::id_parts::part_properties();
+        let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+        out
+    }
 
     #[test]
     fn manifest_round_trips() {
@@ -1017,11 +932,7 @@ mod tests {
             Arc::new(arrow::array::Int64Array::from_iter_values(1000..2000)) as ArrayRef,
         )])
         .unwrap();
-        fs::write(
-            dir.path().join("ray-0.parquet"),
-            encode_parquet(&flat, "test").unwrap(),
-        )
-        .unwrap();
+        fs::write(dir.path().join("ray-0.parquet"), encode_parquet(&flat)).unwrap();
         let all = arrow::array::Int64Array::from_iter_values(0..2000);
         let mut held = 0;
         for k in 0..4 {
@@ -1043,13 +954,13 @@ mod tests {
         use arrow::datatypes::Int32Type;
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_str().unwrap();
-        // Three chunks of one column: plain with nulls, longer than a fingerprint block, and
+        // Three chunks of one column: plain with nulls, longer than two blocks, and
         // dictionary-encoded (cast to the first chunk's type).
         let plain: ArrayRef = Arc::new(StringArray::from_iter(
             (0..50).map(|i| (i % 7 != 3).then(|| format!("a{i}"))),
         ));
         let long: ArrayRef = Arc::new(StringArray::from_iter_values(
-            (0..20_000).map(|i| format!("b{i}")),
+            (0..70_000).map(|i| format!("b{i}")),
         ));
         let dict: ArrayRef = Arc::new(
             ["c0", "c1", "c0", "c2"]

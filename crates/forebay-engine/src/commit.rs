@@ -24,7 +24,9 @@
 //!
 //! ```text
 //!  1 stage    write the data file and the id parts under _forebay_staging (in parallel
-//!             with other writers); nothing is visible yet
+//!             with other writers); the ids are encoded into their shards' parts as the
+//!             file's batches arrive and held, compressed, until the file is complete;
+//!             nothing is visible yet
 //!  2 decide   (one commit at a time) release the file's batches to the lineage book, take
 //!             the inputs completed so far, and PUT the commit record atomically
 //!             (local: temp file, fsync, rename, fsync dir; object stores: one PUT)
@@ -68,7 +70,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef};
 use arrow::datatypes::DataType;
-use forebay_checkpoint::{CheckpointIndex, SharedCheckpointIndex};
+use forebay_checkpoint::{CheckpointIndex, IdPartsWriter, SharedCheckpointIndex};
 use forebay_parquet::{FileEntry, ParquetDataset, ScanSkip, StorageOptions};
 use serde::{Deserialize, Serialize};
 
@@ -456,10 +458,6 @@ impl CommitLog {
     ) -> Result<Prepared> {
         let opened = OpenedState::open(checkpoint, &output, dataset)?;
         let options = &checkpoint.storage_options;
-        let ckpt_err = |e: forebay_checkpoint::CheckpointError| EngineError::Checkpoint {
-            stage: "checkpoint".into(),
-            source: Box::new(e),
-        };
         // The ids done: everything under the checkpoint path (forebay's parts, and any id
         // files that were there: Ray's layout, a single file).
         let mut index = load_ids(
@@ -468,17 +466,17 @@ impl CommitLog {
             &checkpoint.id_column,
             checkpoint.num_shards,
         )
-        .map_err(ckpt_err)?;
+        .map_err(checkpoint_err)?;
         if opened.single_file {
             let shards = index
                 .as_ref()
                 .map(|i| i.num_shards())
                 .or(checkpoint.num_shards);
             if let Some(more) = load_ids(&opened.state_uri, options, &checkpoint.id_column, shards)
-                .map_err(ckpt_err)?
+                .map_err(checkpoint_err)?
             {
                 match index.as_mut() {
-                    Some(i) => i.merge(&more).map_err(ckpt_err)?,
+                    Some(i) => i.merge(&more).map_err(checkpoint_err)?,
                     None => index = Some(more),
                 }
             }
@@ -492,11 +490,11 @@ impl CommitLog {
                     .num_shards
                     .unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
             )
-            .map_err(ckpt_err)?,
+            .map_err(checkpoint_err)?,
         };
         index
             .prepare(&opened.state_uri, options)
-            .map_err(ckpt_err)?;
+            .map_err(checkpoint_err)?;
         let mut report = opened.report.clone();
         report.ids_done = index.len() as u64;
         let skip = Arc::new(opened.finished.clone());
@@ -526,13 +524,9 @@ impl CommitLog {
                 checkpoint.path
             )));
         }
-        let ckpt_err = |e: forebay_checkpoint::CheckpointError| EngineError::Checkpoint {
-            stage: "checkpoint".into(),
-            source: Box::new(e),
-        };
         let options = &checkpoint.storage_options;
         let declared = forebay_checkpoint::manifest_num_shards(&opened.state_uri, options)
-            .map_err(ckpt_err)?;
+            .map_err(checkpoint_err)?;
         let num_shards = match (declared, checkpoint.num_shards) {
             (Some(have), Some(asked)) if have != asked => {
                 return Err(EngineError::InvalidArgument(format!(
@@ -551,7 +545,7 @@ impl CommitLog {
             num_shards,
         )
         .and_then(|layout| layout.prepare(&opened.state_uri, options))
-        .map_err(ckpt_err)?;
+        .map_err(checkpoint_err)?;
         let finished = opened.finished.clone();
         let report = opened.report.clone();
         let log = CommitLog::new(
@@ -622,24 +616,42 @@ impl CommitLog {
         (commit, format!("{STAGING}/{name}"), name)
     }
 
-    /// Commit a staged data file (or, with `data: None`, only completions) with the ids of
-    /// its rows and the lineage tickets of its batches.
+    /// Step 1 of a commit for its ids, streaming: a writer of the commit's id parts, to be
+    /// staged by [`CommitLog::stage_ids`] when the commit's data file is complete.
+    pub(crate) fn id_parts_writer(&self, commit: &str) -> Result<IdPartsWriter> {
+        IdPartsWriter::new(
+            &self.staging_root(commit),
+            &self.storage_options,
+            &self.id_column,
+            self.num_shards,
+            &id_part_name(commit),
+        )
+        .map_err(checkpoint_err)
+    }
+
+    /// Write the ids a writer from [`CommitLog::id_parts_writer`] holds into the commit's
+    /// staging directory (None when there were none).
+    pub(crate) fn stage_ids(&self, ids: IdPartsWriter) -> Result<Option<IdPartsRecord>> {
+        let (parts, count) = ids.finish().map_err(checkpoint_err)?;
+        Ok((!parts.is_empty()).then_some(IdPartsRecord {
+            parts,
+            count: count as u64,
+        }))
+    }
+
+    fn staging_root(&self, commit: &str) -> String {
+        self.state.child(&format!("{STAGING}/{commit}")).root_uri()
+    }
+
+    /// Commit a staged data file (or, with `data: None`, only completions) with its staged
+    /// ids ([`CommitLog::stage_ids`]) and the lineage tickets of its batches.
     pub(crate) fn commit(
         &self,
         commit: &str,
         data: Option<StagedData>,
-        ids: Vec<ArrayRef>,
+        ids: Option<IdPartsRecord>,
         tickets: Vec<Arc<UnitTicket>>,
     ) -> Result<()> {
-        // 1. stage the ids (in parallel with other commits).
-        let ids = stage_id_parts(
-            &self.state,
-            &self.storage_options,
-            &self.id_column,
-            self.num_shards,
-            commit,
-            &ids,
-        )?;
         let data = data.map(|d| DataFileRecord {
             staged: d.staged,
             final_name: d.final_name,
@@ -719,7 +731,7 @@ impl CommitLog {
     /// inputs snapshot, and delete forebay's state if asked.
     pub(crate) fn finish(&self, delete: bool) -> Result<()> {
         let (commit, _, _) = self.next_commit();
-        self.commit(&commit, None, Vec::new(), Vec::new())?;
+        self.commit(&commit, None, None, Vec::new())?;
         recover(&self.state, &self.output)?;
         if delete {
             for name in [INPUTS, forebay_checkpoint::MANIFEST_FILE] {
@@ -751,23 +763,31 @@ pub(crate) fn stage_id_parts(
         return Ok(None);
     }
     let staged_root = state.child(&format!("{STAGING}/{commit}")).root_uri();
-    let name = format!("part-{commit}.parquet");
     let (parts, count) = forebay_checkpoint::write_id_parts(
         &staged_root,
         storage_options,
         id_column,
         ids,
         num_shards,
-        &name,
+        &id_part_name(commit),
     )
-    .map_err(|e| EngineError::Checkpoint {
-        stage: "checkpoint".into(),
-        source: Box::new(e),
-    })?;
+    .map_err(checkpoint_err)?;
     Ok(Some(IdPartsRecord {
         parts,
         count: count as u64,
     }))
+}
+
+/// The name of a commit's id part in each shard.
+fn id_part_name(commit: &str) -> String {
+    format!("part-{commit}.parquet")
+}
+
+fn checkpoint_err(e: forebay_checkpoint::CheckpointError) -> EngineError {
+    EngineError::Checkpoint {
+        stage: "checkpoint".into(),
+        source: Box::new(e),
+    }
 }
 
 /// The fault-injection hook of the protocol's tests (see the module docs).

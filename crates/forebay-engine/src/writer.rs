@@ -22,8 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
+use forebay_checkpoint::IdPartsWriter;
 use forebay_parquet::StorageOptions;
 use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
@@ -616,10 +617,11 @@ struct Pending {
     commit: String,
     staged: String,
     final_name: String,
-    ids: Vec<ArrayRef>,
+    /// The ids of the file's rows, encoded into their shards' parts as they come.
+    ids: IdPartsWriter,
     tickets: Vec<Arc<UnitTicket>>,
-    /// The ids (and the encoder's buffers) are memory held until the commit.
-    held: Vec<Reservation>,
+    /// What the file's encoder and `ids` hold, reserved until the commit.
+    held: Option<Reservation>,
 }
 
 /// With a checkpoint: whole batches per file (closing a file at the first batch boundary
@@ -658,25 +660,27 @@ fn write_checkpointed(
             let (commit, staged, final_name) = log.next_commit();
             pending = Some(Pending {
                 file: target.open_file(&staged, batch.batch.schema(), true)?,
+                ids: log.id_parts_writer(&commit)?,
                 commit,
                 staged,
                 final_name,
-                ids: Vec::new(),
                 tickets: Vec::new(),
-                held: Vec::new(),
+                held: None,
             });
         }
         let p = pending.as_mut().expect("just opened");
         p.file.write(&batch.batch)?;
+        p.ids.push(&ids).map_err(|e| EngineError::Checkpoint {
+            stage: STAGE.into(),
+            source: Box::new(e),
+        })?;
         rows_written.fetch_add(batch.batch.num_rows() as u64, Ordering::Relaxed);
         written += batch.batch.num_rows() as u64;
         p.tickets.extend(batch.take_tickets());
-        let id_batch = RecordBatch::try_from_iter([("id", ids.clone())])
-            .map_err(|e| EngineError::write(STAGE, &p.file.shown, e))?;
-        p.held
-            .push(holder.reserve_batch(&id_batch, Admission::Now)?);
-        p.ids.push(ids);
         drop(batch);
+        p.held = None;
+        p.held =
+            Some(holder.reserve_bytes(p.file.memory() + p.ids.memory_bytes(), Admission::Now)?);
         if p.file.rows as usize >= target.sink.rows_per_file {
             commit_file(target, log, pending.take().expect("open"), resources)?;
         }
@@ -695,13 +699,14 @@ fn commit_file(
     resources: &RunResources,
 ) -> Result<()> {
     let staged = p.file.finish()?;
+    let ids = log.stage_ids(p.ids)?;
     let data = StagedData {
         staged: p.staged,
         final_name: p.final_name.clone(),
         rows: staged.rows,
         bytes: staged.bytes,
     };
-    log.commit(&p.commit, Some(data), p.ids, p.tickets)?;
+    log.commit(&p.commit, Some(data), ids, p.tickets)?;
     drop(p.held);
     target.record(
         WrittenFile {

@@ -1,0 +1,298 @@
+//! Ids partitioned by shard into part files, encoded as they arrive.
+//!
+//! ```text
+//!  push(ids) ──► block (≤ 32 Ki raw ids) ──full──► fingerprint each id ──► its shard k
+//!                                                        │ gather shard k's ids
+//!                                                        ▼
+//!                        shard k: Parquet writer into memory (small pages, snappy)
+//!  finish() ──► flush the block ──► close each shard's writer ──► put root/shard=<k>/<name>
+//! ```
+//!
+//! Between pushes an [`IdPartsWriter`] holds at most one block of raw ids and, per shard, the
+//! ids encoded and compressed so far: a writer that stages the ids of a large output file
+//! while the file is written holds much less than the ids themselves, and needs no gathering
+//! pass over all of them when it finishes. Nothing is written to storage before
+//! [`IdPartsWriter::finish`], and each part is put atomically, so an abandoned writer leaves
+//! nothing behind.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::compute::interleave;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use forebay_parquet::StorageOptions;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+
+use crate::error::{CheckpointError, Result};
+use crate::fingerprint::{fingerprints_into, shard_of};
+use crate::index::{id_value_type, shard_bits_for};
+use crate::persist::{Target, WriteSummary};
+
+/// Raw ids gathered before they are split by shard: large enough that each shard's share
+/// of a block is hundreds of ids (one encoder call, not one per batch), small enough to be
+/// a rounding error next to what the caller holds.
+const BLOCK_IDS: usize = 32 * 1024;
+/// Ids are fingerprinted this many at a time.
+const FINGERPRINT_ROWS: usize = 8192;
+/// Encoded ids wait in a page of at most this size before it is compressed.
+const PAGE_BYTES: usize = 32 * 1024;
+
+/// Writes ids into one part file per shard that gets any. Build with [`IdPartsWriter::new`];
+/// [`IdPartsWriter::push`] the ids (chunks of one column, any number, nulls skipped), then
+/// [`IdPartsWriter::finish`].
+pub struct IdPartsWriter {
+    target: Target,
+    id_column: String,
+    /// The ids' value type: the first chunk's, unless the caller fixed it. Later chunks of
+    /// another type (a dictionary, a wider string) are cast to it.
+    id_type: Option<DataType>,
+    shard_bits: u32,
+    name_of: Box<dyn Fn(usize) -> String + Send>,
+    block: Vec<ArrayRef>,
+    block_ids: usize,
+    shards: Vec<Option<ArrowWriter<Vec<u8>>>>,
+    ids: usize,
+    fingerprints: Vec<u128>,
+}
+
+impl IdPartsWriter {
+    /// Parts named `part_name` in every shard: `root/shard=<k>/<part_name>`.
+    pub fn new(
+        root: &str,
+        storage_options: &StorageOptions,
+        id_column: &str,
+        num_shards: usize,
+        part_name: &str,
+    ) -> Result<IdPartsWriter> {
+        let part_name = part_name.to_string();
+        IdPartsWriter::with_names(
+            Target::parse(root, storage_options)?,
+            id_column,
+            None,
+            shard_bits_for(num_shards)?,
+            Box::new(move |_| part_name.clone()),
+        )
+    }
+
+    /// The general form: ids of `id_type` (or the first chunk's type), shard `k`'s part named
+    /// `name_of(k)`.
+    pub(crate) fn with_names(
+        target: Target,
+        id_column: &str,
+        id_type: Option<DataType>,
+        shard_bits: u32,
+        name_of: Box<dyn Fn(usize) -> String + Send>,
+    ) -> Result<IdPartsWriter> {
+        Ok(IdPartsWriter {
+            target,
+            id_column: id_column.to_string(),
+            id_type,
+            shard_bits,
+            name_of,
+            block: Vec::new(),
+            block_ids: 0,
+            shards: (0..1usize << shard_bits).map(|_| None).collect(),
+            ids: 0,
+            fingerprints: Vec::with_capacity(FINGERPRINT_ROWS),
+        })
+    }
+
+    /// Add ids. They are encoded when a block is full; until then the chunk is held as is
+    /// (a slice keeps its whole buffers alive: see [`IdPartsWriter::memory_bytes`]).
+    pub fn push(&mut self, ids: &ArrayRef) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let id_type = match &self.id_type {
+            Some(t) => t.clone(),
+            None => {
+                let t = id_value_type(ids.data_type(), &self.target.shown(""), &self.id_column)?;
+                self.id_type = Some(t.clone());
+                t
+            }
+        };
+        if ids.len() > u32::MAX as usize {
+            return Err(CheckpointError::InvalidArgument(format!(
+                "a chunk of {} ids is too long to write as one part",
+                ids.len()
+            )));
+        }
+        let chunk = if ids.data_type() == &id_type {
+            ids.clone()
+        } else {
+            arrow::compute::cast(ids, &id_type).map_err(encode_err)?
+        };
+        self.block_ids += chunk.len();
+        self.block.push(chunk);
+        if self.block_ids >= BLOCK_IDS {
+            self.encode_block()?;
+        }
+        Ok(())
+    }
+
+    /// Bytes held: the shards' encoded ids and the raw block (charged by whole buffers).
+    pub fn memory_bytes(&self) -> usize {
+        let encoded: usize = self
+            .shards
+            .iter()
+            .flatten()
+            .map(|w| w.inner().capacity() + w.memory_size())
+            .sum();
+        let raw: usize = self.block.iter().map(|a| a.get_array_memory_size()).sum();
+        encoded + raw + self.shards.capacity() * std::mem::size_of::<Option<ArrowWriter<Vec<u8>>>>()
+    }
+
+    /// Write every shard's part (atomically, each under its final name). Returns the files
+    /// written, relative to the root, and the number of ids.
+    pub fn finish(mut self) -> Result<(Vec<String>, usize)> {
+        let summary = self.finish_summary()?;
+        let base = self.target.shown("");
+        let relative = summary
+            .files
+            .iter()
+            .map(|f| {
+                f.strip_prefix(base.trim_end_matches('/'))
+                    .unwrap_or(f)
+                    .trim_start_matches('/')
+                    .to_string()
+            })
+            .collect();
+        Ok((relative, summary.ids))
+    }
+
+    /// [`IdPartsWriter::finish`] with the files as shown paths (URIs for object stores).
+    pub(crate) fn finish_summary(&mut self) -> Result<WriteSummary> {
+        self.encode_block()?;
+        let mut summary = WriteSummary::default();
+        for (k, writer) in self.shards.iter_mut().enumerate() {
+            let Some(writer) = writer.take() else {
+                continue;
+            };
+            let relative = format!("shard={k}/{}", (self.name_of)(k));
+            let bytes = writer.into_inner().map_err(|e| CheckpointError::Encode {
+                what: self.target.shown(&relative),
+                reason: e.to_string(),
+            })?;
+            summary
+                .files
+                .push(self.target.put_atomic(&relative, bytes)?);
+        }
+        summary.ids = self.ids;
+        Ok(summary)
+    }
+
+    /// Split the block by shard and encode each shard's ids, in input order.
+    fn encode_block(&mut self) -> Result<()> {
+        if self.block.is_empty() {
+            return Ok(());
+        }
+        let block = std::mem::take(&mut self.block);
+        self.block_ids = 0;
+        let num_shards = self.shards.len();
+        // (chunk, row) of every non-null id, by shard.
+        let mut picks: Vec<Vec<(usize, usize)>> = vec![Vec::new(); num_shards];
+        for (c, chunk) in block.iter().enumerate() {
+            let nulls = chunk.logical_nulls();
+            for start in (0..chunk.len()).step_by(FINGERPRINT_ROWS) {
+                let len = FINGERPRINT_ROWS.min(chunk.len() - start);
+                fingerprints_into(chunk.slice(start, len).as_ref(), &mut self.fingerprints);
+                for (i, fp) in self.fingerprints.iter().enumerate() {
+                    let row = start + i;
+                    if nulls.as_ref().is_none_or(|n| n.is_valid(row)) {
+                        picks[shard_of(*fp, self.shard_bits)].push((c, row));
+                    }
+                }
+            }
+        }
+        let sources: Vec<&dyn Array> = block.iter().map(|c| c.as_ref()).collect();
+        let schema = self.schema();
+        for (k, rows) in picks.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let ids = interleave(&sources, rows).map_err(encode_err)?;
+            let batch = RecordBatch::try_new(schema.clone(), vec![ids]).map_err(encode_err)?;
+            let writer = match &mut self.shards[k] {
+                Some(w) => w,
+                slot => slot.insert(
+                    ArrowWriter::try_new(Vec::new(), schema.clone(), Some(part_properties()))
+                        .map_err(|e| CheckpointError::Encode {
+                            what: self.target.shown(&format!("shard={k}")),
+                            reason: e.to_string(),
+                        })?,
+                ),
+            };
+            writer.write(&batch).map_err(|e| CheckpointError::Encode {
+                what: self.target.shown(&format!("shard={k}")),
+                reason: e.to_string(),
+            })?;
+            self.ids += batch.num_rows();
+        }
+        Ok(())
+    }
+
+    fn schema(&self) -> SchemaRef {
+        let id_type = self.id_type.clone().expect("set by the first push");
+        Arc::new(Schema::new(vec![Field::new(
+            &self.id_column,
+            id_type,
+            false,
+        )]))
+    }
+}
+
+/// How part files are encoded. Ids in a checkpoint are distinct: a dictionary would only
+/// cost the hashing of each one until it reached its size limit, and statistics of hashed
+/// ids prune nothing. Small pages are compressed soon, so little waits uncompressed.
+pub(crate) fn part_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_data_page_size_limit(PAGE_BYTES)
+        .build()
+}
+
+fn encode_err(e: arrow::error::ArrowError) -> CheckpointError {
+    CheckpointError::Encode {
+        what: "checkpoint ids".into(),
+        reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::StringArray;
+
+    #[test]
+    fn ids_are_held_encoded_and_written_only_at_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let mut writer =
+            IdPartsWriter::new(root, &StorageOptions::new(), "id", 16, "part.parquet").unwrap();
+        // Ids as an output file's batches bring them: 1,000 at a time, 7 digits each.
+        let mut arrow_bytes = 0;
+        for chunk in 0..400 {
+            let ids: ArrayRef = Arc::new(StringArray::from_iter_values(
+                (chunk * 1000..(chunk + 1) * 1000).map(|i| format!("{:07}", 8_000_000 + i)),
+            ));
+            arrow_bytes += ids.get_array_memory_size();
+            writer.push(&ids).unwrap();
+        }
+        let held = writer.memory_bytes();
+        assert!(
+            held < arrow_bytes / 2,
+            "held {held} bytes for ids of {arrow_bytes}"
+        );
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "nothing is written before finish"
+        );
+        let (files, ids) = writer.finish().unwrap();
+        assert_eq!(ids, 400_000);
+        assert_eq!(files.len(), 16, "{files:?}");
+    }
+}
