@@ -100,7 +100,7 @@ impl IdPartsWriter {
     }
 
     /// Add ids. They are encoded when a block is full; until then the chunk is held as is
-    /// (a slice keeps its whole buffers alive: see [`IdPartsWriter::memory_bytes`]).
+    /// (see [`IdPartsWriter::unencoded`]).
     pub fn push(&mut self, ids: &ArrayRef) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
@@ -132,16 +132,21 @@ impl IdPartsWriter {
         Ok(())
     }
 
-    /// Bytes held: the shards' encoded ids and the raw block (charged by whole buffers).
-    pub fn memory_bytes(&self) -> usize {
-        let encoded: usize = self
+    /// Bytes of the ids encoded so far (the shards' parts in memory).
+    pub fn encoded_bytes(&self) -> usize {
+        let parts: usize = self
             .shards
             .iter()
             .flatten()
             .map(|w| w.inner().capacity() + w.memory_size())
             .sum();
-        let raw: usize = self.block.iter().map(|a| a.get_array_memory_size()).sum();
-        encoded + raw + self.shards.capacity() * std::mem::size_of::<Option<ArrowWriter<Vec<u8>>>>()
+        parts + self.shards.capacity() * std::mem::size_of::<Option<ArrowWriter<Vec<u8>>>>()
+    }
+
+    /// The ids pushed but not encoded yet (fewer than a block), as they were pushed: slices
+    /// keep their whole buffers alive, which the caller may want to count.
+    pub fn unencoded(&self) -> &[ArrayRef] {
+        &self.block
     }
 
     /// Write every shard's part (atomically, each under its final name). Returns the files
@@ -282,7 +287,12 @@ mod tests {
             arrow_bytes += ids.get_array_memory_size();
             writer.push(&ids).unwrap();
         }
-        let held = writer.memory_bytes();
+        let held = writer.encoded_bytes()
+            + writer
+                .unencoded()
+                .iter()
+                .map(|a| a.get_array_memory_size())
+                .sum::<usize>();
         assert!(
             held < arrow_bytes / 2,
             "held {held} bytes for ids of {arrow_bytes}"

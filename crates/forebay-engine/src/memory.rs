@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use arrow::array::{ArrayData, RecordBatch};
+use arrow::array::{ArrayData, ArrayRef, RecordBatch};
 use arrow::buffer::Buffer;
 
 use crate::error::{EngineError, Result};
@@ -514,9 +514,14 @@ struct Extent {
 
 /// The distinct allocations a batch references, each with its largest extent.
 fn batch_buffers(batch: &RecordBatch) -> Vec<Extent> {
+    distinct_buffers(batch.columns())
+}
+
+/// The distinct allocations some arrays reference, each with its largest extent.
+fn distinct_buffers(arrays: &[ArrayRef]) -> Vec<Extent> {
     let mut out = Vec::new();
-    for column in batch.columns() {
-        collect_array(&column.to_data(), &mut out);
+    for array in arrays {
+        collect_array(&array.to_data(), &mut out);
     }
     out.sort_unstable_by_key(|e| e.address);
     // Keep the largest extent per address.
@@ -533,7 +538,13 @@ fn batch_buffers(batch: &RecordBatch) -> Vec<Extent> {
 
 /// Bytes of the distinct allocations a batch references (what reserving it alone costs).
 pub fn batch_memory(batch: &RecordBatch) -> usize {
-    batch_buffers(batch).iter().map(|e| e.bytes).sum()
+    arrays_memory(batch.columns())
+}
+
+/// Bytes of the distinct allocations some arrays reference: slices of one buffer count it
+/// once, and whole.
+pub fn arrays_memory(arrays: &[ArrayRef]) -> usize {
+    distinct_buffers(arrays).iter().map(|e| e.bytes).sum()
 }
 
 fn collect_array(data: &ArrayData, out: &mut Vec<Extent>) {

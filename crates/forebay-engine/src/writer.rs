@@ -35,7 +35,7 @@ use crate::commit::{CommitLog, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::lineage::UnitTicket;
-use crate::memory::{Admission, MemoryConsumer, Reservation};
+use crate::memory::{arrays_memory, Admission, MemoryConsumer, Reservation};
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
 use crate::storage::{sync_dir, Dir, StorageError};
@@ -679,8 +679,8 @@ fn write_checkpointed(
         p.tickets.extend(batch.take_tickets());
         drop(batch);
         p.held = None;
-        p.held =
-            Some(holder.reserve_bytes(p.file.memory() + p.ids.memory_bytes(), Admission::Now)?);
+        let held = p.file.memory() + p.ids.encoded_bytes() + arrays_memory(p.ids.unencoded());
+        p.held = Some(holder.reserve_bytes(held, Admission::Now)?);
         if p.file.rows as usize >= target.sink.rows_per_file {
             commit_file(target, log, pending.take().expect("open"), resources)?;
         }
