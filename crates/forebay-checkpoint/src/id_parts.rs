@@ -113,12 +113,6 @@ impl IdPartsWriter {
                 t
             }
         };
-        if ids.len() > u32::MAX as usize {
-            return Err(CheckpointError::InvalidArgument(format!(
-                "a chunk of {} ids is too long to write as one part",
-                ids.len()
-            )));
-        }
         let chunk = if ids.data_type() == &id_type {
             ids.clone()
         } else {
