@@ -620,7 +620,7 @@ impl CommitLog {
     /// staged by [`CommitLog::stage_ids`] when the commit's data file is complete.
     pub(crate) fn id_parts_writer(&self, commit: &str) -> Result<IdPartsWriter> {
         IdPartsWriter::new(
-            &self.staging_root(commit),
+            &id_staging_root(&self.state, commit),
             &self.storage_options,
             &self.id_column,
             self.num_shards,
@@ -637,10 +637,6 @@ impl CommitLog {
             parts,
             count: count as u64,
         }))
-    }
-
-    fn staging_root(&self, commit: &str) -> String {
-        self.state.child(&format!("{STAGING}/{commit}")).root_uri()
     }
 
     /// Commit a staged data file (or, with `data: None`, only completions) with its staged
@@ -762,9 +758,8 @@ pub(crate) fn stage_id_parts(
     if ids.iter().all(|a| a.is_empty()) {
         return Ok(None);
     }
-    let staged_root = state.child(&format!("{STAGING}/{commit}")).root_uri();
     let (parts, count) = forebay_checkpoint::write_id_parts(
-        &staged_root,
+        &id_staging_root(state, commit),
         storage_options,
         id_column,
         ids,
@@ -776,6 +771,11 @@ pub(crate) fn stage_id_parts(
         parts,
         count: count as u64,
     }))
+}
+
+/// Where a commit's id parts are staged: `<checkpoint>/_forebay_staging/<commit>/`.
+fn id_staging_root(state: &Dir, commit: &str) -> String {
+    state.child(&format!("{STAGING}/{commit}")).root_uri()
 }
 
 /// The name of a commit's id part in each shard.
