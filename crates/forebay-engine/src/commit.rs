@@ -68,7 +68,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, ArrayRef};
+use arrow::array::ArrayRef;
 use arrow::datatypes::DataType;
 use forebay_checkpoint::{CheckpointIndex, IdPartsWriter, SharedCheckpointIndex};
 use forebay_parquet::{FileEntry, ParquetDataset, ScanSkip, StorageOptions};
@@ -617,30 +617,19 @@ impl CommitLog {
     }
 
     /// Step 1 of a commit for its ids, streaming: a writer of the commit's id parts, to be
-    /// staged by [`CommitLog::stage_ids`] when the commit's data file is complete.
+    /// staged by [`stage_ids`] when the commit's data file is complete.
     pub(crate) fn id_parts_writer(&self, commit: &str) -> Result<IdPartsWriter> {
-        IdPartsWriter::new(
-            &id_staging_root(&self.state, commit),
+        id_parts_writer(
+            &self.state,
             &self.storage_options,
             &self.id_column,
             self.num_shards,
-            &id_part_name(commit),
+            commit,
         )
-        .map_err(checkpoint_err)
-    }
-
-    /// Write the ids a writer from [`CommitLog::id_parts_writer`] holds into the commit's
-    /// staging directory (None when there were none).
-    pub(crate) fn stage_ids(&self, ids: IdPartsWriter) -> Result<Option<IdPartsRecord>> {
-        let (parts, count) = ids.finish().map_err(checkpoint_err)?;
-        Ok((!parts.is_empty()).then_some(IdPartsRecord {
-            parts,
-            count: count as u64,
-        }))
     }
 
     /// Commit a staged data file (or, with `data: None`, only completions) with its staged
-    /// ids ([`CommitLog::stage_ids`]) and the lineage tickets of its batches.
+    /// ids ([`stage_ids`]) and the lineage tickets of its batches.
     pub(crate) fn commit(
         &self,
         commit: &str,
@@ -755,19 +744,37 @@ pub(crate) fn stage_id_parts(
     commit: &str,
     ids: &[ArrayRef],
 ) -> Result<Option<IdPartsRecord>> {
-    if ids.iter().all(|a| a.is_empty()) {
-        return Ok(None);
+    let mut writer = id_parts_writer(state, storage_options, id_column, num_shards, commit)?;
+    for chunk in ids {
+        writer.push(chunk).map_err(checkpoint_err)?;
     }
-    let (parts, count) = forebay_checkpoint::write_id_parts(
+    stage_ids(writer)
+}
+
+/// A writer of a commit's id parts, staged under the state directory's
+/// `_forebay_staging/<commit>/` by [`stage_ids`].
+fn id_parts_writer(
+    state: &Dir,
+    storage_options: &StorageOptions,
+    id_column: &str,
+    num_shards: usize,
+    commit: &str,
+) -> Result<IdPartsWriter> {
+    IdPartsWriter::new(
         &id_staging_root(state, commit),
         storage_options,
         id_column,
-        ids,
         num_shards,
         &id_part_name(commit),
     )
-    .map_err(checkpoint_err)?;
-    Ok(Some(IdPartsRecord {
+    .map_err(checkpoint_err)
+}
+
+/// Write the ids a commit's writer holds into its staging directory (None when there were
+/// none).
+pub(crate) fn stage_ids(ids: IdPartsWriter) -> Result<Option<IdPartsRecord>> {
+    let (parts, count) = ids.finish().map_err(checkpoint_err)?;
+    Ok((!parts.is_empty()).then_some(IdPartsRecord {
         parts,
         count: count as u64,
     }))

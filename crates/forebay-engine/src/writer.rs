@@ -31,7 +31,7 @@ use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
-use crate::commit::{CommitLog, StagedData};
+use crate::commit::{stage_ids, CommitLog, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::lineage::UnitTicket;
@@ -699,7 +699,7 @@ fn commit_file(
     resources: &RunResources,
 ) -> Result<()> {
     let staged = p.file.finish()?;
-    let ids = log.stage_ids(p.ids)?;
+    let ids = stage_ids(p.ids)?;
     let data = StagedData {
         staged: p.staged,
         final_name: p.final_name.clone(),
