@@ -167,7 +167,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    parser.add_argument(
+        "--dir",
+        default=None,
+        help="work directory, kept afterwards (default: a temporary one, removed after a "
+        "successful run)",
+    )
     args = parser.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="forebay-demo-"))
     shutil.rmtree(root, ignore_errors=True)
@@ -200,7 +205,7 @@ def main() -> None:
         output, _ = resumed.communicate()
     took = time.perf_counter() - started
     if resumed.returncode != 0:
-        sys.exit(f"the resumed run failed (exit {resumed.returncode})")
+        sys.exit(f"the resumed run failed (exit {resumed.returncode}); work directory: {root}")
     stats = json.loads(output.strip().splitlines()[-1])
     resume = stats["resume"]
     print(
@@ -220,7 +225,9 @@ def main() -> None:
         f"verified: {len(ids):,} rows, {unique:,} distinct ids, every input id exactly once: {ok}"
     )
     if not ok:
-        sys.exit(1)
+        sys.exit(f"kept the work directory for inspection: {root}")
+    if args.dir is None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
