@@ -170,8 +170,8 @@ def main() -> None:
     parser.add_argument(
         "--dir",
         default=None,
-        help="work directory, kept afterwards (default: a temporary one, removed after a "
-        "successful run)",
+        help="work directory, emptied first and kept afterwards (default: a temporary one, "
+        "removed after a successful run)",
     )
     args = parser.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="forebay-demo-"))
