@@ -4,7 +4,7 @@
 //! the ids the test wrote.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -17,6 +17,18 @@ use forebay_parquet::{DatasetSource, ParquetDataset};
 
 const FILES: i64 = 6;
 const ROWS: i64 = 5_000; // per file, row groups of 1,000
+
+/// A temporary directory (kept while the returned guard lives) and the job's input, output
+/// and checkpoint paths in it.
+fn job_dirs() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, out, ckpt) = (
+        tmp.path().join("in"),
+        tmp.path().join("out"),
+        tmp.path().join("ckpt"),
+    );
+    (tmp, input, out, ckpt)
+}
 
 fn write_inputs(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
@@ -136,12 +148,7 @@ fn run(
 
 #[test]
 fn failed_runs_resume_exactly_once_and_finished_input_is_skipped_unread() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (input, out, ckpt) = (
-        tmp.path().join("in"),
-        tmp.path().join("out"),
-        tmp.path().join("ckpt"),
-    );
+    let (_tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);
     // Two runs that die part way, then one that finishes.
     let err = run(&input, &out, &ckpt, Some(8)).unwrap_err();
@@ -188,12 +195,7 @@ fn failed_runs_resume_exactly_once_and_finished_input_is_skipped_unread() {
 
 #[test]
 fn a_changed_input_is_an_error_unless_reprocessing_is_asked_for() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (input, out, ckpt) = (
-        tmp.path().join("in"),
-        tmp.path().join("out"),
-        tmp.path().join("ckpt"),
-    );
+    let (_tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);
     run(&input, &out, &ckpt, None).unwrap();
     // Rewrite one input: its rows plus 500 new ids.
@@ -225,12 +227,7 @@ fn a_changed_input_is_an_error_unless_reprocessing_is_asked_for() {
 #[test]
 fn an_id_only_checkpoint_filters_by_id() {
     // A flat directory of Parquet files with an id column, as Ray Data writes.
-    let tmp = tempfile::tempdir().unwrap();
-    let (input, out, ckpt) = (
-        tmp.path().join("in"),
-        tmp.path().join("out"),
-        tmp.path().join("ckpt"),
-    );
+    let (tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);
     std::fs::create_dir_all(&ckpt).unwrap();
     write_input(&ckpt.join("ray-part-0.parquet"), 0, 12_000);
@@ -252,12 +249,7 @@ fn an_id_only_checkpoint_filters_by_id() {
 
 #[test]
 fn a_damaged_checkpoint_is_a_clear_error_not_a_rerun() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (input, out, ckpt) = (
-        tmp.path().join("in"),
-        tmp.path().join("out"),
-        tmp.path().join("ckpt"),
-    );
+    let (_tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);
     run(&input, &out, &ckpt, None).unwrap();
     std::fs::write(ckpt.join("_forebay_inputs.json"), b"{not json").unwrap();
@@ -286,12 +278,7 @@ fn a_damaged_checkpoint_is_a_clear_error_not_a_rerun() {
 
 #[test]
 fn a_missing_id_column_after_a_step_names_the_step() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (input, out, ckpt) = (
-        tmp.path().join("in"),
-        tmp.path().join("out"),
-        tmp.path().join("ckpt"),
-    );
+    let (_tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);
     let drop_id = MapStage::rust("embed", |b: RecordBatch| {
         let i = b.schema().index_of("text").unwrap();
@@ -349,12 +336,7 @@ fn has_dictionary(dir: &Path, column: &str) -> Vec<bool> {
 #[test]
 fn ids_are_written_without_a_dictionary() {
     // Ids are distinct: a dictionary of them would only cost the hashing of every value.
-    let tmp = tempfile::tempdir().unwrap();
-    let (input, out, ckpt) = (
-        tmp.path().join("in"),
-        tmp.path().join("out"),
-        tmp.path().join("ckpt"),
-    );
+    let (_tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);
     run(&input, &out, &ckpt, None).unwrap();
     let id_chunks = has_dictionary(&out, "id");
