@@ -18,6 +18,7 @@ use forebay_engine::{
     ParquetSink, Pipeline, PipelineEvent, PipelineOptions, Poll, PrepareNext, RunStats,
     RunningWrite, StageFailure, WorkerContext, WriteMode,
 };
+use forebay_parquet::ErrorKind;
 
 /// `(id_column, path, num_shards, delete_on_success, on_changed_input, storage_options)`.
 pub(crate) type CheckpointArgs = (
@@ -206,6 +207,10 @@ pub(crate) fn engine_err(py: Python<'_>, err: EngineError) -> PyErr {
                 return rebuilt.unwrap_or_else(|e| e);
             }
             StageError::new_err(message)
+        }
+        // The only row filter the bindings install is a checkpointed write's resume filter.
+        EngineError::Source(e) if e.kind() == ErrorKind::RowFilter => {
+            checkpoint_err_message(message)
         }
         EngineError::Source(e) => to_py_err(e),
         EngineError::WorkerDied { .. } => WorkerDiedError::new_err(message),

@@ -32,8 +32,10 @@
 //!   error is kept as the original value).
 //! * **Exactly once** ([`commit`]): a checkpointed write commits each output file together
 //!   with the ids of its rows and the input it finishes (stage, one atomic record, publish);
-//!   every run first recovers interrupted commits, then skips finished input unread. The
-//!   module docs draw the files, the order of a commit and the recovery rules.
+//!   every run first recovers interrupted commits, then skips finished input unread and
+//!   drops done ids inside the scan (module `resume_filter`: only the id column of a done
+//!   row is ever decoded). The module docs draw the files, the order of a commit and the
+//!   recovery rules.
 //! * **Commits across processes** ([`coordinator`]): the same protocol with the files
 //!   staged in other processes (Ray tasks) and decided by one coordinator.
 //! * **Worker processes** ([`process`]): batches travel through a forebay-store by object id;
@@ -70,6 +72,7 @@ mod queue;
 mod rechunk;
 mod reorder;
 mod resources;
+mod resume_filter;
 mod shuffle;
 mod source;
 mod stage;

@@ -30,6 +30,7 @@ use crate::progress::Progress;
 use crate::queue::BatchQueue;
 use crate::rechunk::Rechunker;
 use crate::resources::{RunResources, StoreSettings};
+use crate::resume_filter::ResumeFilter;
 use crate::shuffle::LocalShuffler;
 use crate::source::{run_source, Source};
 use crate::stage::{spawn_stage, MapStage};
@@ -280,29 +281,25 @@ impl Pipeline {
             .map_err(|e| EngineError::write("write_parquet", e.path, e.reason))?;
         let prepared = CommitLog::prepare(&checkpoint, output, dataset, book.clone())?;
         let id_column = checkpoint.id_column.clone();
-        // The filter right after the source: finished rows go no further.
-        let filter = MapStage::checkpoint_filter(prepared.index.clone())
-            .with_concurrency(std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let mut steps = vec![Step::Map(filter)];
-        for step in self.steps.drain(..) {
-            steps.push(match step {
-                Step::Map(mut m) => {
-                    if !m.required_columns.contains(&id_column) {
-                        m.required_columns.push(id_column.clone());
-                    }
-                    Step::Map(m)
+        // Finished rows are dropped inside the scan, as their ids are decoded: they go no
+        // further, and the rest of their columns is never decoded.
+        let resume_filter = Arc::new(ResumeFilter::new(prepared.index.clone(), &id_column));
+        let dataset = prepared.dataset.with_row_filter(resume_filter.clone());
+        for step in &mut self.steps {
+            if let Step::Map(m) = step {
+                if !m.required_columns.contains(&id_column) {
+                    m.required_columns.push(id_column.clone());
                 }
-                other => other,
-            });
+            }
         }
-        self.steps = steps;
-        self.source = Source::Parquet(prepared.dataset.clone());
+        self.source = Source::Parquet(dataset.clone());
         let commits = CheckpointRun {
             log: prepared.log.clone(),
             delete_on_success: checkpoint.delete_on_success,
             report: prepared.report,
-            io_before: prepared.dataset.metrics().io,
-            dataset: prepared.dataset,
+            io_before: dataset.metrics().io,
+            dataset,
+            resume_filter,
         };
         let sink = sink.with_unique_column(id_column);
         self.start_write_inner(sink, Some((book, commits)))
@@ -819,6 +816,7 @@ struct CheckpointRun {
     dataset: forebay_parquet::ParquetDataset,
     /// The dataset's I/O counters when the run started (they count every scan of it).
     io_before: forebay_parquet::IoMetricsSnapshot,
+    resume_filter: Arc<ResumeFilter>,
 }
 
 /// A write in progress.
@@ -867,15 +865,10 @@ impl RunningWrite {
         if let Some(c) = &self.commits {
             // The last completions, folded into the checkpoint (or the checkpoint deleted).
             c.log.finish(c.delete_on_success)?;
-            let filtered = stats
-                .stages
-                .iter()
-                .find(|s| s.name == "checkpoint_filter")
-                .map_or(0, |s| s.rows_in - s.rows_out);
             let m = c.dataset.metrics();
             written.resume = Some(ResumeStats {
                 report: c.report.clone(),
-                rows_skipped_by_id: filtered,
+                rows_skipped_by_id: c.resume_filter.rows_dropped(),
                 files_skipped: m.files_skipped,
                 row_groups_skipped: m.row_groups_skipped,
                 bytes_read: (m.io.data_bytes + m.io.footer_bytes)

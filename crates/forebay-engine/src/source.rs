@@ -152,6 +152,14 @@ pub(crate) fn run_source(
                 cancel.check()?;
                 let item = item?;
                 let rows = item.batch.num_rows();
+                if rows == 0 {
+                    // A row group the scan's row filter emptied (a resume's done ids): held
+                    // like any unit, it completes once the scan moves past it.
+                    if let Some(l) = lineage.as_mut() {
+                        l.unit(item.provenance.file_index, item.provenance.row_group);
+                    }
+                    continue;
+                }
                 let reservation = admit(&item.batch)?;
                 let ticket = lineage
                     .as_mut()

@@ -233,8 +233,14 @@ fn an_id_only_checkpoint_filters_by_id() {
     write_input(&ckpt.join("ray-part-0.parquet"), 0, 12_000);
     let stats = run(&input, &out, &ckpt, None).unwrap();
     assert_eq!(stats.rows, (FILES * ROWS - 12_000) as u64);
+    assert_eq!(stats.resume.unwrap().rows_skipped_by_id, 12_000);
     let ids = output_ids(&out);
     assert_eq!(ids.iter().min(), Some(&12_000));
+    // Row groups whose every id was done (dropped inside the scan, no batch left) completed
+    // too: a rerun skips every file unread.
+    let again = run(&input, &out, &ckpt, None).unwrap();
+    assert_eq!(again.rows, 0);
+    assert_eq!(again.resume.unwrap().files_skipped, FILES as u64);
     // And the single-file form: ids in one file, forebay's state beside it.
     let out2 = tmp.path().join("out2");
     let stats = Pipeline::new(Source::Parquet(dataset(&input)))

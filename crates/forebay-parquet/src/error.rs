@@ -54,6 +54,14 @@ pub enum ParquetError {
         source: object_store::Error,
     },
 
+    /// A caller's [`ScanRowFilter`](crate::ScanRowFilter) failed on a row group.
+    #[error("{path}: the row filter failed in row group {row_group}: {reason}")]
+    RowFilter {
+        path: String,
+        row_group: usize,
+        reason: String,
+    },
+
     /// A configuration value is not usable (bad URI, zero batch size, unknown option...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -119,6 +127,14 @@ impl ParquetError {
             if let Some(ours) = inner.downcast_ref::<ParquetError>() {
                 return ours.clone_shallow();
             }
+            // A row filter's error comes back through Arrow's error type.
+            if let Some(arrow::error::ArrowError::ExternalError(wrapped)) =
+                inner.downcast_ref::<arrow::error::ArrowError>()
+            {
+                if let Some(ours) = wrapped.downcast_ref::<ParquetError>() {
+                    return ours.clone_shallow();
+                }
+            }
         }
         ParquetError::Corrupt {
             path: path.to_string(),
@@ -139,6 +155,15 @@ impl ParquetError {
                 path: path.clone(),
                 reason: reason.clone(),
             },
+            ParquetError::RowFilter {
+                path,
+                row_group,
+                reason,
+            } => ParquetError::RowFilter {
+                path: path.clone(),
+                row_group: *row_group,
+                reason: reason.clone(),
+            },
             other => ParquetError::InvalidArgument(other.to_string()),
         }
     }
@@ -153,6 +178,7 @@ impl ParquetError {
             ParquetError::SchemaMismatch { .. } => ErrorKind::SchemaMismatch,
             ParquetError::Io { .. } => ErrorKind::Io,
             ParquetError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            ParquetError::RowFilter { .. } => ErrorKind::RowFilter,
         }
     }
 }
@@ -167,6 +193,7 @@ pub enum ErrorKind {
     SchemaMismatch,
     Io,
     InvalidArgument,
+    RowFilter,
 }
 
 impl fmt::Display for ErrorKind {

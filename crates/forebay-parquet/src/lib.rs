@@ -4,7 +4,8 @@
 //! projection (nested leaves included), row-group and page pruning from statistics, exact
 //! filtering, bounded prefetch with parallel decoding, object_store I/O with request metrics,
 //! and the provenance of each batch (file, row group, first row). It does not own memory
-//! policy or checkpoints: those belong to `forebay-engine` and `forebay-checkpoint`.
+//! policy or checkpoints: those belong to `forebay-engine` and `forebay-checkpoint`, which
+//! plugs its "is this id done?" test in as a [`ScanRowFilter`].
 //!
 //! ```text
 //!  paths / dirs / globs / URIs ──► source::resolve ──► [FileEntry]
@@ -13,6 +14,8 @@
 //!        Predicate ──bind──► prune row groups (min/max/nulls) ──► prune pages (page index)
 //!                                                          │
 //!                     (file, row group) units, ≤ prefetch in flight, decoded on the pool
+//!                       (filter columns first; the rest only for rows the Predicate
+//!                        and any ScanRowFilter keep)
 //!                                                          ▼
 //!                          ScanStream: ordered RecordBatches + BatchProvenance
 //! ```
@@ -36,12 +39,14 @@ pub mod io;
 mod local;
 pub mod predicate;
 mod repair;
+pub mod row_filter;
 pub mod scan;
 pub mod source;
 
 pub use error::{ErrorKind, ParquetError, Result};
 pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
 pub use predicate::{CompareOp, Literal, Predicate};
+pub use row_filter::{RowFilterError, ScanRowFilter};
 pub use scan::{
     block_on, runtime, BatchProvenance, ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch,
     RecordBatchIter, ScanMetricsSnapshot, ScanSkip, ScanStream,

@@ -28,7 +28,8 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use futures::{FutureExt, Stream, StreamExt};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter, RowSelection,
+    ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter,
+    RowSelection,
 };
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
@@ -42,6 +43,7 @@ use crate::error::{ParquetError, Result};
 use crate::io::{FileEntry, IoMetrics, IoMetricsSnapshot, ObjectFileReader};
 use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
 use crate::repair;
+use crate::row_filter::{RowFilterHook, ScanRowFilter};
 use crate::source::{resolve, DatasetSource};
 
 /// Bytes fetched from the end of a file in the first footer request. Most footers (and often
@@ -115,6 +117,7 @@ pub struct ParquetDatasetBuilder {
     dictionary_columns: Vec<String>,
     int96_unit: TimeUnit,
     skip: Option<Skip>,
+    row_filter: Option<RowFilterHook>,
     coalesce_gap: Option<u64>,
     use_page_index: bool,
 }
@@ -182,6 +185,13 @@ impl ParquetDatasetBuilder {
     /// groups are counted in [`ScanMetricsSnapshot`].
     pub fn with_skip(mut self, skip: Arc<dyn ScanSkip>) -> Self {
         self.skip = Some(Skip(skip));
+        self
+    }
+
+    /// Drop rows by the caller's own test while decoding (see [`ScanRowFilter`]): the other
+    /// columns are decoded only for the rows it keeps. Applied after [`Self::with_filter`].
+    pub fn with_row_filter(mut self, filter: Arc<dyn ScanRowFilter>) -> Self {
+        self.row_filter = Some(RowFilterHook(filter));
         self
     }
 
@@ -309,6 +319,7 @@ impl ParquetDataset {
             dictionary_columns: Vec::new(),
             int96_unit: TimeUnit::Nanosecond,
             skip: None,
+            row_filter: None,
             coalesce_gap: None,
             use_page_index: true,
         }
@@ -335,9 +346,23 @@ impl ParquetDataset {
     /// The same dataset (its files and cached footers) scanning around the input `skip`
     /// says is finished. Its metrics start from zero.
     pub fn with_skip(&self, skip: Arc<dyn ScanSkip>) -> ParquetDataset {
-        let inner = &self.inner;
-        let mut options = inner.options.clone();
+        let mut options = self.inner.options.clone();
         options.skip = Some(Skip(skip));
+        self.with_options(options)
+    }
+
+    /// The same dataset (its files and cached footers) dropping rows by `filter` while
+    /// decoding (see [`ScanRowFilter`]). Its metrics start from zero.
+    pub fn with_row_filter(&self, filter: Arc<dyn ScanRowFilter>) -> ParquetDataset {
+        let mut options = self.inner.options.clone();
+        options.row_filter = Some(RowFilterHook(filter));
+        self.with_options(options)
+    }
+
+    /// This dataset's files and cached footers under other scan options (ones that change
+    /// neither the files nor how a footer is planned).
+    fn with_options(&self, options: ParquetDatasetBuilder) -> ParquetDataset {
+        let inner = &self.inner;
         let schema = OnceLock::new();
         if let Some(s) = inner.schema.get() {
             let _ = schema.set(s.clone());
@@ -418,7 +443,7 @@ impl ParquetDataset {
     /// Rows a scan yields when that is known from footers alone (no filter); reads (and
     /// caches, for the scan) every footer.
     pub fn known_row_count(&self) -> Option<u64> {
-        if self.inner.options.filter.is_some() {
+        if self.has_filters() {
             return None;
         }
         self.count_rows().ok()
@@ -442,8 +467,12 @@ impl ParquetDataset {
         block_on(async move { this.count_rows_async().await })
     }
 
+    fn has_filters(&self) -> bool {
+        self.inner.options.filter.is_some() || self.inner.options.row_filter.is_some()
+    }
+
     async fn count_rows_async(&self) -> Result<u64> {
-        if self.inner.options.filter.is_none() {
+        if !self.has_filters() {
             let mut total = 0u64;
             let opened = futures::stream::iter(0..self.inner.files.len())
                 .map(|i| {
@@ -462,9 +491,17 @@ impl ParquetDataset {
             }
             return Ok(total);
         }
-        let filter = self.inner.options.filter.as_ref().expect("checked above");
         let mut options = self.inner.options.clone();
-        options.columns = Some(filter.columns());
+        let mut columns = options
+            .filter
+            .as_ref()
+            .map_or_else(Vec::new, |f| f.columns());
+        if let Some(f) = &options.row_filter {
+            columns.extend(f.0.columns().iter().cloned());
+        }
+        columns.sort();
+        columns.dedup();
+        options.columns = Some(columns);
         options.dictionary_columns.clear();
         let counting = options.build_async().await?;
         let mut stream = counting.scan();
@@ -1317,14 +1354,29 @@ async fn decode_unit(
             .with_projection(file.projection.clone())
             .with_batch_size(batch_rows)
             .with_row_groups(vec![rg]);
-    let rows_are_consecutive = unit.selection.is_none() && file.filter.is_none();
+    let row_filter = inner.options.row_filter.as_ref();
+    let rows_are_consecutive =
+        unit.selection.is_none() && file.filter.is_none() && row_filter.is_none();
     if let Some(selection) = unit.selection {
         builder = builder.with_row_selection(selection);
     }
+    let mut predicates: Vec<Box<dyn ArrowPredicate>> = Vec::new();
     if let Some((mask, bound)) = &file.filter {
         let bound = bound.clone();
         let predicate = ArrowPredicateFn::new(mask.clone(), move |batch| bound.evaluate(&batch));
-        builder = builder.with_row_filter(RowFilter::new(vec![Box::new(predicate)]));
+        predicates.push(Box::new(predicate));
+    }
+    if let Some(hook) = row_filter {
+        match hook.predicate(&file.reader_meta, &path, rg) {
+            Ok(predicate) => predicates.push(predicate),
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+    if !predicates.is_empty() {
+        builder = builder.with_row_filter(RowFilter::new(predicates));
     }
     let mut stream = match builder.build() {
         Ok(s) => s,
@@ -1343,6 +1395,21 @@ async fn decode_unit(
         };
         let batch = match next {
             None => {
+                if row_filter.is_some() && batch_index == 0 {
+                    // The row filter dropped every row: say so with an empty batch, so that
+                    // provenance shows the unit ended (see `ScanRowFilter`).
+                    let provenance = BatchProvenance {
+                        file: unit.file.clone(),
+                        file_index: unit.file_index,
+                        row_group: rg,
+                        row_group_first_row: unit.first_row,
+                        first_row: None,
+                        batch_index,
+                    };
+                    let batch = RecordBatch::new_empty(file.output_schema.clone());
+                    let _ = tx.send(Ok(ProvenancedBatch { batch, provenance })).await;
+                    return;
+                }
                 // Without filtering every row of the row group must come out; a shortfall
                 // means the decoder could not make sense of the data (never silently drop).
                 let decoded = next_row - unit.first_row;
