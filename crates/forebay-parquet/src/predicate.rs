@@ -27,6 +27,7 @@ use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type, Schema};
 use arrow::record_batch::RecordBatch;
 
 use crate::error::{ParquetError, Result};
+use crate::scan::column_not_found;
 
 /// A literal value in a filter, as a user would write it.
 #[derive(Debug, Clone, PartialEq)]
@@ -297,19 +298,9 @@ impl Predicate {
 }
 
 fn column_type(schema: &Schema, column: &str, path: &str) -> Result<(DataType, usize)> {
-    let (idx, field) =
-        schema
-            .column_with_name(column)
-            .ok_or_else(|| ParquetError::ColumnNotFound {
-                path: path.to_string(),
-                column: column.to_string(),
-                available: schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+    let (idx, field) = schema
+        .column_with_name(column)
+        .ok_or_else(|| column_not_found(schema, column, path))?;
     let data_type = field.data_type().clone();
     if value_type(&data_type).is_nested() {
         return Err(ParquetError::InvalidFilter {

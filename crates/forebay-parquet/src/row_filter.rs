@@ -20,6 +20,7 @@ use parquet::arrow::arrow_reader::{ArrowPredicate, ArrowPredicateFn, ArrowReader
 use parquet::arrow::ProjectionMask;
 
 use crate::error::{ParquetError, Result};
+use crate::scan::column_not_found;
 
 /// The error a [`ScanRowFilter`] reports; the scan wraps it in [`ParquetError::RowFilter`]
 /// with the file and row group.
@@ -66,16 +67,7 @@ impl RowFilterHook {
             .map(|column| {
                 schema
                     .index_of(column)
-                    .map_err(|_| ParquetError::ColumnNotFound {
-                        path: path.to_string(),
-                        column: column.clone(),
-                        available: schema
-                            .fields()
-                            .iter()
-                            .map(|f| f.name().as_str())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    })
+                    .map_err(|_| column_not_found(schema, column, path))
             })
             .collect::<Result<Vec<usize>>>()?;
         let mask = ProjectionMask::roots(reader_meta.parquet_schema(), roots);
@@ -112,6 +104,16 @@ mod tests {
         columns: Vec<String>,
         rows_seen: AtomicUsize,
         shown_columns: Mutex<Vec<usize>>,
+    }
+
+    impl OddIdsAfterFirstGroup {
+        fn new() -> Arc<OddIdsAfterFirstGroup> {
+            Arc::new(OddIdsAfterFirstGroup {
+                columns: vec!["id".into()],
+                rows_seen: AtomicUsize::new(0),
+                shown_columns: Mutex::new(Vec::new()),
+            })
+        }
     }
 
     impl ScanRowFilter for OddIdsAfterFirstGroup {
@@ -154,11 +156,7 @@ mod tests {
     fn keeps_what_the_filter_keeps_and_reports_every_row_group() {
         let dir = tempfile::tempdir().unwrap();
         let path = write_file(dir.path());
-        let filter = Arc::new(OddIdsAfterFirstGroup {
-            columns: vec!["id".into()],
-            rows_seen: AtomicUsize::new(0),
-            shown_columns: Mutex::new(Vec::new()),
-        });
+        let filter = OddIdsAfterFirstGroup::new();
         let dataset = ParquetDataset::builder(DatasetSource::uris([path.clone()]))
             .with_columns(["name", "id"])
             .build()
@@ -200,11 +198,7 @@ mod tests {
     fn runs_after_a_predicate_and_sees_only_its_survivors() {
         let dir = tempfile::tempdir().unwrap();
         let path = write_file(dir.path());
-        let filter = Arc::new(OddIdsAfterFirstGroup {
-            columns: vec!["id".into()],
-            rows_seen: AtomicUsize::new(0),
-            shown_columns: Mutex::new(Vec::new()),
-        });
+        let filter = OddIdsAfterFirstGroup::new();
         let dataset = ParquetDataset::builder(DatasetSource::uris([path]))
             .with_filter(Predicate::lt("id", 250))
             .with_row_filter(filter.clone())

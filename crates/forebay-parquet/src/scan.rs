@@ -1048,7 +1048,8 @@ fn check_map_keys_required(ty: &parquet::schema::types::Type, path: &str) -> Res
         .try_for_each(|child| check_map_keys_required(child, path))
 }
 
-fn column_not_found(schema: &Schema, name: &str, path: &str) -> ParquetError {
+/// A [`ParquetError::ColumnNotFound`] for `name`, listing the columns `schema` has.
+pub(crate) fn column_not_found(schema: &Schema, name: &str, path: &str) -> ParquetError {
     ParquetError::ColumnNotFound {
         path: path.to_string(),
         column: name.to_string(),
