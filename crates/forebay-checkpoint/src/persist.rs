@@ -22,6 +22,7 @@
 //! ignored. On object stores (`s3://`, `gs://`, ...) a PUT is already atomic, so parts are
 //! uploaded directly under their final names.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,7 +33,9 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, ArrayRef};
 use arrow::datatypes::DataType;
-use forebay_parquet::{DatasetSource, ParquetDataset, ParquetError, StorageOptions};
+use forebay_parquet::{
+    DatasetSource, FileEntry, ParquetDataset, ParquetError, ScanSkip, StorageOptions,
+};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -560,10 +563,10 @@ impl CheckpointLoader {
             })
             .with_columns([self.id_column.clone()])
             .with_batch_size(64 * 1024)
-            // One decoded row group per hashing worker in flight: long ids (UUIDs) make a
-            // row group of 1 M ids ~40 MB, and more in flight would push the load's peak
-            // memory past twice the finished index.
-            .with_prefetch(self.threads)
+            // Each hashing worker scans its own share with one row group in flight: long ids
+            // (UUIDs) make a row group of 1 M ids ~40 MB, and more in flight would push the
+            // load's peak memory past twice the finished index.
+            .with_prefetch(1)
             .build();
             match built {
                 Ok(d) => Some(d),
@@ -615,18 +618,38 @@ impl CheckpointLoader {
                 })
             })
             .collect();
-        let stream = Mutex::new(dataset.scan());
+        // Each worker decodes and hashes its own share of the row groups: one ordered scan
+        // shared by all would decode one row group at a time (the others wait their turn).
+        let file_index: Arc<HashMap<String, usize>> = Arc::new(
+            dataset
+                .files()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (f.uri().to_string(), i))
+                .collect(),
+        );
+        let shares: Vec<ParquetDataset> = (0..self.threads)
+            .map(|worker| {
+                dataset.with_skip(Arc::new(WorkerShare {
+                    worker,
+                    workers: self.threads,
+                    file_index: file_index.clone(),
+                }))
+            })
+            .collect();
         let failed = AtomicBool::new(false);
         let first_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
         std::thread::scope(|scope| {
-            for _ in 0..self.threads {
+            for share in &shares {
                 scope.spawn(|| {
                     let run = || -> Result<()> {
                         let mut fps = Vec::new();
                         let mut by_part: Vec<Vec<Packed96>> = vec![Vec::new(); num_parts];
+                        let mut stream = share.scan();
                         while !failed.load(Ordering::Relaxed) {
-                            let next = stream.lock().expect("scan lock").next_blocking();
-                            let Some(item) = next else { break };
+                            let Some(item) = stream.next_blocking() else {
+                                break;
+                            };
                             let item = item.map_err(|e| self.read_error(e))?;
                             let ids = item.batch.column(0);
                             fingerprints_into(ids.as_ref(), &mut fps);
@@ -676,7 +699,7 @@ impl CheckpointLoader {
         if let Some(e) = first_error.into_inner().expect("error lock") {
             return Err(e);
         }
-        drop(stream);
+        drop(shares);
         // The decoded batches are gone; return their memory before the tables are built, so
         // it does not add to the load's peak (an allocator told to keep freed memory, as the
         // Python extension tells glibc, would otherwise hold it through the build).
@@ -721,6 +744,26 @@ impl CheckpointLoader {
         }
         release_freed_memory();
         Ok(index)
+    }
+}
+
+/// One hashing worker's share of a bulk load: the row groups whose position (file index plus
+/// row group) is `worker` modulo `workers`, so shares alternate over a file's row groups and
+/// over files of one row group alike.
+struct WorkerShare {
+    worker: usize,
+    workers: usize,
+    file_index: Arc<HashMap<String, usize>>,
+}
+
+impl ScanSkip for WorkerShare {
+    fn skip_file(&self, _: &FileEntry) -> bool {
+        false
+    }
+
+    fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool {
+        let file = self.file_index.get(file.uri()).copied().unwrap_or(0);
+        (file + row_group) % self.workers != self.worker
     }
 }
 
@@ -915,6 +958,37 @@ mod tests {
             Some(12)
         );
         assert_eq!(declared_shard("/ck/part-1.parquet"), None);
+    }
+
+    #[test]
+    fn each_hashing_worker_reads_its_own_row_groups_and_together_they_read_all() {
+        use parquet::arrow::ArrowWriter;
+        use parquet::file::properties::WriterProperties;
+        let dir = tempfile::tempdir().unwrap();
+        // Two files of 7 and 1 row groups: shares alternate within a file and across files.
+        for (name, ids) in [("a.parquet", 0..7000i64), ("b.parquet", 7000..8000)] {
+            let batch = RecordBatch::try_from_iter([(
+                "id",
+                Arc::new(arrow::array::Int64Array::from_iter_values(ids)) as ArrayRef,
+            )])
+            .unwrap();
+            let props = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(1000))
+                .build();
+            let file = fs::File::create(dir.path().join(name)).unwrap();
+            let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+        }
+        let all = arrow::array::Int64Array::from_iter_values(0..8000);
+        for threads in [1, 2, 3, 8] {
+            let index = CheckpointIndex::loader(dir.path().to_str().unwrap(), "id")
+                .with_threads(threads)
+                .load()
+                .unwrap();
+            assert_eq!(index.len(), 8000, "{threads} workers");
+            assert_eq!(index.contains(&all).unwrap().true_count(), 8000);
+        }
     }
 
     #[test]
