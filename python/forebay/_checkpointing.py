@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 class Checkpoint:
     """Where ``write_parquet`` records what it finished, so that a rerun of the same script
     resumes: it skips finished input files and row groups without reading them, drops rows
-    whose id is done right after reading (before your function), and writes each row
+    whose id is done while reading (only their id column is decoded; your function never sees
+    them), and writes each row
     exactly once, whenever the previous run died (SIGKILL, OOM, Ctrl-C, an exception).
 
     id_column: a column that identifies each input row; it must survive your functions
