@@ -396,7 +396,8 @@ impl Pipeline {
         };
         if let Source::Parquet(d) = &source {
             let d = d.clone();
-            run.known_rows = Some(Box::new(move || d.known_row_count()));
+            // Exact unless a checkpointed write drops done ids (then an upper bound).
+            run.known_rows = Some(Box::new(move || d.rows_to_read()));
         }
         // Downstream workers, for the source's headroom.
         let downstream: usize =

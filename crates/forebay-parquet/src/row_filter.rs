@@ -189,9 +189,27 @@ mod tests {
         assert_eq!(filter.rows_seen.load(Ordering::Relaxed), 300);
         assert!(filter.shown_columns.lock().unwrap().iter().all(|&c| c == 1));
 
-        // Counting applies the filter too.
+        // Counting applies the filter too; what a scan reads is known from footers (an upper
+        // bound of its rows), less what a skip leaves out.
         assert_eq!(dataset.known_row_count(), None);
         assert_eq!(dataset.count_rows().unwrap(), 100);
+        assert_eq!(dataset.rows_to_read(), Some(300));
+        assert_eq!(
+            dataset.with_skip(Arc::new(FirstRowGroup)).rows_to_read(),
+            Some(200)
+        );
+    }
+
+    /// Skips row group 0 of every file.
+    struct FirstRowGroup;
+
+    impl crate::ScanSkip for FirstRowGroup {
+        fn skip_file(&self, _: &crate::FileEntry) -> bool {
+            false
+        }
+        fn skip_row_group(&self, _: &crate::FileEntry, row_group: usize) -> bool {
+            row_group == 0
+        }
     }
 
     #[test]

@@ -449,6 +449,47 @@ impl ParquetDataset {
         self.count_rows().ok()
     }
 
+    /// Rows in the row groups a scan reads, from footers alone (read and cached): like
+    /// [`Self::known_row_count`], but leaving out what a [`ScanSkip`] skips and ignoring a
+    /// [`ScanRowFilter`], so that it is an upper bound of what the scan yields when one is
+    /// set. `None` with a [`Predicate`] filter (its pruning is not known before planning).
+    pub fn rows_to_read(&self) -> Option<u64> {
+        if self.inner.options.filter.is_some() {
+            return None;
+        }
+        let inner = self.inner.clone();
+        block_on(async move {
+            let skip = inner.options.skip.clone();
+            let skipped = |entry: &FileEntry, rg: Option<usize>| {
+                skip.as_ref().is_some_and(|s| match rg {
+                    None => s.0.skip_file(entry),
+                    Some(rg) => s.0.skip_row_group(entry, rg),
+                })
+            };
+            let wanted: Vec<usize> = (0..inner.files.len())
+                .filter(|&i| !skipped(&inner.files[i], None))
+                .collect();
+            let opened = futures::stream::iter(wanted)
+                .map(|i| {
+                    let inner = inner.clone();
+                    async move { inner.open(i).await }
+                })
+                .buffered(FOOTER_CONCURRENCY);
+            futures::pin_mut!(opened);
+            let mut total = 0u64;
+            while let Some(file) = opened.next().await {
+                let file = file.ok()?;
+                let row_groups = file.reader_meta.metadata().row_groups();
+                for (rg, meta) in row_groups.iter().enumerate() {
+                    if !skipped(&file.entry, Some(rg)) {
+                        total += meta.num_rows().max(0) as u64;
+                    }
+                }
+            }
+            Some(total)
+        })
+    }
+
     /// Row groups a scan keeps in flight (fetched or decoding; bounds its memory).
     pub fn prefetch(&self) -> usize {
         self.inner.prefetch
