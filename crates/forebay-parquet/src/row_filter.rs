@@ -198,6 +198,11 @@ mod tests {
             dataset.with_skip(Arc::new(FirstRowGroup)).rows_to_read(),
             Some(200)
         );
+        let plain = ParquetDataset::open([path]).unwrap();
+        assert_eq!(plain.known_row_count(), Some(300));
+        let skipping = plain.with_skip(Arc::new(FirstRowGroup));
+        assert_eq!(skipping.count_rows().unwrap(), 200);
+        assert_eq!(skipping.rows_to_read(), Some(200));
     }
 
     /// Skips row group 0 of every file.

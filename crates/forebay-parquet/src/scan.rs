@@ -449,45 +449,15 @@ impl ParquetDataset {
         self.count_rows().ok()
     }
 
-    /// Rows in the row groups a scan reads, from footers alone (read and cached): like
-    /// [`Self::known_row_count`], but leaving out what a [`ScanSkip`] skips and ignoring a
-    /// [`ScanRowFilter`], so that it is an upper bound of what the scan yields when one is
-    /// set. `None` with a [`Predicate`] filter (its pruning is not known before planning).
+    /// Rows in the row groups a scan reads (what a [`ScanSkip`] leaves), from footers alone
+    /// (read and cached): [`Self::known_row_count`] ignoring a [`ScanRowFilter`], so an upper
+    /// bound of what the scan yields when one is set. `None` with a [`Predicate`] filter
+    /// (its pruning is not known before planning).
     pub fn rows_to_read(&self) -> Option<u64> {
         if self.inner.options.filter.is_some() {
             return None;
         }
-        let inner = self.inner.clone();
-        block_on(async move {
-            let skip = inner.options.skip.clone();
-            let skipped = |entry: &FileEntry, rg: Option<usize>| {
-                skip.as_ref().is_some_and(|s| match rg {
-                    None => s.0.skip_file(entry),
-                    Some(rg) => s.0.skip_row_group(entry, rg),
-                })
-            };
-            let wanted: Vec<usize> = (0..inner.files.len())
-                .filter(|&i| !skipped(&inner.files[i], None))
-                .collect();
-            let opened = futures::stream::iter(wanted)
-                .map(|i| {
-                    let inner = inner.clone();
-                    async move { inner.open(i).await }
-                })
-                .buffered(FOOTER_CONCURRENCY);
-            futures::pin_mut!(opened);
-            let mut total = 0u64;
-            while let Some(file) = opened.next().await {
-                let file = file.ok()?;
-                let row_groups = file.reader_meta.metadata().row_groups();
-                for (rg, meta) in row_groups.iter().enumerate() {
-                    if !skipped(&file.entry, Some(rg)) {
-                        total += meta.num_rows().max(0) as u64;
-                    }
-                }
-            }
-            Some(total)
-        })
+        block_on(footer_rows(self.inner.clone())).ok()
     }
 
     /// Row groups a scan keeps in flight (fetched or decoding; bounds its memory).
@@ -501,8 +471,8 @@ impl ParquetDataset {
         self.inner.threads
     }
 
-    /// Number of rows: from footers alone when there is no filter, otherwise by scanning
-    /// only the filter's columns.
+    /// Number of rows a scan yields: from footers alone when there is no filter (leaving
+    /// out what a [`ScanSkip`] skips), otherwise by scanning only the filters' columns.
     pub fn count_rows(&self) -> Result<u64> {
         let this = self.clone();
         block_on(async move { this.count_rows_async().await })
@@ -514,23 +484,7 @@ impl ParquetDataset {
 
     async fn count_rows_async(&self) -> Result<u64> {
         if !self.has_filters() {
-            let mut total = 0u64;
-            let opened = futures::stream::iter(0..self.inner.files.len())
-                .map(|i| {
-                    let inner = self.inner.clone();
-                    async move { inner.open(i).await }
-                })
-                .buffered(FOOTER_CONCURRENCY);
-            futures::pin_mut!(opened);
-            while let Some(file) = opened.next().await {
-                total += file?
-                    .reader_meta
-                    .metadata()
-                    .file_metadata()
-                    .num_rows()
-                    .max(0) as u64;
-            }
-            return Ok(total);
+            return footer_rows(self.inner.clone()).await;
         }
         let mut options = self.inner.options.clone();
         let mut columns = options
@@ -575,6 +529,39 @@ impl ParquetDataset {
             driver,
         }
     }
+}
+
+/// Rows of the row groups a scan reads (what a [`ScanSkip`] leaves), from the footers
+/// (read concurrently and cached).
+async fn footer_rows(inner: Arc<DatasetInner>) -> Result<u64> {
+    let skip = inner.options.skip.clone();
+    let skipped = |entry: &FileEntry, rg: Option<usize>| {
+        skip.as_ref().is_some_and(|s| match rg {
+            None => s.0.skip_file(entry),
+            Some(rg) => s.0.skip_row_group(entry, rg),
+        })
+    };
+    let wanted: Vec<usize> = (0..inner.files.len())
+        .filter(|&i| !skipped(&inner.files[i], None))
+        .collect();
+    let opened = futures::stream::iter(wanted)
+        .map(|i| {
+            let inner = inner.clone();
+            async move { inner.open(i).await }
+        })
+        .buffered(FOOTER_CONCURRENCY);
+    futures::pin_mut!(opened);
+    let mut total = 0u64;
+    while let Some(file) = opened.next().await {
+        let file = file?;
+        let row_groups = file.reader_meta.metadata().row_groups();
+        for (rg, meta) in row_groups.iter().enumerate() {
+            if !skipped(&file.entry, Some(rg)) {
+                total += meta.num_rows().max(0) as u64;
+            }
+        }
+    }
+    Ok(total)
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
