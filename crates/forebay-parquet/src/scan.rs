@@ -443,10 +443,10 @@ impl ParquetDataset {
     /// Rows a scan yields when that is known from footers alone (no filter); reads (and
     /// caches, for the scan) every footer.
     pub fn known_row_count(&self) -> Option<u64> {
-        if self.has_filters() {
+        if self.inner.options.row_filter.is_some() {
             return None;
         }
-        self.count_rows().ok()
+        self.rows_to_read()
     }
 
     /// Rows in the row groups a scan reads (what a [`ScanSkip`] leaves), from footers alone
@@ -1415,6 +1415,14 @@ async fn decode_unit(
         }
     };
     let declared_rows = file.reader_meta.metadata().row_group(rg).num_rows().max(0) as u64;
+    let provenance_of = |first_row: Option<u64>, batch_index: usize| BatchProvenance {
+        file: unit.file.clone(),
+        file_index: unit.file_index,
+        row_group: rg,
+        row_group_first_row: unit.first_row,
+        first_row,
+        batch_index,
+    };
     let mut next_row = unit.first_row;
     let mut batch_index = 0;
     loop {
@@ -1427,14 +1435,7 @@ async fn decode_unit(
                 if row_filter.is_some() && batch_index == 0 {
                     // The row filter dropped every row: say so with an empty batch, so that
                     // provenance shows the unit ended (see `ScanRowFilter`).
-                    let provenance = BatchProvenance {
-                        file: unit.file.clone(),
-                        file_index: unit.file_index,
-                        row_group: rg,
-                        row_group_first_row: unit.first_row,
-                        first_row: None,
-                        batch_index,
-                    };
+                    let provenance = provenance_of(None, batch_index);
                     let batch = RecordBatch::new_empty(file.output_schema.clone());
                     let _ = tx.send(Ok(ProvenancedBatch { batch, provenance })).await;
                     return;
@@ -1474,14 +1475,7 @@ async fn decode_unit(
             }
         };
         let rows = batch.num_rows() as u64;
-        let provenance = BatchProvenance {
-            file: unit.file.clone(),
-            file_index: unit.file_index,
-            row_group: rg,
-            row_group_first_row: unit.first_row,
-            first_row: rows_are_consecutive.then_some(next_row),
-            batch_index,
-        };
+        let provenance = provenance_of(rows_are_consecutive.then_some(next_row), batch_index);
         next_row += rows;
         batch_index += 1;
         if tx
