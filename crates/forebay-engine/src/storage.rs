@@ -237,13 +237,29 @@ impl Dir {
     }
 
     /// Delete the directory `relative` and everything under it.
+    ///
+    /// A writer of an earlier run that is still going (a Ray task of a killed driver) can add
+    /// files while the tree is removed, which fails it with "directory not empty"; the removal
+    /// is retried for up to ~2 s, as such a writer stops soon after its run died.
     pub(crate) fn delete_tree(&self, relative: &str) -> StorageResult<()> {
         match self {
-            Dir::Local(root) => match fs::remove_dir_all(root.join(relative)) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(self.error(relative, e)),
-            },
+            Dir::Local(root) => {
+                let mut attempts = 0;
+                loop {
+                    match fs::remove_dir_all(root.join(relative)) {
+                        Ok(()) => return Ok(()),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::DirectoryNotEmpty
+                                && attempts < 40 =>
+                        {
+                            attempts += 1;
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                        }
+                        Err(e) => return Err(self.error(relative, e)),
+                    }
+                }
+            }
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
                 forebay_parquet::block_on(async move {
