@@ -164,7 +164,7 @@ impl IdPartsWriter {
     /// [`IdPartsWriter::finish`] with the files as shown paths (URIs for object stores).
     pub(crate) fn finish_summary(&mut self) -> Result<WriteSummary> {
         self.encode_block()?;
-        let mut summary = WriteSummary::default();
+        let mut parts = Vec::new();
         for (k, writer) in self.shards.iter_mut().enumerate() {
             let Some(writer) = writer.take() else {
                 continue;
@@ -174,12 +174,12 @@ impl IdPartsWriter {
                 what: self.target.shown(&relative),
                 reason: e.to_string(),
             })?;
-            summary
-                .files
-                .push(self.target.put_atomic(&relative, bytes)?);
+            parts.push((relative, bytes));
         }
-        summary.ids = self.ids;
-        Ok(summary)
+        Ok(WriteSummary {
+            files: self.target.put_all_atomic(parts)?,
+            ids: self.ids,
+        })
     }
 
     /// Split the block by shard and encode each shard's ids, in input order.

@@ -16,13 +16,16 @@
 //!
 //! A part file is written to `.<name>.<pid>.tmp` in its shard directory, `fsync`ed, renamed
 //! to its final name, and the directory is `fsync`ed (as is the parent of any directory we
-//! created). Readers skip dot-files, so they see either the whole file or nothing. A temp
-//! file whose writer process no longer exists (checked through `/proc` on Linux) is removed
-//! by the next load or write of that checkpoint; elsewhere stale temp files are only
-//! ignored. On object stores (`s3://`, `gs://`, ...) a PUT is already atomic, so parts are
+//! created). The parts written together (one per shard, by `IdPartsWriter::finish`) are
+//! written and `fsync`ed on several threads at once, then renamed, then their directories
+//! are `fsync`ed, again at once: every sync waits on the device, and waiting for them one
+//! after another was most of a commit's time. Readers skip dot-files, so they see either
+//! the whole file or nothing. A temp file whose writer process no longer exists (checked
+//! through `/proc` on Linux) is removed by the next load or write of that checkpoint;
+//! elsewhere stale temp files are only ignored. On object stores (`s3://`, `gs://`, ...) a PUT is already atomic, so parts are
 //! uploaded directly under their final names.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -297,6 +300,132 @@ impl Target {
     }
 }
 
+impl Target {
+    /// Store several files, each so that readers see all of it or nothing, and return their
+    /// shown paths in order. Locally the slow part of a durable write is waiting on the
+    /// device (every `fsync` is a cache flush), so the waits overlap: every file is written
+    /// to its temp name and `fsync`ed on a few threads at once, then all are renamed, then
+    /// each directory involved is `fsync`ed once (a part per shard means one file per
+    /// directory, so this is one dir sync per file, but in parallel). New directories are
+    /// created first and their parents synced once each, not once per file.
+    pub(crate) fn put_all_atomic(&self, files: Vec<(String, Vec<u8>)>) -> Result<Vec<String>> {
+        let Target::Local(root) = self else {
+            return files
+                .into_iter()
+                .map(|(relative, bytes)| self.put_atomic(&relative, bytes))
+                .collect();
+        };
+        let paths: Vec<PathBuf> = files.iter().map(|(r, _)| root.join(r)).collect();
+        let mut new_dir_parents = BTreeSet::new();
+        let mut dirs = BTreeSet::new();
+        for path in &paths {
+            let dir = path.parent().ok_or_else(|| {
+                CheckpointError::InvalidArgument(format!("{}: no parent", path.display()))
+            })?;
+            create_dir_all_noting_parents(dir, &mut new_dir_parents)?;
+            dirs.insert(dir.to_path_buf());
+        }
+        let temps: Vec<PathBuf> = paths
+            .iter()
+            .map(|p| {
+                p.with_file_name(temp_name(
+                    &p.file_name().unwrap_or_default().to_string_lossy(),
+                ))
+            })
+            .collect();
+        let written = for_each_in_parallel(&files, |i, (_, bytes)| write_synced(&temps[i], bytes))
+            .and_then(|()| {
+                let parents: Vec<&PathBuf> = new_dir_parents.iter().collect();
+                for_each_in_parallel(&parents, |_, dir| fsync_dir(dir))
+            })
+            .and_then(|()| {
+                for (temp, path) in temps.iter().zip(&paths) {
+                    fs::rename(temp, path).map_err(io_err(path))?;
+                }
+                Ok(())
+            });
+        if written.is_err() {
+            for temp in &temps {
+                let _ = fs::remove_file(temp);
+            }
+        }
+        written?;
+        let dirs: Vec<&PathBuf> = dirs.iter().collect();
+        for_each_in_parallel(&dirs, |_, dir| fsync_dir(dir))?;
+        Ok(files.iter().map(|(r, _)| self.shown(r)).collect())
+    }
+}
+
+/// Run `work(i, item)` for every item on up to [`SYNC_THREADS`] threads; the first error
+/// wins. For work that mostly waits on the device (`fsync`), so more threads than cores.
+fn for_each_in_parallel<T: Sync>(
+    items: &[T],
+    work: impl Fn(usize, &T) -> Result<()> + Sync,
+) -> Result<()> {
+    let threads = items.len().min(SYNC_THREADS);
+    if threads <= 1 {
+        return items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| work(i, item));
+    }
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(i) else {
+                        return Ok(());
+                    };
+                    work(i, item)?;
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("sync worker panicked"))
+            .collect::<Result<Vec<()>>>()
+            .map(drop)
+    })
+}
+
+/// Threads that wait on `fsync`s at once when several files are committed together.
+const SYNC_THREADS: usize = 8;
+
+/// `mkdir -p`, adding the parent of every directory it creates to `parents` (whose entries
+/// must be synced for the new directories to be durable).
+fn create_dir_all_noting_parents(dir: &FsPath, parents: &mut BTreeSet<PathBuf>) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dir_all_noting_parents(parent, parents)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                parents.insert(parent.to_path_buf());
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io_err(dir)(e)),
+    }
+}
+
+/// Create `path` (it must not exist), write `bytes` and `fsync` it.
+fn write_synced(path: &FsPath, bytes: &[u8]) -> Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(io_err(path))?;
+    file.write_all(bytes).map_err(io_err(path))?;
+    file.sync_all().map_err(io_err(path))
+}
+
 fn parse_shard_dir(name: &str) -> Option<usize> {
     name.strip_prefix("shard=")?.parse().ok()
 }
@@ -369,15 +498,7 @@ fn commit_local_file(path: &FsPath, bytes: &[u8]) -> Result<()> {
         .ok_or_else(|| CheckpointError::InvalidArgument(format!("{}: bad name", path.display())))?;
     let temp = dir.join(temp_name(final_name));
     let result = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&temp)
-            .map_err(io_err(&temp))?;
-        file.write_all(bytes).map_err(io_err(&temp))?;
-        file.sync_all().map_err(io_err(&temp))?;
-        drop(file);
+        write_synced(&temp, bytes)?;
         fs::rename(&temp, path).map_err(io_err(path))?;
         fsync_dir(dir)
     })();
@@ -922,6 +1043,55 @@ fn write_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn put_all_atomic_writes_every_file_under_its_name_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ckpt");
+        let target = Target::Local(root.clone());
+        let files: Vec<(String, Vec<u8>)> = (0..11)
+            .map(|k| (format!("shard={k}/part-a.parquet"), vec![k as u8; 100 + k]))
+            .chain([("flat.bin".to_string(), b"flat".to_vec())])
+            .collect();
+        let shown = target.put_all_atomic(files.clone()).unwrap();
+        assert_eq!(shown.len(), files.len());
+        for ((relative, bytes), shown) in files.iter().zip(&shown) {
+            assert_eq!(&fs::read(root.join(relative)).unwrap(), bytes, "{relative}");
+            assert_eq!(shown, &root.join(relative).display().to_string());
+        }
+        let leftovers: Vec<_> = walk(&root)
+            .into_iter()
+            .filter(|p| p.ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+
+        // A file that cannot be written (its directory's name is taken by a file) fails the
+        // whole put, naming it, and leaves no temp file of the others behind.
+        fs::write(root.join("blocked"), b"a file").unwrap();
+        let err = target
+            .put_all_atomic(vec![
+                ("shard=0/part-b.parquet".into(), b"b".to_vec()),
+                ("blocked/part-b.parquet".into(), b"b".to_vec()),
+            ])
+            .unwrap_err();
+        assert!(err.to_string().contains("blocked"), "{err}");
+        assert!(!walk(&root)
+            .iter()
+            .any(|p| p.ends_with(".tmp") || p.contains("part-b")));
+    }
+
+    fn walk(dir: &FsPath) -> Vec<String> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path.display().to_string());
+            }
+        }
+        out
+    }
 
     use arrow::array::RecordBatch;
     use parquet::arrow::ArrowWriter;

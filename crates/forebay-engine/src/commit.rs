@@ -722,13 +722,11 @@ impl CommitLog {
             for name in [INPUTS, forebay_checkpoint::MANIFEST_FILE] {
                 self.state.delete(name).map_err(storage_err)?;
             }
-            for k in 0..self.num_shards {
-                self.state
-                    .delete_tree(&format!("shard={k}"))
-                    .map_err(storage_err)?;
-            }
-            self.state.delete_tree(COMMITS).map_err(storage_err)?;
-            self.state.delete_tree(STAGING).map_err(storage_err)?;
+            let trees: Vec<String> = (0..self.num_shards)
+                .map(|k| format!("shard={k}"))
+                .chain([COMMITS.to_string(), STAGING.to_string()])
+                .collect();
+            self.state.delete_trees(&trees).map_err(storage_err)?;
         }
         Ok(())
     }
@@ -918,10 +916,15 @@ fn recover(state: &Dir, output: &Dir) -> Result<usize> {
 /// Move a record's staged files to their final names (idempotent).
 fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
     if let Some(ids) = &record.ids {
-        for part in &ids.parts {
-            let staged = format!("{STAGING}/{}/{part}", record.commit);
-            ensure_published(state, &staged, part, &record.commit)?;
+        let moves: Vec<(String, String)> = ids
+            .parts
+            .iter()
+            .map(|part| (format!("{STAGING}/{}/{part}", record.commit), part.clone()))
+            .collect();
+        for (staged, part) in &moves {
+            check_publishable(state, staged, part, &record.commit)?;
         }
+        state.publish_all(&moves).map_err(storage_err)?;
         crash_point("ids-published");
     }
     if let Some(data) = &record.data {
@@ -931,10 +934,14 @@ fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
 }
 
 fn ensure_published(dir: &Dir, staged: &str, final_name: &str, commit: &str) -> Result<()> {
-    if dir.exists(staged).map_err(storage_err)? {
-        return dir.publish(staged, final_name).map_err(storage_err);
-    }
-    if dir.exists(final_name).map_err(storage_err)? {
+    check_publishable(dir, staged, final_name, commit)?;
+    dir.publish(staged, final_name).map_err(storage_err)
+}
+
+/// A recorded file must be staged (to publish) or published already (publishing is then a
+/// no-op); anything else is a checkpoint someone changed by hand.
+fn check_publishable(dir: &Dir, staged: &str, final_name: &str, commit: &str) -> Result<()> {
+    if dir.exists(staged).map_err(storage_err)? || dir.exists(final_name).map_err(storage_err)? {
         return Ok(());
     }
     Err(EngineError::Write {

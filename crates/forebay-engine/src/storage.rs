@@ -5,13 +5,16 @@
 //! |---|---|---|
 //! | [`put_atomic`](Dir::put_atomic) | temp file, fsync, rename, fsync dir | one PUT (atomic) |
 //! | [`publish`](Dir::publish) (move a staged file to its final name) | rename + fsync dir (atomic) | server-side copy (the object appears whole), then delete the source |
+//! | [`publish_all`](Dir::publish_all) | renames, then each directory synced once, in parallel | `publish` each |
 //! | [`get`](Dir::get), [`list`](Dir::list), [`exists`](Dir::exists), [`delete`](Dir::delete), [`delete_tree`](Dir::delete_tree) | std::fs | object_store |
 //!
 //! Paths are relative to the directory and use `/`.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -277,6 +280,45 @@ impl Dir {
         }
     }
 
+    /// Delete several trees (as [`Dir::delete_tree`]). Locally each unlink waits on the file
+    /// system (on a mount with `discard`, on the device), so the trees go on several threads.
+    pub(crate) fn delete_trees(&self, relatives: &[String]) -> StorageResult<()> {
+        match self {
+            Dir::Local(_) => in_parallel(relatives, |relative| self.delete_tree(relative)),
+            Dir::Remote { .. } => relatives.iter().try_for_each(|r| self.delete_tree(r)),
+        }
+    }
+
+    /// [`Dir::publish`] for several files, each `(from, to)`. Locally the renames are made
+    /// first, then every directory involved is synced once, the syncs overlapping on
+    /// several threads: each is a device cache flush, and one per file in turn dominated a
+    /// commit's time.
+    pub(crate) fn publish_all(&self, moves: &[(String, String)]) -> StorageResult<()> {
+        let Dir::Local(root) = self else {
+            return moves
+                .iter()
+                .try_for_each(|(from, to)| self.publish(from, to));
+        };
+        let mut to_sync = BTreeSet::new();
+        for (from, to) in moves {
+            let (src, dst) = (root.join(from), root.join(to));
+            if !src.exists() && dst.exists() {
+                continue;
+            }
+            let parent = dst.parent().unwrap_or(Path::new("/"));
+            create_dir_all_noting_parents(parent, &mut to_sync).map_err(|e| self.error(to, e))?;
+            fs::rename(&src, &dst).map_err(|e| self.error(from, format!("rename to {to}: {e}")))?;
+            to_sync.insert(parent.to_path_buf());
+        }
+        let to_sync: Vec<PathBuf> = to_sync.into_iter().collect();
+        in_parallel(&to_sync, |dir| {
+            sync_dir(dir).map_err(|e| StorageError {
+                path: dir.display().to_string(),
+                reason: e.to_string(),
+            })
+        })
+    }
+
     /// Move the file at `from` to `to` (both relative), so that `to` appears whole: a
     /// rename locally, a server-side copy then delete on object stores. Idempotent: if `to`
     /// exists and `from` does not, the move already happened.
@@ -348,6 +390,61 @@ pub(crate) fn create_dir_all_durable(dir: &Path) -> std::io::Result<()> {
         sync_dir(parent)?;
     }
     Ok(())
+}
+
+/// `mkdir -p` without syncing, adding the parent of every directory it creates to
+/// `parents` (the caller syncs them).
+fn create_dir_all_noting_parents(
+    dir: &Path,
+    parents: &mut BTreeSet<PathBuf>,
+) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dir_all_noting_parents(parent, parents)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {
+            if let Some(parent) = dir.parent() {
+                parents.insert(parent.to_path_buf());
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Threads that wait on the file system at once (syncs, unlinks): the work is waiting, not
+/// computing, so more threads than cores.
+const WAITING_THREADS: usize = 8;
+
+/// Run `work` on every item on up to [`WAITING_THREADS`] threads; the first error wins.
+fn in_parallel<T: Sync>(
+    items: &[T],
+    work: impl Fn(&T) -> StorageResult<()> + Sync,
+) -> StorageResult<()> {
+    let threads = items.len().min(WAITING_THREADS);
+    if threads <= 1 {
+        return items.iter().try_for_each(work);
+    }
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| loop {
+                    let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return Ok(());
+                    };
+                    work(item)?;
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("file system worker panicked"))
+    })
 }
 
 /// Temp file, fsync, rename, fsync of the directory.
