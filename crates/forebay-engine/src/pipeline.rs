@@ -809,6 +809,14 @@ impl Iterator for BatchStream {
     }
 }
 
+/// Drop `value` on a short-lived thread (or here, if no thread can be started: a failed
+/// spawn drops the closure, and `value` with it).
+fn free_in_background<T: Send + 'static>(value: T) {
+    let _ = std::thread::Builder::new()
+        .name("forebay-free".into())
+        .spawn(move || drop(value));
+}
+
 /// What a checkpointed write keeps for its end.
 struct CheckpointRun {
     log: Arc<CommitLog>,
@@ -875,6 +883,11 @@ impl RunningWrite {
                 bytes_read: (m.io.data_bytes + m.io.footer_bytes)
                     - (c.io_before.data_bytes + c.io_before.footer_bytes),
             });
+        }
+        // The checkpoint index is the run's largest allocation (~10 bytes an id); returning
+        // it to the system takes milliseconds nobody needs to wait for.
+        if let Some(commits) = self.commits.take() {
+            free_in_background(commits);
         }
         written.seconds = started.elapsed().as_secs_f64();
         self.last_stats = Some(stats);
