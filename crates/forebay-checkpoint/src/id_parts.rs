@@ -164,20 +164,26 @@ impl IdPartsWriter {
     /// [`IdPartsWriter::finish`] with the files as shown paths (URIs for object stores).
     pub(crate) fn finish_summary(&mut self) -> Result<WriteSummary> {
         self.encode_block()?;
-        let mut parts = Vec::new();
-        for (k, writer) in self.shards.iter_mut().enumerate() {
-            let Some(writer) = writer.take() else {
-                continue;
-            };
-            let relative = format!("shard={k}/{}", (self.name_of)(k));
-            let bytes = writer.into_inner().map_err(|e| CheckpointError::Encode {
-                what: self.target.shown(&relative),
-                reason: e.to_string(),
-            })?;
-            parts.push((relative, bytes));
-        }
+        // Each part is encoded to the end only when it is stored, so one part's bytes are
+        // held at a time.
+        let (target, name_of) = (&self.target, &self.name_of);
+        let parts = self
+            .shards
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(k, writer)| {
+                let writer = writer.take()?;
+                let relative = format!("shard={k}/{}", name_of(k));
+                Some(match writer.into_inner() {
+                    Ok(bytes) => Ok((relative, bytes)),
+                    Err(e) => Err(CheckpointError::Encode {
+                        what: target.shown(&relative),
+                        reason: e.to_string(),
+                    }),
+                })
+            });
         Ok(WriteSummary {
-            files: self.target.put_all_atomic(parts)?,
+            files: target.put_all_atomic(parts)?,
             ids: self.ids,
         })
     }

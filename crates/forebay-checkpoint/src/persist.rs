@@ -302,91 +302,101 @@ impl Target {
 
 impl Target {
     /// Store several files, each so that readers see all of it or nothing, and return their
-    /// shown paths in order. Locally the slow part of a durable write is waiting on the
-    /// device (every `fsync` is a cache flush), so the waits overlap: every file is written
-    /// to its temp name and `fsync`ed on a few threads at once, then all are renamed, then
-    /// each directory involved is `fsync`ed once (a part per shard means one file per
-    /// directory, so this is one dir sync per file, but in parallel). New directories are
-    /// created first and their parents synced once each, not once per file.
-    pub(crate) fn put_all_atomic(&self, files: Vec<(String, Vec<u8>)>) -> Result<Vec<String>> {
+    /// shown paths in order. `files` may produce each file's bytes on demand; locally each
+    /// is written to its temp name and let go at once, so only one file's bytes are held at a
+    /// time. The slow part of a durable write is waiting on the device (every `fsync` is a
+    /// cache flush), so the waits overlap: once all are written, the files are `fsync`ed on a
+    /// few threads at once, then renamed, then each directory involved is `fsync`ed once, in
+    /// parallel again. New directories' parents are synced once each, not once per file.
+    pub(crate) fn put_all_atomic(
+        &self,
+        files: impl IntoIterator<Item = Result<(String, Vec<u8>)>>,
+    ) -> Result<Vec<String>> {
         let Target::Local(root) = self else {
             return files
                 .into_iter()
-                .map(|(relative, bytes)| self.put_atomic(&relative, bytes))
+                .map(|file| {
+                    let (relative, bytes) = file?;
+                    self.put_atomic(&relative, bytes)
+                })
                 .collect();
         };
-        let paths: Vec<PathBuf> = files.iter().map(|(r, _)| root.join(r)).collect();
+        let mut written: Vec<UnsyncedTemp> = Vec::new();
         let mut new_dir_parents = BTreeSet::new();
         let mut dirs = BTreeSet::new();
-        for path in &paths {
-            let dir = path.parent().ok_or_else(|| {
-                CheckpointError::InvalidArgument(format!("{}: no parent", path.display()))
-            })?;
-            create_dir_all_noting_parents(dir, &mut new_dir_parents)?;
-            dirs.insert(dir.to_path_buf());
-        }
-        let temps: Vec<PathBuf> = paths
-            .iter()
-            .map(|p| {
-                p.with_file_name(temp_name(
-                    &p.file_name().unwrap_or_default().to_string_lossy(),
-                ))
-            })
-            .collect();
-        let written = for_each_in_parallel(&files, |i, (_, bytes)| write_synced(&temps[i], bytes))
-            .and_then(|()| {
-                let parents: Vec<&PathBuf> = new_dir_parents.iter().collect();
-                for_each_in_parallel(&parents, |_, dir| fsync_dir(dir))
-            })
-            .and_then(|()| {
-                for (temp, path) in temps.iter().zip(&paths) {
-                    fs::rename(temp, path).map_err(io_err(path))?;
-                }
-                Ok(())
-            });
-        if written.is_err() {
-            for temp in &temps {
-                let _ = fs::remove_file(temp);
+        let result = (|| -> Result<()> {
+            for file in files {
+                let (relative, bytes) = file?;
+                let path = root.join(&relative);
+                let dir = path.parent().ok_or_else(|| {
+                    CheckpointError::InvalidArgument(format!("{}: no parent", path.display()))
+                })?;
+                create_dir_all_noting_parents(dir, &mut new_dir_parents)?;
+                dirs.insert(dir.to_path_buf());
+                let temp = path.with_file_name(temp_name(
+                    &path.file_name().unwrap_or_default().to_string_lossy(),
+                ));
+                let file = create_with(&temp, &bytes)?;
+                written.push(UnsyncedTemp {
+                    relative,
+                    path,
+                    temp,
+                    file,
+                });
+            }
+            for_each_in_parallel(&written, |w| w.file.sync_all().map_err(io_err(&w.temp)))?;
+            let parents: Vec<&PathBuf> = new_dir_parents.iter().collect();
+            for_each_in_parallel(&parents, |dir| fsync_dir(dir))?;
+            for w in &written {
+                fs::rename(&w.temp, &w.path).map_err(io_err(&w.path))?;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            for w in &written {
+                let _ = fs::remove_file(&w.temp);
             }
         }
-        written?;
+        result?;
         let dirs: Vec<&PathBuf> = dirs.iter().collect();
-        for_each_in_parallel(&dirs, |_, dir| fsync_dir(dir))?;
-        Ok(files.iter().map(|(r, _)| self.shown(r)).collect())
+        for_each_in_parallel(&dirs, |dir| fsync_dir(dir))?;
+        Ok(written.iter().map(|w| self.shown(&w.relative)).collect())
     }
 }
 
-/// Run `work(i, item)` for every item on up to [`SYNC_THREADS`] threads; the first error
-/// wins. For work that mostly waits on the device (`fsync`), so more threads than cores.
+/// A file of [`Target::put_all_atomic`] written to its temp name, not yet synced.
+struct UnsyncedTemp {
+    relative: String,
+    path: PathBuf,
+    temp: PathBuf,
+    file: fs::File,
+}
+
+/// Run `work` on every item on up to [`SYNC_THREADS`] threads; the first error wins. For
+/// work that mostly waits on the device (`fsync`), so more threads than cores.
 fn for_each_in_parallel<T: Sync>(
     items: &[T],
-    work: impl Fn(usize, &T) -> Result<()> + Sync,
+    work: impl Fn(&T) -> Result<()> + Sync,
 ) -> Result<()> {
     let threads = items.len().min(SYNC_THREADS);
     if threads <= 1 {
-        return items
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, item)| work(i, item));
+        return items.iter().try_for_each(work);
     }
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(item) = items.get(i) else {
+                    let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) else {
                         return Ok(());
                     };
-                    work(i, item)?;
+                    work(item)?;
                 })
             })
             .collect();
         workers
             .into_iter()
-            .map(|w| w.join().expect("sync worker panicked"))
-            .collect::<Result<Vec<()>>>()
-            .map(drop)
+            .try_for_each(|w| w.join().expect("sync worker panicked"))
     })
 }
 
@@ -414,16 +424,25 @@ fn create_dir_all_noting_parents(dir: &FsPath, parents: &mut BTreeSet<PathBuf>) 
     }
 }
 
-/// Create `path` (it must not exist), write `bytes` and `fsync` it.
-fn write_synced(path: &FsPath, bytes: &[u8]) -> Result<()> {
+/// Create `path` (it must not exist) holding `bytes`, not synced yet; removed again if the
+/// write fails.
+fn create_with(path: &FsPath, bytes: &[u8]) -> Result<fs::File> {
     let mut file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
         .open(path)
         .map_err(io_err(path))?;
-    file.write_all(bytes).map_err(io_err(path))?;
-    file.sync_all().map_err(io_err(path))
+    if let Err(e) = file.write_all(bytes) {
+        let _ = fs::remove_file(path);
+        return Err(io_err(path)(e));
+    }
+    Ok(file)
+}
+
+/// Create `path` (it must not exist), write `bytes` and `fsync` it.
+fn write_synced(path: &FsPath, bytes: &[u8]) -> Result<()> {
+    create_with(path, bytes)?.sync_all().map_err(io_err(path))
 }
 
 fn parse_shard_dir(name: &str) -> Option<usize> {
@@ -1053,7 +1072,9 @@ mod tests {
             .map(|k| (format!("shard={k}/part-a.parquet"), vec![k as u8; 100 + k]))
             .chain([("flat.bin".to_string(), b"flat".to_vec())])
             .collect();
-        let shown = target.put_all_atomic(files.clone()).unwrap();
+        let shown = target
+            .put_all_atomic(files.iter().cloned().map(Ok))
+            .unwrap();
         assert_eq!(shown.len(), files.len());
         for ((relative, bytes), shown) in files.iter().zip(&shown) {
             assert_eq!(&fs::read(root.join(relative)).unwrap(), bytes, "{relative}");
@@ -1069,15 +1090,29 @@ mod tests {
         // whole put, naming it, and leaves no temp file of the others behind.
         fs::write(root.join("blocked"), b"a file").unwrap();
         let err = target
-            .put_all_atomic(vec![
-                ("shard=0/part-b.parquet".into(), b"b".to_vec()),
-                ("blocked/part-b.parquet".into(), b"b".to_vec()),
+            .put_all_atomic([
+                Ok(("shard=0/part-b.parquet".into(), b"b".to_vec())),
+                Ok(("blocked/part-b.parquet".into(), b"b".to_vec())),
             ])
             .unwrap_err();
         assert!(err.to_string().contains("blocked"), "{err}");
         assert!(!walk(&root)
             .iter()
             .any(|p| p.ends_with(".tmp") || p.contains("part-b")));
+
+        // A file whose bytes cannot be produced fails the put the same way.
+        let err = target
+            .put_all_atomic([
+                Ok(("shard=1/part-c.parquet".into(), b"c".to_vec())),
+                Err(CheckpointError::InvalidArgument(
+                    "cannot encode part d".into(),
+                )),
+            ])
+            .unwrap_err();
+        assert!(err.to_string().contains("part d"), "{err}");
+        assert!(!walk(&root)
+            .iter()
+            .any(|p| p.ends_with(".tmp") || p.contains("part-c")));
     }
 
     fn walk(dir: &FsPath) -> Vec<String> {
