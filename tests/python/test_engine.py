@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -811,6 +812,12 @@ def test_progress_bar_only_on_a_terminal(data, tmp_path):
     plain = run_script(tmp_path, body)
     assert plain.returncode == 0 and plain.stderr == "", "nothing drawn when stderr is a pipe"
 
+    text = drawn_on_a_terminal(tmp_path, body)
+    assert "rows" in text and "iter_batches" in text, text[:500]
+
+
+def drawn_on_a_terminal(tmp_path, body: str) -> str:
+    """What the script `body` writes to stderr when stderr is a terminal."""
     import pty
 
     script = tmp_path / "job.py"
@@ -832,7 +839,27 @@ def test_progress_bar_only_on_a_terminal(data, tmp_path):
         if not chunk:
             break
         drawn += chunk
-    proc.wait(timeout=60)
+    assert proc.wait(timeout=60) == 0, drawn.decode(errors="replace")[-2000:]
     os.close(primary)
-    text = drawn.decode(errors="replace")
-    assert "rows" in text and "iter_batches" in text, text[:500]
+    return drawn.decode(errors="replace")
+
+
+def test_progress_bar_of_a_resumed_write_counts_the_done_ids_it_drops(data, tmp_path):
+    """An id-only checkpoint holds 90 % of the ids. The bar's total is every row the scan
+    reads; the done ids dropped while reading count toward it, so the bar can reach its
+    total (before, it stopped at the 10 % written)."""
+    done = tmp_path / "done.parquet"
+    pq.write_table(pa.table({"id": np.arange(18_000)}), done)
+    body = f"""
+        import time, forebay
+        def slow(batch):
+            time.sleep(0.05)
+            return batch
+        forebay.read_parquet({str(data)!r}).map_batches(slow, batch_size=100).write_parquet(
+            {str(tmp_path / "out")!r}, checkpoint=forebay.Checkpoint("id", {str(done)!r})
+        )
+        """
+    frames = re.findall(r"([\d,]+)/([\d,]+) rows", drawn_on_a_terminal(tmp_path, body))
+    assert frames, "no bar was drawn"
+    assert {total for _, total in frames} == {"20,000"}, frames
+    assert max(int(position.replace(",", "")) for position, _ in frames) > 18_000, frames

@@ -338,6 +338,10 @@ impl Pipeline {
                 Ok(())
             });
         }
+        if let Some(c) = &commits {
+            let resume_filter = c.resume_filter.clone();
+            run.rows_settled_early = Some(Arc::new(move || resume_filter.rows_dropped()));
+        }
         run.start_progress("write_parquet", progress);
         Ok(RunningWrite {
             run: Some(run),
@@ -393,10 +397,11 @@ impl Pipeline {
             rows_out: Arc::new(AtomicU64::new(0)),
             progress: None,
             known_rows: None,
+            rows_settled_early: None,
         };
         if let Source::Parquet(d) = &source {
             let d = d.clone();
-            // Exact unless a checkpointed write drops done ids (then an upper bound).
+            // Exact; a checkpointed write counts the done ids it drops as settled.
             run.known_rows = Some(Box::new(move || d.rows_to_read()));
         }
         // Downstream workers, for the source's headroom.
@@ -575,6 +580,9 @@ struct Run {
     rows_out: Arc<AtomicU64>,
     progress: Option<Progress>,
     known_rows: Option<Box<dyn FnOnce() -> Option<u64> + Send>>,
+    /// Rows of the known total that end without reaching the sink (done ids a checkpointed
+    /// write drops while reading), so that the bar still ends at its total.
+    rows_settled_early: Option<Arc<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 impl Run {
@@ -619,9 +627,14 @@ impl Run {
                     .and_then(|s| s.stats().ok())
                     .map_or(0, |s| s.spilled_bytes)
         });
+        let rows_out = self.rows_out.clone();
+        let settled_early = self.rows_settled_early.take();
+        let rows_done = Arc::new(move || {
+            rows_out.load(Ordering::Relaxed) + settled_early.as_ref().map_or(0, |f| f())
+        });
         self.progress = Some(Progress::start(
             label.to_string(),
-            self.rows_out.clone(),
+            rows_done,
             spilled,
             total,
         ));

@@ -4,7 +4,7 @@
 //! `progress: false`. The total is known (a bar with an ETA) when the source can count its
 //! rows from footers; otherwise a spinner with counts.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,7 +22,7 @@ impl Progress {
     /// `total` rows computed on the drawing thread (footers may need reading).
     pub(crate) fn start(
         label: String,
-        rows_done: Arc<AtomicU64>,
+        rows_done: Arc<dyn Fn() -> u64 + Send + Sync>,
         spilled: Arc<dyn Fn() -> u64 + Send + Sync>,
         total: Box<dyn FnOnce() -> Option<u64> + Send>,
     ) -> Progress {
@@ -44,14 +44,14 @@ impl Progress {
                     bar.set_style(bar_style());
                 }
                 while !stop_in.load(Ordering::Relaxed) {
-                    bar.set_position(rows_done.load(Ordering::Relaxed));
+                    bar.set_position(rows_done());
                     let spilled = spilled();
                     if spilled > 0 {
                         bar.set_message(format!("spilled {}", indicatif::HumanBytes(spilled)));
                     }
                     std::thread::sleep(Duration::from_millis(200));
                 }
-                bar.set_position(rows_done.load(Ordering::Relaxed));
+                bar.set_position(rows_done());
                 bar.finish_and_clear();
             })
             .ok();
