@@ -25,7 +25,9 @@
 //! int64 costs; 12.5 bytes in small shards of under 2^18 ids): a 100-bit fingerprint, of
 //! which the shard and bucket bits are implied by position (see the [`shard`] module docs). There are never false negatives; the
 //! false-positive probability per lookup is at most `n / 2^100` for `n` ids (2^-66.8 at
-//! 10^10 ids); the hash and the shard layout are defined in [`fingerprint`].
+//! 10^10 ids); the hash and the shard layout are defined in [`fingerprint`]. The tables and
+//! a load's packed fingerprints ask Linux for 2 MiB pages (`huge_pages`): probes are random
+//! accesses all over them, and a load fills them fresh.
 //!
 //! ## Nulls
 //!
@@ -50,6 +52,7 @@
 
 pub mod error;
 pub mod fingerprint;
+mod huge_pages;
 mod id_parts;
 mod index;
 mod persist;

@@ -44,6 +44,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
+use crate::huge_pages::advise_huge_pages;
 use crate::id_parts::IdPartsWriter;
 use crate::index::{
     default_threads, id_value_type, shard_bits_for, CheckpointIndex, DEFAULT_NUM_SHARDS,
@@ -752,7 +753,9 @@ impl CheckpointLoader {
         let collected: Vec<Mutex<Vec<Packed96>>> = (0..num_parts)
             .map(|part| {
                 Mutex::new(if owned[part >> part_bits] {
-                    Vec::with_capacity(reserve)
+                    let packed = Vec::with_capacity(reserve);
+                    advise_huge_pages(&packed);
+                    packed
                 } else {
                     Vec::new()
                 })

@@ -28,6 +28,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::FINGERPRINT_BITS;
+use crate::huge_pages::advise_huge_pages;
 
 /// Remainders are stored in 96 bits (u64 + u32).
 const REMAINDER_BITS_MAX: u32 = 96;
@@ -93,10 +94,9 @@ struct Remainders {
 impl Remainders {
     fn with_capacity(tail_bits: u32, n: usize) -> Remainders {
         let tail_bytes = if tail_bits <= 16 { 2 } else { 4 };
-        Remainders {
-            bytes: Vec::with_capacity(n * (8 + tail_bytes)),
-            tail_bytes,
-        }
+        let bytes = Vec::with_capacity(n * (8 + tail_bytes));
+        advise_huge_pages(&bytes);
+        Remainders { bytes, tail_bytes }
     }
 
     #[inline(always)]
@@ -462,7 +462,9 @@ impl ShardTable {
         }
         let mut next = partition_start[..partitions].to_vec();
         let below_mask = (1u128 << below_first) - 1;
-        let mut scratch = vec![Packed96::default(); n as usize];
+        let mut scratch = Vec::with_capacity(n as usize);
+        advise_huge_pages(&scratch);
+        scratch.resize(n as usize, Packed96::default());
         for (p, part) in parts.into_iter().enumerate() {
             for v in part {
                 let local = unpack_part(p, v);
@@ -479,6 +481,7 @@ impl ShardTable {
         let tail_bits = rem_bits.saturating_sub(64);
         let mut remainders = Remainders::with_capacity(tail_bits, n as usize);
         let mut dir = vec![0u32; (1usize << bucket_bits) + 1];
+        advise_huge_pages(&dir);
         let mut locals: Vec<u128> = Vec::new();
         let mut grouped: Vec<u128> = Vec::new();
         let mut bucket_start = vec![0usize; buckets_per_partition + 1];
