@@ -22,8 +22,8 @@
 //! after another was most of a commit's time. Readers skip dot-files, so they see either
 //! the whole file or nothing. A temp file whose writer process no longer exists (checked
 //! through `/proc` on Linux) is removed by the next load or write of that checkpoint;
-//! elsewhere stale temp files are only ignored. On object stores (`s3://`, `gs://`, ...) a PUT is already atomic, so parts are
-//! uploaded directly under their final names.
+//! elsewhere stale temp files are only ignored. On object stores (`s3://`, `gs://`, ...) a
+//! PUT is already atomic, so parts are uploaded directly under their final names.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;

@@ -7,6 +7,7 @@
 //! | [`publish`](Dir::publish) (move a staged file to its final name) | rename + fsync dir (atomic) | server-side copy (the object appears whole), then delete the source |
 //! | [`publish_all`](Dir::publish_all) | renames, then each directory synced once, in parallel | `publish` each |
 //! | [`get`](Dir::get), [`list`](Dir::list), [`exists`](Dir::exists), [`delete`](Dir::delete), [`delete_tree`](Dir::delete_tree) | std::fs | object_store |
+//! | [`delete_trees`](Dir::delete_trees) | trees removed on several threads | `delete_tree` each |
 //!
 //! Paths are relative to the directory and use `/`.
 
