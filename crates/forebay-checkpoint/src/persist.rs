@@ -23,7 +23,8 @@
 //! the whole file or nothing. A temp file whose writer process no longer exists (checked
 //! through `/proc` on Linux) is removed by the next load or write of that checkpoint;
 //! elsewhere stale temp files are only ignored. On object stores (`s3://`, `gs://`, ...) a
-//! PUT is already atomic, so parts are uploaded directly under their final names.
+//! PUT is already atomic, so parts are uploaded directly under their final names, several
+//! at once.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
@@ -309,18 +310,16 @@ impl Target {
     /// cache flush), so the waits overlap: once all are written, the files are `fsync`ed on a
     /// few threads at once, then renamed, then each directory involved is `fsync`ed once, in
     /// parallel again. New directories' parents are synced once each, not once per file.
+    /// On an object store a PUT is atomic already; up to [`PUTS_IN_FLIGHT`] go at once.
     pub(crate) fn put_all_atomic(
         &self,
         files: impl IntoIterator<Item = Result<(String, Vec<u8>)>>,
     ) -> Result<Vec<String>> {
-        let Target::Local(root) = self else {
-            return files
-                .into_iter()
-                .map(|file| {
-                    let (relative, bytes) = file?;
-                    self.put_atomic(&relative, bytes)
-                })
-                .collect();
+        let root = match self {
+            Target::Local(root) => root,
+            Target::Remote { store, prefix, .. } => {
+                return self.put_all_remote(store, prefix, files.into_iter())
+            }
         };
         let mut written: Vec<UnsyncedTemp> = Vec::new();
         let mut new_dir_parents = BTreeSet::new();
@@ -364,6 +363,50 @@ impl Target {
         Ok(written.iter().map(|w| self.shown(&w.relative)).collect())
     }
 }
+
+impl Target {
+    /// [`Target::put_all_atomic`] on an object store: each PUT is atomic and waits a round
+    /// trip, so up to [`PUTS_IN_FLIGHT`] go at once; the files are taken from `files` that
+    /// many at a time, so no more are held.
+    fn put_all_remote(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        prefix: &ObjectPath,
+        mut files: impl Iterator<Item = Result<(String, Vec<u8>)>>,
+    ) -> Result<Vec<String>> {
+        let mut shown = Vec::new();
+        loop {
+            let batch = files
+                .by_ref()
+                .take(PUTS_IN_FLIGHT)
+                .collect::<Result<Vec<(String, Vec<u8>)>>>()?;
+            if batch.is_empty() {
+                return Ok(shown);
+            }
+            shown.extend(batch.iter().map(|(relative, _)| self.shown(relative)));
+            let puts: Vec<_> = batch
+                .into_iter()
+                .map(|(relative, bytes)| {
+                    let (store, location) = (store.clone(), Self::remote_path(prefix, &relative));
+                    async move {
+                        store
+                            .put(&location, PutPayload::from(bytes))
+                            .await
+                            .map_err(|e| (relative, e))
+                    }
+                })
+                .collect();
+            forebay_parquet::block_on(async move { futures::future::try_join_all(puts).await })
+                .map_err(|(relative, source)| CheckpointError::Store {
+                    path: self.shown(&relative),
+                    source: Box::new(source),
+                })?;
+        }
+    }
+}
+
+/// Object-store PUTs of one [`Target::put_all_atomic`] in flight at once.
+const PUTS_IN_FLIGHT: usize = 8;
 
 /// A file of [`Target::put_all_atomic`] written to its temp name, not yet synced.
 struct UnsyncedTemp {
@@ -1116,6 +1159,41 @@ mod tests {
         assert!(!walk(&root)
             .iter()
             .any(|p| p.ends_with(".tmp") || p.contains("part-c")));
+    }
+
+    #[test]
+    fn put_all_atomic_on_an_object_store_puts_every_file_and_stops_at_the_first_error() {
+        let target = Target::parse("memory://put-all/ckpt", &StorageOptions::new()).unwrap();
+        let files: Vec<(String, Vec<u8>)> = (0..19)
+            .map(|k| (format!("shard={k}/part-a.parquet"), vec![k as u8; 10 + k]))
+            .collect();
+        let shown = target
+            .put_all_atomic(files.iter().cloned().map(Ok))
+            .unwrap();
+        assert_eq!(
+            shown.len(),
+            19,
+            "more files than PUTs in flight: every batch is put"
+        );
+        let store = forebay_parquet::global_memory_store();
+        for (relative, bytes) in &files {
+            let location = ObjectPath::from(format!("put-all/ckpt/{relative}"));
+            let store = store.clone();
+            let got = forebay_parquet::block_on(async move {
+                store.get(&location).await.unwrap().bytes().await.unwrap()
+            });
+            assert_eq!(&got[..], &bytes[..], "{relative}");
+        }
+
+        let err = target
+            .put_all_atomic([
+                Ok(("shard=0/part-b.parquet".to_string(), b"b".to_vec())),
+                Err(CheckpointError::InvalidArgument(
+                    "cannot encode part c".into(),
+                )),
+            ])
+            .unwrap_err();
+        assert!(err.to_string().contains("part c"), "{err}");
     }
 
     fn walk(dir: &FsPath) -> Vec<String> {

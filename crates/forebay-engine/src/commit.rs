@@ -264,6 +264,9 @@ pub(crate) struct CommitLog {
     files: Vec<(String, Identity)>,
     /// One decision at a time (see the module docs: completions go to the next record).
     deciding: Mutex<()>,
+    /// Commits this log published itself: the last recovery of a run need not publish them
+    /// again (on an object store that was two requests per file of every commit).
+    published: Mutex<BTreeSet<String>>,
     run_id: String,
     next: AtomicU64,
     _lock: Option<std::fs::File>,
@@ -574,6 +577,7 @@ impl CommitLog {
             book,
             files: opened.files,
             deciding: Mutex::new(()),
+            published: Mutex::new(BTreeSet::new()),
             run_id: run_id(),
             next: AtomicU64::new(0),
             _lock: opened.lock,
@@ -685,6 +689,10 @@ impl CommitLog {
         // 3. publish.
         publish(&self.state, &self.output, &record)?;
         crash_point("published");
+        self.published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(record.commit);
         Ok(())
     }
 
@@ -717,7 +725,9 @@ impl CommitLog {
     pub(crate) fn finish(&self, delete: bool) -> Result<()> {
         let (commit, _, _) = self.next_commit();
         self.commit(&commit, None, None, Vec::new())?;
-        recover(&self.state, &self.output)?;
+        let published =
+            std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));
+        recover_skipping(&self.state, &self.output, &published)?;
         if delete {
             for name in [INPUTS, forebay_checkpoint::MANIFEST_FILE] {
                 self.state.delete(name).map_err(storage_err)?;
@@ -848,6 +858,12 @@ fn lock_local(state: &Dir) -> Result<Option<std::fs::File>> {
 /// Roll every recorded commit forward, fold the records into the inputs snapshot, delete
 /// the records and everything staged. Returns the number of records found.
 fn recover(state: &Dir, output: &Dir) -> Result<usize> {
+    recover_skipping(state, output, &BTreeSet::new())
+}
+
+/// [`recover`], trusting that the commits in `published` are published (this process
+/// published them).
+fn recover_skipping(state: &Dir, output: &Dir, published: &BTreeSet<String>) -> Result<usize> {
     let mut names: Vec<String> = state
         .list(COMMITS)
         .map_err(storage_err)?
@@ -870,7 +886,9 @@ fn recover(state: &Dir, output: &Dir) -> Result<usize> {
                 format!("format {} (this forebay reads {FORMAT})", record.format),
             ));
         }
-        publish(state, output, &record)?;
+        if !published.contains(&record.commit) {
+            publish(state, output, &record)?;
+        }
         crash_point("recovering");
         records.push(record);
     }
@@ -921,10 +939,12 @@ fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
             .iter()
             .map(|part| (format!("{STAGING}/{}/{part}", record.commit), part.clone()))
             .collect();
-        for (staged, part) in &moves {
-            check_publishable(state, staged, part, &record.commit)?;
+        if let Err(e) = state.publish_all(&moves) {
+            for (staged, part) in &moves {
+                check_publishable(state, staged, part, &record.commit)?;
+            }
+            return Err(storage_err(e));
         }
-        state.publish_all(&moves).map_err(storage_err)?;
         crash_point("ids-published");
     }
     if let Some(data) = &record.data {
@@ -934,12 +954,17 @@ fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
 }
 
 fn ensure_published(dir: &Dir, staged: &str, final_name: &str, commit: &str) -> Result<()> {
-    check_publishable(dir, staged, final_name, commit)?;
-    dir.publish(staged, final_name).map_err(storage_err)
+    dir.publish(staged, final_name).map_err(|e| {
+        check_publishable(dir, staged, final_name, commit)
+            .err()
+            .unwrap_or_else(|| storage_err(e))
+    })
 }
 
 /// A recorded file must be staged (to publish) or published already (publishing is then a
-/// no-op); anything else is a checkpoint someone changed by hand.
+/// no-op); anything else is a checkpoint someone changed by hand. Asked only after a
+/// publish failed, to say so instead of the store's "not found" (asking first would cost
+/// every commit a request per file on object stores).
 fn check_publishable(dir: &Dir, staged: &str, final_name: &str, commit: &str) -> Result<()> {
     if dir.exists(staged).map_err(storage_err)? || dir.exists(final_name).map_err(storage_err)? {
         return Ok(());
@@ -1002,9 +1027,31 @@ mod tests {
     use super::*;
 
     fn dirs() -> (tempfile::TempDir, Dir, Dir) {
+        dirs_on("local")
+    }
+
+    /// A checkpoint and an output directory on `kind`: "local", or "memory" (an object
+    /// store: no rename, publishing is copy + delete).
+    fn dirs_on(kind: &str) -> (tempfile::TempDir, Dir, Dir) {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         let tmp = tempfile::tempdir().unwrap();
-        let state = Dir::Local(tmp.path().join("ckpt"));
-        let output = Dir::Local(tmp.path().join("out"));
+        let (state, output) = match kind {
+            "local" => (
+                Dir::Local(tmp.path().join("ckpt")),
+                Dir::Local(tmp.path().join("out")),
+            ),
+            _ => {
+                let n = NEXT.fetch_add(1, Ordering::Relaxed);
+                let open = |name: &str| {
+                    Dir::open(
+                        &format!("memory://commit-tests-{n}/{name}"),
+                        &Default::default(),
+                    )
+                    .unwrap()
+                };
+                (open("ckpt"), open("out"))
+            }
+        };
         state.create().unwrap();
         output.create().unwrap();
         (tmp, state, output)
@@ -1054,7 +1101,13 @@ mod tests {
 
     #[test]
     fn a_recorded_commit_is_rolled_forward() {
-        let (_tmp, state, output) = dirs();
+        for kind in ["local", "memory"] {
+            rolled_forward_on(kind);
+        }
+    }
+
+    fn rolled_forward_on(kind: &str) {
+        let (_tmp, state, output) = dirs_on(kind);
         stage(&state, &output, "c1");
         let bytes = serde_json::to_vec(&record("c1")).unwrap();
         state
@@ -1100,8 +1153,33 @@ mod tests {
     }
 
     #[test]
+    fn the_last_recovery_of_a_run_does_not_publish_again_what_the_run_published() {
+        let (_tmp, state, output) = dirs_on("memory");
+        // A record whose files are neither staged nor published: publishing it fails...
+        let bytes = serde_json::to_vec(&record("c5")).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c5.json"), bytes)
+            .unwrap();
+        // ...so a recovery that trusts the commit as published must not have tried.
+        let published = BTreeSet::from(["c5".to_string()]);
+        assert_eq!(recover_skipping(&state, &output, &published).unwrap(), 1);
+        assert!(state.list(COMMITS).unwrap().is_empty(), "record folded");
+        let snapshot = load_inputs(&state).unwrap();
+        assert_eq!(
+            snapshot.files["/in/a.parquet"].row_groups,
+            BTreeSet::from([0, 2])
+        );
+    }
+
+    #[test]
     fn a_record_whose_files_vanished_is_an_error() {
-        let (_tmp, state, output) = dirs();
+        for kind in ["local", "memory"] {
+            vanished_files_on(kind);
+        }
+    }
+
+    fn vanished_files_on(kind: &str) {
+        let (_tmp, state, output) = dirs_on(kind);
         let bytes = serde_json::to_vec(&record("c3")).unwrap();
         state
             .put_atomic(&format!("{COMMITS}/c3.json"), bytes)

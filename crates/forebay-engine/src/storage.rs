@@ -5,9 +5,9 @@
 //! |---|---|---|
 //! | [`put_atomic`](Dir::put_atomic) | temp file, fsync, rename, fsync dir | one PUT (atomic) |
 //! | [`publish`](Dir::publish) (move a staged file to its final name) | rename + fsync dir (atomic) | server-side copy (the object appears whole), then delete the source |
-//! | [`publish_all`](Dir::publish_all) | renames, then each directory synced once, in parallel | `publish` each |
+//! | [`publish_all`](Dir::publish_all) | renames, then each directory synced once, in parallel | copies (8 at a time), then bulk deletes of the sources |
 //! | [`get`](Dir::get), [`list`](Dir::list), [`exists`](Dir::exists), [`delete`](Dir::delete), [`delete_tree`](Dir::delete_tree) | std::fs | object_store |
-//! | [`delete_trees`](Dir::delete_trees) | trees removed on several threads | `delete_tree` each |
+//! | [`delete_trees`](Dir::delete_trees) | trees removed on several threads | `delete_tree` each (a listing, then bulk deletes) |
 //!
 //! Paths are relative to the directory and use `/`.
 
@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use forebay_parquet::StorageOptions;
-use futures::TryStreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -267,14 +268,13 @@ impl Dir {
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
                 forebay_parquet::block_on(async move {
-                    let listed: Vec<_> = store.list(Some(&location)).try_collect().await?;
-                    for meta in listed {
-                        match store.delete(&meta.location).await {
-                            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    Ok(())
+                    // Listed and deleted as one stream: stores with a bulk delete (S3's
+                    // DeleteObjects) remove up to 1,000 objects a request.
+                    let listed = store
+                        .list(Some(&location))
+                        .map_ok(|meta| meta.location)
+                        .boxed();
+                    delete_all(&*store, listed).await
                 })
                 .map_err(|e| self.error(relative, e))
             }
@@ -295,10 +295,48 @@ impl Dir {
     /// several threads: each is a device cache flush, and one per file in turn dominated a
     /// commit's time.
     pub(crate) fn publish_all(&self, moves: &[(String, String)]) -> StorageResult<()> {
-        let Dir::Local(root) = self else {
-            return moves
-                .iter()
-                .try_for_each(|(from, to)| self.publish(from, to));
+        let root = match self {
+            Dir::Local(root) => root,
+            Dir::Remote { store, prefix, .. } => {
+                let store = store.clone();
+                let objects: Vec<(String, ObjectPath, ObjectPath)> = moves
+                    .iter()
+                    .map(|(from, to)| {
+                        (
+                            from.clone(),
+                            object_path(prefix, from),
+                            object_path(prefix, to),
+                        )
+                    })
+                    .collect();
+                // Copies first (several at once), then the staged sources in bulk deletes: a
+                // crash in between leaves sources that the next recovery copies again.
+                let sources: Vec<ObjectPath> =
+                    objects.iter().map(|(_, src, _)| src.clone()).collect();
+                let first_source = moves
+                    .first()
+                    .map(|(from, _)| from.clone())
+                    .unwrap_or_default();
+                return forebay_parquet::block_on(async move {
+                    futures::stream::iter(objects)
+                        .map(|(from, src, dst)| {
+                            let store = store.clone();
+                            async move {
+                                copy_object(&*store, &src, &dst)
+                                    .await
+                                    .map_err(|e| (from, e))
+                            }
+                        })
+                        .buffer_unordered(REQUESTS_IN_FLIGHT)
+                        .try_collect::<Vec<()>>()
+                        .await?;
+                    let sources = futures::stream::iter(sources.into_iter().map(Ok)).boxed();
+                    delete_all(&*store, sources)
+                        .await
+                        .map_err(|e| (first_source, e))
+                })
+                .map_err(|(from, e)| self.error(&from, format!("publish: {e}")));
+            }
         };
         let mut to_sync = BTreeSet::new();
         for (from, to) in moves {
@@ -343,25 +381,59 @@ impl Dir {
                     object_path(prefix, from),
                     object_path(prefix, to),
                 );
-                forebay_parquet::block_on(async move {
-                    match store.copy(&src, &dst).await {
-                        Ok(()) => {}
-                        Err(object_store::Error::NotFound { .. }) => {
-                            // Copied and deleted before: fine if the destination is there.
-                            return store.head(&dst).await.map(drop);
-                        }
-                        Err(e) => return Err(e),
-                    }
-                    match store.delete(&src).await {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                        Err(e) => Err(e),
-                    }
-                })
-                .map_err(|e| self.error(from, format!("publish to {to}: {e}")))
+                forebay_parquet::block_on(async move { move_object(&*store, &src, &dst).await })
+                    .map_err(|e| self.error(from, format!("publish to {to}: {e}")))
             }
         }
     }
 }
+
+/// Copy `src` to `dst` server-side (the object appears whole), then delete `src`.
+/// Idempotent: a source already gone is fine when the destination is there.
+async fn move_object(
+    store: &dyn ObjectStore,
+    src: &ObjectPath,
+    dst: &ObjectPath,
+) -> object_store::Result<()> {
+    copy_object(store, src, dst).await?;
+    match store.delete(src).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The copy of [`move_object`]: fine if `src` is gone but `dst` is there (moved before).
+async fn copy_object(
+    store: &dyn ObjectStore,
+    src: &ObjectPath,
+    dst: &ObjectPath,
+) -> object_store::Result<()> {
+    match store.copy(src, dst).await {
+        Ok(()) => Ok(()),
+        Err(object_store::Error::NotFound { .. }) => store.head(dst).await.map(drop),
+        Err(e) => Err(e),
+    }
+}
+
+/// Delete every object of `locations` in as few requests as the store allows (S3: up to
+/// 1,000 a request); objects already gone are fine.
+async fn delete_all(
+    store: &dyn ObjectStore,
+    locations: BoxStream<'static, object_store::Result<ObjectPath>>,
+) -> object_store::Result<()> {
+    let mut deleted = store.delete_stream(locations);
+    while let Some(result) = deleted.next().await {
+        match result {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Requests an object-store operation on many files keeps in flight at once: each waits a
+/// round trip, so one after another a commit of 16 id parts waited 16 of them.
+const REQUESTS_IN_FLIGHT: usize = 8;
 
 fn object_path(prefix: &ObjectPath, relative: &str) -> ObjectPath {
     relative
