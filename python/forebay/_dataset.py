@@ -295,9 +295,8 @@ class Dataset:
             each is short of ``rows_per_file`` (pass ``concurrency=1`` for exact file sizes).
         preserve_order: keep the source's order through concurrent steps.
         checkpoint: a :class:`forebay.Checkpoint`: write exactly once, and resume when the
-            same script runs again after any interruption (see ``Checkpoint``). Files are
-            then cut at batch boundaries (``rows_per_file`` is reached, not split), and
-            ``mode`` must be ``"append"``.
+            same script runs again after any interruption (see ``Checkpoint``); ``mode``
+            must then be ``"append"``.
         on_changed_input: with a checkpoint, what to do with an input file that changed
             since the checkpoint recorded it: ``"error"`` (default) or ``"reprocess"`` (read
             it again; rows whose id is done are still dropped).

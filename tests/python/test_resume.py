@@ -255,6 +255,30 @@ def test_finished_input_is_skipped_unread(job):
     assert resume["ids_done_before"] == len(IDS)
 
 
+def test_files_hold_exactly_rows_per_file_rows_with_a_checkpoint(tmp_path):
+    """Batches (500-row row groups) are split between files: every file but the last holds
+    exactly ``rows_per_file`` rows, each id is written once, and since the units a split
+    batch came from complete only with the last file holding their rows, a rerun finds
+    every input finished."""
+    write_input(tmp_path / "in")
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def run() -> dict:
+        return forebay.read_parquet(str(tmp_path / "in")).write_parquet(
+            str(out),
+            rows_per_file=700,
+            concurrency=1,
+            checkpoint=forebay.Checkpoint("id", str(ckpt)),
+        )
+
+    assert run()["rows"] == len(IDS)
+    sizes = sorted(pq.ParquetFile(f).metadata.num_rows for f in out.glob("*.parquet"))
+    assert sizes == sorted([len(IDS) % 700] + [700] * (len(IDS) // 700)), sizes
+    assert_exactly_once(out)
+    again = run()
+    assert again["rows"] == 0 and again["resume"]["files_skipped"] == FILES
+
+
 def test_a_changed_input_is_detected(job):
     job.run()
     time.sleep(0.02)

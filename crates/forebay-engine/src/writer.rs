@@ -624,8 +624,10 @@ struct Pending {
     held: Option<Reservation>,
 }
 
-/// With a checkpoint: whole batches per file (closing a file at the first batch boundary
-/// past `rows_per_file`), each file committed with its ids and lineage.
+/// With a checkpoint: files of exactly `rows_per_file` rows (a batch may span two or more),
+/// each committed with its ids and lineage. Every file that gets rows of a batch holds its
+/// own references to the batch's input units, so a unit completes only when the last of
+/// those files commits (see `lineage`).
 fn write_checkpointed(
     target: &OutputTarget,
     log: &CommitLog,
@@ -656,34 +658,57 @@ fn write_checkpointed(
                     batch.batch.schema().fields().iter().map(|f| f.name()).collect::<Vec<_>>()
                 ),
                 })?;
-        if pending.is_none() {
-            let (commit, staged, final_name) = log.next_commit();
-            pending = Some(Pending {
-                file: target.open_file(&staged, batch.batch.schema(), true)?,
-                ids: log.id_parts_writer(&commit)?,
-                commit,
-                staged,
-                final_name,
-                tickets: Vec::new(),
-                held: None,
-            });
+        let mut tickets = batch.take_tickets();
+        let rows = batch.batch.num_rows();
+        let mut offset = 0;
+        loop {
+            if pending.is_none() {
+                let (commit, staged, final_name) = log.next_commit();
+                pending = Some(Pending {
+                    file: target.open_file(&staged, batch.batch.schema(), true)?,
+                    ids: log.id_parts_writer(&commit)?,
+                    commit,
+                    staged,
+                    final_name,
+                    tickets: Vec::new(),
+                    held: None,
+                });
+            }
+            let p = pending.as_mut().expect("just opened");
+            let room = target.sink.rows_per_file - p.file.rows as usize;
+            let n = room.min(rows - offset);
+            let last_piece = offset + n == rows;
+            let (piece, piece_ids) = if n == rows {
+                (batch.batch.clone(), ids.clone())
+            } else {
+                (batch.batch.slice(offset, n), ids.slice(offset, n))
+            };
+            p.file.write(&piece)?;
+            p.ids
+                .push(&piece_ids)
+                .map_err(|e| EngineError::Checkpoint {
+                    stage: STAGE.into(),
+                    source: Box::new(e),
+                })?;
+            rows_written.fetch_add(n as u64, Ordering::Relaxed);
+            written += n as u64;
+            offset += n;
+            if last_piece {
+                p.tickets.append(&mut tickets);
+            } else {
+                p.tickets.extend(tickets.iter().cloned());
+            }
+            p.held = None;
+            let held = p.file.memory() + p.ids.encoded_bytes() + arrays_memory(p.ids.unencoded());
+            p.held = Some(holder.reserve_bytes(held, Admission::Now)?);
+            if p.file.rows as usize >= target.sink.rows_per_file {
+                commit_file(target, log, pending.take().expect("open"), resources)?;
+            }
+            if last_piece {
+                break;
+            }
         }
-        let p = pending.as_mut().expect("just opened");
-        p.file.write(&batch.batch)?;
-        p.ids.push(&ids).map_err(|e| EngineError::Checkpoint {
-            stage: STAGE.into(),
-            source: Box::new(e),
-        })?;
-        rows_written.fetch_add(batch.batch.num_rows() as u64, Ordering::Relaxed);
-        written += batch.batch.num_rows() as u64;
-        p.tickets.extend(batch.take_tickets());
         drop(batch);
-        p.held = None;
-        let held = p.file.memory() + p.ids.encoded_bytes() + arrays_memory(p.ids.unencoded());
-        p.held = Some(holder.reserve_bytes(held, Admission::Now)?);
-        if p.file.rows as usize >= target.sink.rows_per_file {
-            commit_file(target, log, pending.take().expect("open"), resources)?;
-        }
         cancel.check()?;
     }
     if let Some(p) = pending.take() {
