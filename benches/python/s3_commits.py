@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
-from conftest import S3_CREDENTIALS, start_moto_server
+from conftest import S3_CREDENTIALS, moto_s3
 
 JOB = """
 import json, sys, time, forebay
@@ -67,18 +67,9 @@ def main() -> None:
     args = parser.parse_args()
     builds = [b for b in args.builds.split(",") if b] or [""]
 
-    import boto3
-
     tmp = Path(tempfile.mkdtemp(prefix="forebay-s3-commits-"))
-    server, endpoint, log = start_moto_server(tmp / "moto.log")
-    try:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+    log_path = tmp / "moto.log"
+    with moto_s3(log_path) as (s3, endpoint):
         bucket = "bench-commits"
         s3.create_bucket(Bucket=bucket)
         inputs = tmp / "inputs"
@@ -93,7 +84,7 @@ def main() -> None:
                 env = {**os.environ}
                 if build:
                     env["PYTHONPATH"] = build
-                seen = len((tmp / "moto.log").read_text().splitlines())
+                seen = len(log_path.read_text().splitlines())
                 out = subprocess.run(
                     [sys.executable, "-c", JOB, str(inputs), bucket, f"{round_}-{b}", options],
                     capture_output=True,
@@ -101,14 +92,9 @@ def main() -> None:
                     env=env,
                     check=True,
                 )
-                lines = (tmp / "moto.log").read_text().splitlines()[seen:]
                 result = json.loads(out.stdout)
-                result["requests"] = requests_by_method(lines)
+                result["requests"] = requests_by_method(log_path.read_text().splitlines()[seen:])
                 print(f"round {round_ + 1} {build or 'installed'}: {json.dumps(result)}")
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        log.close()
 
 
 if __name__ == "__main__":

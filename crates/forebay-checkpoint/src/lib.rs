@@ -50,6 +50,7 @@
 //! # Ok::<(), forebay_checkpoint::CheckpointError>(())
 //! ```
 
+pub mod durable;
 pub mod error;
 pub mod fingerprint;
 mod huge_pages;

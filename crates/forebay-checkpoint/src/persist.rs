@@ -43,6 +43,7 @@ use forebay_parquet::{
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+use crate::durable::{create_dir_all_noting_parents, in_parallel};
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
 use crate::huge_pages::advise_huge_pages;
@@ -331,7 +332,7 @@ impl Target {
                 let dir = path.parent().ok_or_else(|| {
                     CheckpointError::InvalidArgument(format!("{}: no parent", path.display()))
                 })?;
-                create_dir_all_noting_parents(dir, &mut new_dir_parents)?;
+                create_dir_all_noting_parents(dir, &mut new_dir_parents).map_err(io_err(dir))?;
                 dirs.insert(dir.to_path_buf());
                 let temp = path.with_file_name(temp_name(
                     &path.file_name().unwrap_or_default().to_string_lossy(),
@@ -344,9 +345,9 @@ impl Target {
                     file,
                 });
             }
-            for_each_in_parallel(&written, |w| w.file.sync_all().map_err(io_err(&w.temp)))?;
+            in_parallel(&written, |w| w.file.sync_all().map_err(io_err(&w.temp)))?;
             let parents: Vec<&PathBuf> = new_dir_parents.iter().collect();
-            for_each_in_parallel(&parents, |dir| fsync_dir(dir))?;
+            in_parallel(&parents, |dir| fsync_dir(dir))?;
             for w in &written {
                 fs::rename(&w.temp, &w.path).map_err(io_err(&w.path))?;
             }
@@ -359,7 +360,7 @@ impl Target {
         }
         result?;
         let dirs: Vec<&PathBuf> = dirs.iter().collect();
-        for_each_in_parallel(&dirs, |dir| fsync_dir(dir))?;
+        in_parallel(&dirs, |dir| fsync_dir(dir))?;
         Ok(written.iter().map(|w| self.shown(&w.relative)).collect())
     }
 }
@@ -414,58 +415,6 @@ struct UnsyncedTemp {
     path: PathBuf,
     temp: PathBuf,
     file: fs::File,
-}
-
-/// Run `work` on every item on up to [`SYNC_THREADS`] threads; the first error wins. For
-/// work that mostly waits on the device (`fsync`), so more threads than cores.
-fn for_each_in_parallel<T: Sync>(
-    items: &[T],
-    work: impl Fn(&T) -> Result<()> + Sync,
-) -> Result<()> {
-    let threads = items.len().min(SYNC_THREADS);
-    if threads <= 1 {
-        return items.iter().try_for_each(work);
-    }
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| loop {
-                    let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                        return Ok(());
-                    };
-                    work(item)?;
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .try_for_each(|w| w.join().expect("sync worker panicked"))
-    })
-}
-
-/// Threads that wait on `fsync`s at once when several files are committed together.
-const SYNC_THREADS: usize = 8;
-
-/// `mkdir -p`, adding the parent of every directory it creates to `parents` (whose entries
-/// must be synced for the new directories to be durable).
-fn create_dir_all_noting_parents(dir: &FsPath, parents: &mut BTreeSet<PathBuf>) -> Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dir_all_noting_parents(parent, parents)?;
-    }
-    match fs::create_dir(dir) {
-        Ok(()) => {
-            if let Some(parent) = dir.parent() {
-                parents.insert(parent.to_path_buf());
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(io_err(dir)(e)),
-    }
 }
 
 /// Create `path` (it must not exist) holding `bytes`, not synced yet; removed again if the

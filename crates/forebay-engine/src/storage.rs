@@ -15,10 +15,10 @@ use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use forebay_checkpoint::durable::{create_dir_all_noting_parents, in_parallel};
 use forebay_parquet::StorageOptions;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -463,61 +463,6 @@ pub(crate) fn create_dir_all_durable(dir: &Path) -> std::io::Result<()> {
         sync_dir(parent)?;
     }
     Ok(())
-}
-
-/// `mkdir -p` without syncing, adding the parent of every directory it creates to
-/// `parents` (the caller syncs them).
-fn create_dir_all_noting_parents(
-    dir: &Path,
-    parents: &mut BTreeSet<PathBuf>,
-) -> std::io::Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dir_all_noting_parents(parent, parents)?;
-    }
-    match fs::create_dir(dir) {
-        Ok(()) => {
-            if let Some(parent) = dir.parent() {
-                parents.insert(parent.to_path_buf());
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Threads that wait on the file system at once (syncs, unlinks): the work is waiting, not
-/// computing, so more threads than cores.
-const WAITING_THREADS: usize = 8;
-
-/// Run `work` on every item on up to [`WAITING_THREADS`] threads; the first error wins.
-fn in_parallel<T: Sync>(
-    items: &[T],
-    work: impl Fn(&T) -> StorageResult<()> + Sync,
-) -> StorageResult<()> {
-    let threads = items.len().min(WAITING_THREADS);
-    if threads <= 1 {
-        return items.iter().try_for_each(work);
-    }
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| loop {
-                    let Some(item) = items.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                        return Ok(());
-                    };
-                    work(item)?;
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .try_for_each(|w| w.join().expect("file system worker panicked"))
-    })
 }
 
 /// Temp file, fsync, rename, fsync of the directory.
