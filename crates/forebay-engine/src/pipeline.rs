@@ -897,10 +897,19 @@ impl RunningWrite {
                     - (c.io_before.data_bytes + c.io_before.footer_bytes),
             });
         }
-        // The checkpoint index is the run's largest allocation (~10 bytes an id); returning
-        // it to the system takes milliseconds nobody needs to wait for.
-        if let Some(commits) = self.commits.take() {
-            free_in_background(commits);
+        // The checkpoint index (held by the resume filter, also through the dataset) is the
+        // run's largest allocation (~10 bytes an id); returning it to the system takes
+        // milliseconds nobody needs to wait for. The commit log goes here and now: it holds
+        // the checkpoint's lock, which a run started right after this one must find free.
+        if let Some(CheckpointRun {
+            log,
+            dataset,
+            resume_filter,
+            ..
+        }) = self.commits.take()
+        {
+            drop(log);
+            free_in_background((dataset, resume_filter));
         }
         written.seconds = started.elapsed().as_secs_f64();
         self.last_stats = Some(stats);
