@@ -926,8 +926,8 @@ fn recover_skipping(state: &Dir, output: &Dir, published: &BTreeSet<String>) -> 
         }
     }
     // Staged files that no record names are commits that did not happen.
-    state.delete_tree(STAGING).map_err(storage_err)?;
-    output.delete_tree(STAGING).map_err(storage_err)?;
+    state.delete_staging(STAGING).map_err(storage_err)?;
+    output.delete_staging(STAGING).map_err(storage_err)?;
     Ok(records.len())
 }
 

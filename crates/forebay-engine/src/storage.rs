@@ -249,21 +249,7 @@ impl Dir {
     pub(crate) fn delete_tree(&self, relative: &str) -> StorageResult<()> {
         match self {
             Dir::Local(root) => {
-                let mut attempts = 0;
-                loop {
-                    match fs::remove_dir_all(root.join(relative)) {
-                        Ok(()) => return Ok(()),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                        Err(e)
-                            if e.kind() == std::io::ErrorKind::DirectoryNotEmpty
-                                && attempts < 40 =>
-                        {
-                            attempts += 1;
-                            std::thread::sleep(std::time::Duration::from_millis(50));
-                        }
-                        Err(e) => return Err(self.error(relative, e)),
-                    }
-                }
+                remove_local_tree(&root.join(relative)).map_err(|e| self.error(relative, e))
             }
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
@@ -278,6 +264,19 @@ impl Dir {
                 })
                 .map_err(|e| self.error(relative, e))
             }
+        }
+    }
+
+    /// Delete what is staged under `relative`: [`Dir::delete_tree`], except that files a
+    /// writer of a dead run keeps adding after the retries (a Ray task of a killed driver
+    /// that lives on) are left instead of failing the recovery. Nothing can publish them: no
+    /// record names them, and records are written only by a run's driver. Readers skip
+    /// `_`-names, and the next recovery removes them.
+    pub(crate) fn delete_staging(&self, relative: &str) -> StorageResult<()> {
+        match self {
+            Dir::Local(root) => remove_local_tree_around_writers(&root.join(relative))
+                .map_err(|e| self.error(relative, e)),
+            Dir::Remote { .. } => self.delete_tree(relative),
         }
     }
 
@@ -388,6 +387,53 @@ impl Dir {
     }
 }
 
+/// `rm -r`, retried for up to ~2 s while a writer still adds files ("directory not
+/// empty"); a tree already gone is fine.
+fn remove_local_tree(path: &Path) -> std::io::Result<()> {
+    let mut attempts = 0;
+    loop {
+        match fs::remove_dir_all(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempts < 40 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// [`remove_local_tree`], then, if a writer still adds files, every entry but the ones it
+/// keeps filling (a dead run's writer stages into its own commit's directory).
+fn remove_local_tree_around_writers(path: &Path) -> std::io::Result<()> {
+    match remove_local_tree(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+            for entry in fs::read_dir(path)? {
+                let entry = entry?.path();
+                let removed = if entry.is_dir() {
+                    fs::remove_dir_all(&entry)
+                } else {
+                    fs::remove_file(&entry)
+                };
+                match removed {
+                    Err(e)
+                        if !matches!(
+                            e.kind(),
+                            std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+                        ) =>
+                    {
+                        return Err(e)
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+        result => result,
+    }
+}
+
 /// Copy `src` to `dst` server-side (the object appears whole), then delete `src`.
 /// Idempotent: a source already gone is fine when the destination is there.
 async fn move_object(
@@ -483,4 +529,53 @@ fn write_local_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = fs::remove_file(&temp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A thread that keeps adding files under `dir/late` until stopped (a writer of a dead
+    /// run that lives on).
+    fn late_writer(dir: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let sub = dir.join("late");
+                let _ = fs::create_dir_all(&sub);
+                let _ = fs::write(sub.join(format!("f{n}")), b"x");
+                n += 1;
+            }
+        })
+    }
+
+    #[test]
+    fn staging_removal_leaves_what_a_live_writer_of_a_dead_run_keeps_adding() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::Local(tmp.path().to_path_buf());
+        let staging = tmp.path().join("_staging");
+        fs::create_dir_all(staging.join("done")).unwrap();
+        fs::write(staging.join("done/part.parquet"), b"staged").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = late_writer(staging.clone(), stop.clone());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let started = std::time::Instant::now();
+        let deleted = dir.delete_staging("_staging");
+        let plain = dir.delete_tree("_staging");
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(deleted.is_ok(), "{deleted:?}");
+        assert!(
+            !staging.join("done").exists(),
+            "what was staged before is gone"
+        );
+        let err = plain.expect_err("delete_tree fails while a writer goes on");
+        assert!(err.to_string().contains("_staging"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        // Once the writer stopped, the next recovery removes the rest.
+        dir.delete_staging("_staging").unwrap();
+        assert!(!staging.exists());
+    }
 }
