@@ -562,8 +562,9 @@ mod tests {
         let writer = late_writer(staging.clone(), stop.clone());
         std::thread::sleep(std::time::Duration::from_millis(20));
         let started = std::time::Instant::now();
+        // (`delete_tree` would fail here after its retries, unless the writer happened to
+        // pause for longer than an `rm -r` takes: not asserted, as that depends on load.)
         let deleted = dir.delete_staging("_staging");
-        let plain = dir.delete_tree("_staging");
         stop.store(true, Ordering::Relaxed);
         writer.join().unwrap();
         assert!(deleted.is_ok(), "{deleted:?}");
@@ -571,8 +572,6 @@ mod tests {
             !staging.join("done").exists(),
             "what was staged before is gone"
         );
-        let err = plain.expect_err("delete_tree fails while a writer goes on");
-        assert!(err.to_string().contains("_staging"), "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
         // Once the writer stopped, the next recovery removes the rest.
         dir.delete_staging("_staging").unwrap();
