@@ -301,9 +301,7 @@ impl Target {
         }
         Ok(shown)
     }
-}
 
-impl Target {
     /// Store several files, each so that readers see all of it or nothing, and return their
     /// shown paths in order. `files` may produce each file's bytes on demand; locally each
     /// is written to its temp name and let go at once, so only one file's bytes are held at a
@@ -363,9 +361,7 @@ impl Target {
         in_parallel(&dirs, |dir| fsync_dir(dir))?;
         Ok(written.iter().map(|w| self.shown(&w.relative)).collect())
     }
-}
 
-impl Target {
     /// [`Target::put_all_atomic`] on an object store: each PUT is atomic and waits a round
     /// trip, so up to [`PUTS_IN_FLIGHT`] go at once; the files are taken from `files` that
     /// many at a time, so no more are held.

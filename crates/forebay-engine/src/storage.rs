@@ -361,29 +361,7 @@ impl Dir {
     /// rename locally, a server-side copy then delete on object stores. Idempotent: if `to`
     /// exists and `from` does not, the move already happened.
     pub(crate) fn publish(&self, from: &str, to: &str) -> StorageResult<()> {
-        match self {
-            Dir::Local(root) => {
-                let (src, dst) = (root.join(from), root.join(to));
-                if !src.exists() && dst.exists() {
-                    return Ok(());
-                }
-                if let Some(parent) = dst.parent() {
-                    create_dir_all_durable(parent).map_err(|e| self.error(to, e))?;
-                }
-                fs::rename(&src, &dst)
-                    .map_err(|e| self.error(from, format!("rename to {to}: {e}")))?;
-                sync_dir(dst.parent().unwrap_or(Path::new("/"))).map_err(|e| self.error(to, e))
-            }
-            Dir::Remote { store, prefix, .. } => {
-                let (store, src, dst) = (
-                    store.clone(),
-                    object_path(prefix, from),
-                    object_path(prefix, to),
-                );
-                forebay_parquet::block_on(async move { move_object(&*store, &src, &dst).await })
-                    .map_err(|e| self.error(from, format!("publish to {to}: {e}")))
-            }
-        }
+        self.publish_all(&[(from.to_string(), to.to_string())])
     }
 }
 
@@ -434,21 +412,8 @@ fn remove_local_tree_around_writers(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Copy `src` to `dst` server-side (the object appears whole), then delete `src`.
-/// Idempotent: a source already gone is fine when the destination is there.
-async fn move_object(
-    store: &dyn ObjectStore,
-    src: &ObjectPath,
-    dst: &ObjectPath,
-) -> object_store::Result<()> {
-    copy_object(store, src, dst).await?;
-    match store.delete(src).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// The copy of [`move_object`]: fine if `src` is gone but `dst` is there (moved before).
+/// Copy `src` to `dst` server-side (the object appears whole). Idempotent: a source
+/// already gone is fine when the destination is there (copied and deleted before).
 async fn copy_object(
     store: &dyn ObjectStore,
     src: &ObjectPath,
