@@ -55,7 +55,10 @@ JOB = textwrap.dedent(
             config["output"],
             rows_per_file=1500,
             storage_options=options,
-            checkpoint=forebay.Checkpoint("id", config["checkpoint"], storage_options=options),
+            checkpoint=forebay.Checkpoint(
+                "id", config["checkpoint"], storage_options=options,
+                delete_on_success=config.get("delete_on_success", False),
+            ),
             on_changed_input=config.get("on_changed_input", "error"),
         )
         print(json.dumps(stats), flush=True)
@@ -152,6 +155,20 @@ def test_killed_while_recovering_then_rerun_is_exactly_once(job):
     assert victim.returncode == -signal.SIGKILL
     job.run()
     assert_exactly_once(job.tmp / "out")
+
+
+def test_killed_while_deleting_on_success_then_rerun_writes_nothing_again(job):
+    # Killed after the ids are deleted and before the inputs snapshot is: the output is
+    # complete, and the rerun must find every input finished rather than rows to redo.
+    victim = job({"delete_on_success": True}, env={"FOREBAY_CRASH_AT": "deleting:1"})
+    victim.communicate(timeout=120)
+    assert victim.returncode == -signal.SIGKILL
+    assert_exactly_once(job.tmp / "out")
+    assert not list((job.tmp / "ckpt").glob("shard=*")), "the ids were deleted"
+    stats = job.run({"delete_on_success": True})
+    assert stats["rows"] == 0
+    assert_exactly_once(job.tmp / "out")
+    assert not (job.tmp / "ckpt" / "_forebay_inputs.json").exists()
 
 
 def kill_at_random(job, rng: random.Random, config: dict) -> None:

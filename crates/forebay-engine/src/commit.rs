@@ -58,11 +58,17 @@
 //!
 //! One run at a time may use a checkpoint (a lock file guards local checkpoints).
 //!
+//! `delete_on_success` folds the records into `_forebay_inputs.json` as recovery does, then
+//! deletes the id parts, records and staging, and the inputs snapshot and manifest last: a
+//! run killed while deleting leaves a checkpoint in which every input is finished, so a
+//! rerun reads nothing and writes nothing again.
+//!
 //! ## Testing the protocol
 //!
 //! `FOREBAY_CRASH_AT=<point>:<n>` makes the process SIGKILL itself the `n`-th time it
-//! reaches `<point>` (`staged`, `recorded`, `ids-published`, `published`, `recovering`), so
-//! that tests can stop it inside a commit or a recovery at will. Unset, it costs one check.
+//! reaches `<point>` (`staged`, `recorded`, `ids-published`, `published`, `recovering`,
+//! `deleting`: inside `delete_on_success`), so that tests can stop it inside a commit, a
+//! recovery or the final deletion at will. Unset, it costs one check.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -729,14 +735,18 @@ impl CommitLog {
             std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));
         recover_skipping(&self.state, &self.output, &published)?;
         if delete {
-            for name in [INPUTS, forebay_checkpoint::MANIFEST_FILE] {
-                self.state.delete(name).map_err(storage_err)?;
-            }
+            // The ids first, the inputs snapshot (every input finished) last: a run killed
+            // in between finds every input finished and reads none of them, where the
+            // other order would leave some ids gone and their rows written again.
             let trees: Vec<String> = (0..self.num_shards)
                 .map(|k| format!("shard={k}"))
                 .chain([COMMITS.to_string(), STAGING.to_string()])
                 .collect();
             self.state.delete_trees(&trees).map_err(storage_err)?;
+            crash_point("deleting");
+            for name in [INPUTS, forebay_checkpoint::MANIFEST_FILE] {
+                self.state.delete(name).map_err(storage_err)?;
+            }
         }
         Ok(())
     }
