@@ -38,7 +38,7 @@ use crate::lineage::UnitTicket;
 use crate::memory::{arrays_memory, Admission, MemoryConsumer, Reservation};
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
-use crate::storage::{sync_dir, Dir, StorageError};
+use crate::storage::{create_dir_all_durable, sync_dir, Dir, StorageError};
 
 const STAGE: &str = "write_parquet";
 /// Rows per file when `rows_per_file` is not set.
@@ -308,7 +308,14 @@ impl OutputTarget {
         let writer = match (self.dir.local_path(name), self.dir.object(name)) {
             (Some(path), _) => {
                 let dir = path.parent().unwrap_or(Path::new("/")).to_path_buf();
-                fs::create_dir_all(&dir).map_err(|e| EngineError::write(STAGE, &shown, e))?;
+                // A staged file is named by its commit record once it is complete: the
+                // staging directory's own entry must survive a power loss as well.
+                let made = if staged {
+                    create_dir_all_durable(&dir)
+                } else {
+                    fs::create_dir_all(&dir)
+                };
+                made.map_err(|e| EngineError::write(STAGE, &shown, e))?;
                 let file_name = path
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -476,11 +483,19 @@ impl OpenFile {
                     .map_err(|e| EngineError::write(STAGE, &shown, e))?;
                 let size = file.metadata().map(|m| m.len()).unwrap_or(0);
                 drop(file);
-                if let Some(path) = path {
-                    fs::rename(&*temp, &*path).map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                    sync_dir(path.parent().unwrap_or(Path::new("/")))
-                        .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                }
+                // Durable under its final name, or (staged) under its staging name: the
+                // commit record written next names it, so its directory entry must be on
+                // disk before that record is.
+                let named: &Path = match path.as_deref() {
+                    Some(path) => {
+                        fs::rename(&*temp, path)
+                            .map_err(|e| EngineError::write(STAGE, &shown, e))?;
+                        path
+                    }
+                    None => temp,
+                };
+                sync_dir(named.parent().unwrap_or(Path::new("/")))
+                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
                 size
             }
             FileWriter::Remote { writer } => {
@@ -723,8 +738,18 @@ fn commit_file(
     p: Pending,
     resources: &RunResources,
 ) -> Result<()> {
-    let staged = p.file.finish()?;
-    let ids = stage_ids(p.ids)?;
+    // Both halves of step 1 wait on the device (the data file's fsync, the id parts'):
+    // they are independent, so they wait together.
+    let Pending { file, ids, .. } = p;
+    let (staged, ids) = std::thread::scope(|scope| {
+        let ids = scope.spawn(move || stage_ids(ids));
+        let staged = file.finish();
+        let ids = ids
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (staged, ids)
+    });
+    let (staged, ids) = (staged?, ids?);
     let data = StagedData {
         staged: p.staged,
         final_name: p.final_name.clone(),
