@@ -89,6 +89,9 @@ struct Remainders {
     bytes: Vec<u8>,
     /// 2 or 4.
     tail_bytes: usize,
+    /// Records held (`bytes.len() / stride`, kept so that a build asking after every bucket
+    /// does not divide each time).
+    len: usize,
 }
 
 impl Remainders {
@@ -96,7 +99,11 @@ impl Remainders {
         let tail_bytes = if tail_bits <= 16 { 2 } else { 4 };
         let bytes = Vec::with_capacity(n * (8 + tail_bytes));
         advise_huge_pages(&bytes);
-        Remainders { bytes, tail_bytes }
+        Remainders {
+            bytes,
+            tail_bytes,
+            len: 0,
+        }
     }
 
     #[inline(always)]
@@ -105,11 +112,12 @@ impl Remainders {
     }
 
     fn len(&self) -> usize {
-        self.bytes.len() / self.stride()
+        self.len
     }
 
     /// Append a remainder: `hi` its top bits, the low bits of `rem` its tail.
     fn push(&mut self, hi: u64, rem: u128) {
+        self.len += 1;
         self.bytes.extend_from_slice(&hi.to_le_bytes());
         if self.tail_bytes == 2 {
             self.bytes.extend_from_slice(&(rem as u16).to_le_bytes());
