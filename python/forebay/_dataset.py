@@ -298,8 +298,10 @@ class Dataset:
             same script runs again after any interruption (see ``Checkpoint``); ``mode``
             must then be ``"append"``.
         on_changed_input: with a checkpoint, what to do with an input file that changed
-            since the checkpoint recorded it: ``"error"`` (default) or ``"reprocess"`` (read
-            it again; rows whose id is done are still dropped).
+            since the checkpoint recorded it, or with inputs finished under another
+            ``read_parquet(filter=...)`` (a finished input may hold rows the new filter
+            keeps): ``"error"`` (default) or ``"reprocess"`` (read them again; rows whose id
+            is done are still dropped). Inputs finished with no filter stay finished.
 
         Each file appears atomically: locally under a hidden temporary name, then renamed;
         on object stores when its upload completes. An error or Ctrl-C leaves no partial file.

@@ -45,7 +45,8 @@ JOB = textwrap.dedent(
         config = json.loads(sys.argv[1])
         options = config.get("storage_options")
         forebay.configure(progress=False)
-        ds = forebay.read_parquet(config["input"], storage_options=options)
+        scan_filter = [tuple(term) for term in config.get("filter", [])] or None
+        ds = forebay.read_parquet(config["input"], storage_options=options, filter=scan_filter)
         out = ds.map_batches(
             embed, batch_size=400, compute=config["compute"], concurrency=2,
             max_retries=config.get("max_retries", 0),
@@ -310,6 +311,25 @@ def test_a_changed_input_is_detected(job):
     assert stats["rows"] == 2 and stats["resume"]["rows_skipped_by_id"] == ROWS
     ids = output_ids(job.tmp / "out")
     assert len(ids) == len(set(ids)) == len(IDS) + 2
+
+
+def test_a_changed_scan_filter_is_detected(job):
+    # Run 1 drops id-5 by its filter and finishes every input.
+    first = job.run({"filter": [["id", "!=", "id-5"]]})
+    assert first["rows"] == len(IDS) - 1
+    # Skipping the finished inputs under a filter that keeps id-5 would lose it silently.
+    proc = job({"filter": [["id", "!=", "id-6"]]})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "scan filter" in err and '"id" != Str("id-5")' in err and "reprocess" in err, err
+    stats = job.run({"filter": [["id", "!=", "id-6"]], "on_changed_input": "reprocess"})
+    assert stats["rows"] == 1 and len(stats["resume"]["files_changed"]) == FILES
+    assert_exactly_once(job.tmp / "out")
+    # Finished with no filter, an input holds no row any filter could add: no error.
+    reset(job.tmp)
+    job.run()
+    assert job.run({"filter": [["id", "!=", "id-7"]]})["rows"] == 0
+    assert_exactly_once(job.tmp / "out")
 
 
 def test_a_damaged_checkpoint_is_an_error_not_a_silent_rerun(job):

@@ -56,6 +56,12 @@
 //! On object stores there is no rename: staging keys are copied server-side to final keys;
 //! a reader listing the output sees a data file only once it is complete and committed.
 //!
+//! The inputs snapshot and each record also name the scan filter (`read_parquet(filter=)`)
+//! the inputs were finished under. A run with another filter does not skip them (a
+//! finished input may hold rows the new filter keeps): it stops with an error, or with
+//! `on_changed_input="reprocess"` reads them again, and the next fold drops the old
+//! completions. Inputs finished with no filter stay finished under any filter.
+//!
 //! One run at a time may use a checkpoint (a lock file guards local checkpoints).
 //!
 //! `delete_on_success` folds the records into `_forebay_inputs.json` as recovery does, then
@@ -162,7 +168,8 @@ pub struct ResumeReport {
     pub ids_done: u64,
     /// Input files recorded as finished (skipped unread when unchanged).
     pub files_done: usize,
-    /// Input files that changed since they were recorded and are read again.
+    /// Input files recorded as finished that are read again: changed since they were
+    /// recorded, or finished under another scan filter (`on_changed_input="reprocess"`).
     pub files_changed: Vec<String>,
 }
 
@@ -209,6 +216,10 @@ struct InputState {
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct InputsSnapshot {
     format: u32,
+    /// The scan filter (`read_parquet(filter=...)`, as text) the inputs were finished
+    /// under: a file finished under one filter may hold rows another one keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scan_filter: Option<String>,
     files: BTreeMap<String, InputState>,
 }
 
@@ -247,6 +258,9 @@ struct CommitRecord {
     data: Option<DataFileRecord>,
     ids: Option<IdPartsRecord>,
     inputs: Vec<InputRecord>,
+    /// The run's scan filter (see [`InputsSnapshot`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scan_filter: Option<String>,
 }
 
 /// A data file the writer staged, ready to commit.
@@ -268,6 +282,8 @@ pub(crate) struct CommitLog {
     num_shards: usize,
     book: Arc<LineageBook>,
     files: Vec<(String, Identity)>,
+    /// The scan filter this run reads under (recorded with every completion).
+    scan_filter: Option<String>,
     /// One decision at a time (see the module docs: completions go to the next record).
     deciding: Mutex<()>,
     /// Commits this log published itself: the last recovery of a run need not publish them
@@ -362,6 +378,7 @@ struct OpenedState {
     /// The id column's value type in the input.
     id_type: DataType,
     files: Vec<(String, Identity)>,
+    scan_filter: Option<String>,
 }
 
 impl OpenedState {
@@ -420,6 +437,42 @@ impl OpenedState {
                 OnChangedInput::Reprocess => report.files_changed.push(entry.uri().to_string()),
             }
         }
+        // Inputs finished under another scan filter may hold rows this run's filter keeps
+        // (inputs finished with no filter hold none: every row was read).
+        let scan_filter = dataset.filter().map(|f| f.to_string());
+        if snapshot.scan_filter.is_some()
+            && snapshot.scan_filter != scan_filter
+            && !snapshot.files.is_empty()
+        {
+            let shown = |f: &Option<String>| f.clone().unwrap_or_else(|| "none".into());
+            match checkpoint.on_changed_input {
+                OnChangedInput::Error => {
+                    return Err(EngineError::Checkpoint {
+                        stage: "checkpoint".into(),
+                        source: Box::new(forebay_checkpoint::CheckpointError::InvalidArgument(
+                            format!(
+                                "the checkpoint {} finished {} inputs under the scan filter {}, \
+                                 and this run filters {}: a finished input may hold rows the \
+                                 new filter keeps, so none is skipped silently: pass \
+                                 on_changed_input='reprocess' to read every input again (rows \
+                                 whose id is done are still skipped), or start a new checkpoint",
+                                state.root_uri(),
+                                snapshot.files.len(),
+                                shown(&snapshot.scan_filter),
+                                shown(&scan_filter),
+                            ),
+                        )),
+                    })
+                }
+                OnChangedInput::Reprocess => {
+                    for uri in snapshot.files.keys() {
+                        if !report.files_changed.contains(uri) {
+                            report.files_changed.push(uri.clone());
+                        }
+                    }
+                }
+            }
+        }
         for uri in &report.files_changed {
             snapshot.files.remove(uri);
         }
@@ -453,6 +506,7 @@ impl OpenedState {
             report,
             id_type,
             files,
+            scan_filter,
         })
     }
 }
@@ -582,6 +636,7 @@ impl CommitLog {
             num_shards,
             book,
             files: opened.files,
+            scan_filter: opened.scan_filter,
             deciding: Mutex::new(()),
             published: Mutex::new(BTreeSet::new()),
             run_id: run_id(),
@@ -680,6 +735,7 @@ impl CommitLog {
                 data,
                 ids,
                 inputs: self.input_records(&completed),
+                scan_filter: self.scan_filter.clone(),
             };
             if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
                 return Ok(());
@@ -905,6 +961,15 @@ fn recover_skipping(state: &Dir, output: &Dir, published: &BTreeSet<String>) -> 
     if !records.is_empty() {
         let mut snapshot = load_inputs(state)?;
         for record in &records {
+            if record.scan_filter != snapshot.scan_filter {
+                // A run under another filter. What was finished with no filter stays
+                // finished (every row was read); what was finished under another filter
+                // is not finished under this one, and is read again.
+                if snapshot.scan_filter.is_some() {
+                    snapshot.files.clear();
+                }
+                snapshot.scan_filter = record.scan_filter.clone();
+            }
             for input in &record.inputs {
                 let entry = snapshot
                     .files
@@ -993,6 +1058,7 @@ fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
     match state.get(INPUTS).map_err(storage_err)? {
         None => Ok(InputsSnapshot {
             format: FORMAT,
+            scan_filter: None,
             files: BTreeMap::new(),
         }),
         Some(bytes) => {
@@ -1091,6 +1157,7 @@ mod tests {
                 complete: false,
                 row_groups: vec![2, 0],
             }],
+            scan_filter: None,
         }
     }
 
@@ -1150,6 +1217,71 @@ mod tests {
         // Recovering again changes nothing (idempotent).
         assert_eq!(recover(&state, &output).unwrap(), 0);
         assert!(output.exists("part-c1.parquet").unwrap());
+    }
+
+    #[test]
+    fn inputs_finished_under_another_scan_filter_are_not_kept() {
+        let (_tmp, state, output) = dirs();
+        // Run 1 (filter A) finished /in/a.parquet's row groups 0 and 2.
+        let mut first = record("c1");
+        first.scan_filter = Some("A".into());
+        stage(&state, &output, "c1");
+        let bytes = serde_json::to_vec(&first).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
+            .unwrap();
+        recover(&state, &output).unwrap();
+        assert_eq!(
+            load_inputs(&state).unwrap().scan_filter.as_deref(),
+            Some("A")
+        );
+        // Run 2 (filter B, reprocessing) finished row group 1 of another file.
+        let mut second = record("c2");
+        second.scan_filter = Some("B".into());
+        second.inputs[0].uri = "/in/b.parquet".into();
+        second.inputs[0].row_groups = vec![1];
+        stage(&state, &output, "c2");
+        let bytes = serde_json::to_vec(&second).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c2.json"), bytes)
+            .unwrap();
+        recover(&state, &output).unwrap();
+        // What run 1 finished under A is read again under B; run 2's work is kept.
+        // (Finished with no filter, it would have stayed: see the open check.)
+        let snapshot = load_inputs(&state).unwrap();
+        assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
+        assert_eq!(snapshot.files.keys().collect::<Vec<_>>(), ["/in/b.parquet"]);
+        assert_eq!(
+            snapshot.files["/in/b.parquet"].row_groups,
+            BTreeSet::from([1])
+        );
+    }
+
+    #[test]
+    fn inputs_finished_with_no_scan_filter_stay_finished_under_one() {
+        let (_tmp, state, output) = dirs();
+        stage(&state, &output, "c1");
+        let bytes = serde_json::to_vec(&record("c1")).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
+            .unwrap();
+        recover(&state, &output).unwrap();
+        let mut second = record("c2");
+        second.scan_filter = Some("B".into());
+        second.inputs[0].uri = "/in/b.parquet".into();
+        stage(&state, &output, "c2");
+        let bytes = serde_json::to_vec(&second).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c2.json"), bytes)
+            .unwrap();
+        recover(&state, &output).unwrap();
+        let snapshot = load_inputs(&state).unwrap();
+        assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
+        assert_eq!(
+            snapshot.files.len(),
+            2,
+            "every row of a.parquet was read before"
+        );
     }
 
     #[test]

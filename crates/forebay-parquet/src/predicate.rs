@@ -174,6 +174,52 @@ pub enum Predicate {
     Or(Vec<Predicate>),
 }
 
+/// The predicate as text: columns quoted, literals exact (`"x" > Int(5)`), terms in the
+/// order given. Two predicates print alike exactly when they are the same predicate, so the
+/// text also serves as a record of it (a checkpoint remembers the filter its work was done
+/// under).
+impl std::fmt::Display for Predicate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let join = |f: &mut std::fmt::Formatter<'_>, terms: &[Predicate], word: &str| {
+            f.write_str("(")?;
+            for (i, term) in terms.iter().enumerate() {
+                if i > 0 {
+                    write!(f, " {word} ")?;
+                }
+                write!(f, "{term}")?;
+            }
+            f.write_str(")")
+        };
+        match self {
+            Predicate::Compare { column, op, value } => {
+                let op = match op {
+                    CompareOp::Eq => "==",
+                    CompareOp::NotEq => "!=",
+                    CompareOp::Lt => "<",
+                    CompareOp::LtEq => "<=",
+                    CompareOp::Gt => ">",
+                    CompareOp::GtEq => ">=",
+                };
+                write!(f, "{column:?} {op} {value:?}")
+            }
+            Predicate::In {
+                column,
+                values,
+                negated,
+            } => {
+                let not = if *negated { "not " } else { "" };
+                write!(f, "{column:?} {not}in {values:?}")
+            }
+            Predicate::IsNull { column, negated } => {
+                let not = if *negated { "not " } else { "" };
+                write!(f, "{column:?} is {not}null")
+            }
+            Predicate::And(terms) => join(f, terms, "and"),
+            Predicate::Or(terms) => join(f, terms, "or"),
+        }
+    }
+}
+
 impl Predicate {
     pub fn compare(column: impl Into<String>, op: CompareOp, value: impl Into<Literal>) -> Self {
         Predicate::Compare {
@@ -877,6 +923,35 @@ mod tests {
     use super::*;
     use arrow::array::{Float64Array, Int32Array, StringArray};
     use arrow::datatypes::Field;
+
+    #[test]
+    fn text_is_exact_and_tells_predicates_apart() {
+        let p = Predicate::And(vec![
+            Predicate::gt("x", 5),
+            Predicate::Or(vec![
+                Predicate::In {
+                    column: "s".into(),
+                    values: vec!["a".into(), Literal::Bytes(vec![1, 2])],
+                    negated: true,
+                },
+                Predicate::IsNull {
+                    column: "y z".into(),
+                    negated: false,
+                },
+            ]),
+        ]);
+        assert_eq!(
+            p.to_string(),
+            r#"("x" > Int(5) and ("s" not in [Str("a"), Bytes([1, 2])] or "y z" is null))"#
+        );
+        // Literals that print alike as values differ here: 5 vs 5.0, bytes by content.
+        assert_ne!(
+            Predicate::gt("x", 5).to_string(),
+            Predicate::gt("x", 5.0).to_string()
+        );
+        let bytes = |b: Vec<u8>| Predicate::eq("b", Literal::Bytes(b)).to_string();
+        assert_ne!(bytes(vec![1]), bytes(vec![2]));
+    }
 
     fn batch() -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![

@@ -388,6 +388,11 @@ impl ParquetDataset {
         &self.inner.files
     }
 
+    /// The filter the scan applies (`with_filter`), if any.
+    pub fn filter(&self) -> Option<&Predicate> {
+        self.inner.options.filter.as_ref()
+    }
+
     /// Counters: requests and bytes read, row groups and rows pruned.
     pub fn metrics(&self) -> ScanMetricsSnapshot {
         let m = &self.inner.scan_metrics;
