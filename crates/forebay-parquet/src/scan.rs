@@ -93,6 +93,19 @@ pub trait ScanSkip: Send + Sync {
     fn skip_file(&self, file: &FileEntry) -> bool;
     /// Skip this row group of a file that is read.
     fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool;
+
+    /// [`ScanSkip::skip_row_group`] with the file's footer at hand, for a skip decided by
+    /// what the file says of itself (its key-value metadata, a row group's statistics). The
+    /// scan asks this one; by default it asks [`ScanSkip::skip_row_group`].
+    fn skip_row_group_in(
+        &self,
+        file: &FileEntry,
+        footer: &ParquetMetaData,
+        row_group: usize,
+    ) -> bool {
+        let _ = footer;
+        self.skip_row_group(file, row_group)
+    }
 }
 
 /// A [`ScanSkip`] in the builder (which derives `Debug`).
@@ -540,14 +553,12 @@ impl ParquetDataset {
 /// (read concurrently and cached).
 async fn footer_rows(inner: Arc<DatasetInner>) -> Result<u64> {
     let skip = inner.options.skip.clone();
-    let skipped = |entry: &FileEntry, rg: Option<usize>| {
-        skip.as_ref().is_some_and(|s| match rg {
-            None => s.0.skip_file(entry),
-            Some(rg) => s.0.skip_row_group(entry, rg),
-        })
-    };
     let wanted: Vec<usize> = (0..inner.files.len())
-        .filter(|&i| !skipped(&inner.files[i], None))
+        .filter(|&i| {
+            !skip
+                .as_ref()
+                .is_some_and(|s| s.0.skip_file(&inner.files[i]))
+        })
         .collect();
     let opened = futures::stream::iter(wanted)
         .map(|i| {
@@ -559,9 +570,12 @@ async fn footer_rows(inner: Arc<DatasetInner>) -> Result<u64> {
     let mut total = 0u64;
     while let Some(file) = opened.next().await {
         let file = file?;
-        let row_groups = file.reader_meta.metadata().row_groups();
-        for (rg, meta) in row_groups.iter().enumerate() {
-            if !skipped(&file.entry, Some(rg)) {
+        let footer = file.reader_meta.metadata();
+        for (rg, meta) in footer.row_groups().iter().enumerate() {
+            let skipped = skip
+                .as_ref()
+                .is_some_and(|s| s.0.skip_row_group_in(&file.entry, footer, rg));
+            if !skipped {
                 total += meta.num_rows().max(0) as u64;
             }
         }
@@ -1281,7 +1295,8 @@ async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
                 Some(Ok(Ok(file))) => {
                     for unit in inner.plan_units(&file) {
                         if let Some(s) = &skip {
-                            if s.0.skip_row_group(&file.entry, unit.row_group) {
+                            let footer = file.reader_meta.metadata();
+                            if s.0.skip_row_group_in(&file.entry, footer, unit.row_group) {
                                 inner
                                     .scan_metrics
                                     .row_groups_skipped
