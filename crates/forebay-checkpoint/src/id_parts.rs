@@ -15,15 +15,21 @@
 //! [`IdPartsWriter::finish`], and each part is put atomically, so an abandoned writer leaves
 //! nothing behind.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::compute::interleave;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use bytes::Bytes;
 use forebay_parquet::StorageOptions;
-use parquet::arrow::ArrowWriter;
+use parquet::arrow::{ArrowWriter, ARROW_SCHEMA_META_KEY};
 use parquet::basic::Compression;
+use parquet::column::writer::ColumnCloseResult;
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{KeyValue, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::writer::SerializedFileWriter;
 
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of};
@@ -50,6 +56,9 @@ pub struct IdPartsWriter {
     id_type: Option<DataType>,
     shard_bits: u32,
     name_of: Box<dyn Fn(usize) -> String + Send>,
+    /// Set: every shard's ids go into this one file (relative to the root), one row group
+    /// per shard, instead of one file per shard.
+    one_file: Option<String>,
     block: Vec<ArrayRef>,
     block_ids: usize,
     shards: Vec<Option<ArrowWriter<Vec<u8>>>>,
@@ -76,6 +85,28 @@ impl IdPartsWriter {
         )
     }
 
+    /// Every shard's ids in one file, `root/<name>`, one row group per shard (in shard
+    /// order; the key-value metadata [`SHARDS_KEY`] lists each row group's shard): one file
+    /// to store, sync, publish and delete per commit rather than one per shard, which on a
+    /// local disk is one device flush each, on an object store one request each.
+    pub fn one_file(
+        root: &str,
+        storage_options: &StorageOptions,
+        id_column: &str,
+        num_shards: usize,
+        name: &str,
+    ) -> Result<IdPartsWriter> {
+        let mut writer = IdPartsWriter::with_names(
+            Target::parse(root, storage_options)?,
+            id_column,
+            None,
+            shard_bits_for(num_shards)?,
+            Box::new(|_| String::new()),
+        )?;
+        writer.one_file = Some(name.to_string());
+        Ok(writer)
+    }
+
     /// The general form: ids of `id_type` (or the first chunk's type), shard `k`'s part named
     /// `name_of(k)`.
     pub(crate) fn with_names(
@@ -91,6 +122,7 @@ impl IdPartsWriter {
             id_type,
             shard_bits,
             name_of,
+            one_file: None,
             block: Vec::new(),
             block_ids: 0,
             shards: (0..1usize << shard_bits).map(|_| None).collect(),
@@ -166,6 +198,26 @@ impl IdPartsWriter {
         self.encode_block()?;
         // Each part is encoded to the end only when it is stored, so one part's bytes are
         // held at a time.
+        if let Some(name) = self.one_file.clone() {
+            let shards = std::mem::take(&mut self.shards);
+            if shards.iter().all(Option::is_none) {
+                return Ok(WriteSummary {
+                    files: Vec::new(),
+                    ids: self.ids,
+                });
+            }
+            let shown = self.target.shown(&name);
+            let file = self.target.put_atomic_written(&name, |out| {
+                join_shards(shards, out).map_err(|e| CheckpointError::Encode {
+                    what: shown.clone(),
+                    reason: e.to_string(),
+                })
+            })?;
+            return Ok(WriteSummary {
+                files: vec![file],
+                ids: self.ids,
+            });
+        }
         let (target, name_of) = (&self.target, &self.name_of);
         let parts = self
             .shards
@@ -248,6 +300,89 @@ impl IdPartsWriter {
     }
 }
 
+/// The key-value metadata of a file of [`IdPartsWriter::one_file`]: each row group's shard,
+/// as a JSON list (`[0, 3, 5]`: row group 1 holds shard 3's ids).
+pub const SHARDS_KEY: &str = "forebay.shards";
+
+/// Write one file of the shards' parts (each a complete file in memory, ids of one shard)
+/// into `out`: their column chunks are copied as they are, encoded, into one row group
+/// each, and each part is let go once copied.
+fn join_shards(
+    shards: Vec<Option<ArrowWriter<Vec<u8>>>>,
+    out: &mut (dyn Write + Send),
+) -> parquet::errors::Result<()> {
+    let read = |writer: ArrowWriter<Vec<u8>>| -> parquet::errors::Result<(Bytes, ParquetMetaData)> {
+        let part = Bytes::from(writer.into_inner()?);
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&part)?;
+        Ok((part, meta))
+    };
+    let mut parts = shards
+        .into_iter()
+        .enumerate()
+        .filter_map(|(k, writer)| writer.map(|w| (k, w)));
+    let Some((first_shard, first)) = parts.next() else {
+        return Err(ParquetError::General("no shard holds ids".into()));
+    };
+    let (part, meta) = read(first)?;
+    // Readers decode the ids to the same Arrow type as the parts' (say LargeUtf8).
+    let arrow_schema = meta
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|e| e.key == ARROW_SCHEMA_META_KEY))
+        .cloned();
+    let mut writer = SerializedFileWriter::new(
+        out,
+        meta.file_metadata().schema_descr().root_schema_ptr(),
+        Arc::new(part_properties()),
+    )?;
+    let mut order = Vec::new();
+    append_part(&mut writer, &part, &meta, first_shard, &mut order)?;
+    drop((part, meta));
+    for (shard, part) in parts {
+        let (part, meta) = read(part)?;
+        append_part(&mut writer, &part, &meta, shard, &mut order)?;
+    }
+    if let Some(schema) = arrow_schema {
+        writer.append_key_value_metadata(schema);
+    }
+    let order: Vec<String> = order.iter().map(usize::to_string).collect();
+    writer.append_key_value_metadata(KeyValue::new(
+        SHARDS_KEY.to_string(),
+        format!("[{}]", order.join(", ")),
+    ));
+    writer.close()?;
+    Ok(())
+}
+
+/// Copy each row group of one shard's part (`part`, its footer `meta`) into `writer`.
+fn append_part<W: Write + Send>(
+    writer: &mut SerializedFileWriter<W>,
+    part: &Bytes,
+    meta: &ParquetMetaData,
+    shard: usize,
+    order: &mut Vec<usize>,
+) -> parquet::errors::Result<()> {
+    for group in meta.row_groups() {
+        let mut row_group = writer.next_row_group()?;
+        for column in group.columns() {
+            row_group.append_column(
+                part,
+                ColumnCloseResult {
+                    bytes_written: column.compressed_size() as u64,
+                    rows_written: group.num_rows() as u64,
+                    metadata: column.clone(),
+                    bloom_filter: None,
+                    column_index: None,
+                    offset_index: None,
+                },
+            )?;
+        }
+        row_group.close()?;
+        order.push(shard);
+    }
+    Ok(())
+}
+
 /// How part files are encoded. Ids in a checkpoint are distinct: a dictionary would only
 /// cost the hashing of each one until it reached its size limit, and statistics of hashed
 /// ids prune nothing. Small pages are compressed soon, so little waits uncompressed.
@@ -304,5 +439,77 @@ mod tests {
         let (files, ids) = writer.finish().unwrap();
         assert_eq!(ids, 400_000);
         assert_eq!(files.len(), 16, "{files:?}");
+    }
+
+    #[test]
+    fn one_file_holds_each_shard_in_its_own_row_group() {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let mut writer =
+            IdPartsWriter::one_file(root, &StorageOptions::new(), "id", 16, "ids/c.parquet")
+                .unwrap();
+        let ids: Vec<String> = (0..100_000).map(|i| format!("id-{i}")).collect();
+        for chunk in ids.chunks(7_000) {
+            let array: ArrayRef = Arc::new(arrow::array::LargeStringArray::from_iter_values(chunk));
+            writer.push(&array).unwrap();
+        }
+        let (files, count) = writer.finish().unwrap();
+        assert_eq!((files, count), (vec!["ids/c.parquet".to_string()], 100_000));
+
+        let file = std::fs::File::open(dir.path().join("ids/c.parquet")).unwrap();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        let meta = builder.metadata().clone();
+        let shards = meta
+            .file_metadata()
+            .key_value_metadata()
+            .and_then(|kv| kv.iter().find(|e| e.key == SHARDS_KEY))
+            .and_then(|e| e.value.clone())
+            .unwrap();
+        assert_eq!(
+            shards,
+            format!(
+                "[{}]",
+                (0..16)
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        );
+        assert_eq!(meta.num_row_groups(), 16);
+        // Decoded as written (LargeUtf8), every id once, each in its shard's row group.
+        let mut seen = Vec::new();
+        for k in 0..16 {
+            let reader = ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(dir.path().join("ids/c.parquet")).unwrap(),
+            )
+            .unwrap()
+            .with_row_groups(vec![k])
+            .build()
+            .unwrap();
+            for batch in reader {
+                let column = batch.unwrap().column(0).clone();
+                assert_eq!(column.data_type(), &DataType::LargeUtf8);
+                let mut fps = Vec::new();
+                fingerprints_into(column.as_ref(), &mut fps);
+                assert!(fps.iter().all(|fp| shard_of(*fp, 4) == k), "row group {k}");
+                let strings = column
+                    .as_any()
+                    .downcast_ref::<arrow::array::LargeStringArray>()
+                    .unwrap();
+                seen.extend(strings.iter().map(|s| s.unwrap().to_string()));
+            }
+        }
+        seen.sort();
+        let mut want = ids;
+        want.sort();
+        assert_eq!(seen, want);
+
+        // No ids, no file.
+        let empty =
+            IdPartsWriter::one_file(root, &StorageOptions::new(), "id", 16, "ids/none.parquet")
+                .unwrap();
+        assert_eq!(empty.finish().unwrap(), (Vec::new(), 0));
+        assert!(!dir.path().join("ids/none.parquet").exists());
     }
 }

@@ -16,7 +16,8 @@
 //!  completed ids ──► insert ──► pending ──► write: shard=<k>/part-<id>.parquet (commit)
 //!
 //!  ids of an output file ──► IdPartsWriter: encoded into their shard's part as they come
-//!                            ──► finish: shard=<k>/<name>, for a caller's commit protocol
+//!                            ──► finish: shard=<k>/<name>, for a caller's commit protocol,
+//!                                or (one_file) all shards in one file, a row group each
 //! ```
 //!
 //! ## Memory and correctness

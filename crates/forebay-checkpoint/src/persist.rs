@@ -5,10 +5,14 @@
 //! ```text
 //! <path>/_forebay_checkpoint          manifest: format, hash, num_shards, id family/column/type
 //! <path>/shard=<k>/part-<id>.parquet  one column (the id column), ids of shard k only
+//! <path>/<dir>/<name>.parquet         IdPartsWriter::one_file (the engine's commits: ids/):
+//!                                     every shard's ids, one row group per shard, the
+//!                                     key-value metadata forebay.shards listing them
 //! ```
 //!
 //! A loader with the manifest's shard count that owns only some shards (one worker of a
-//! cluster) reads only those shards' directories. Any other Parquet dataset with an id
+//! cluster) reads only those shards' directories, and of one-file parts only those shards'
+//! row groups (the footer says which is which). Any other Parquet dataset with an id
 //! column — a flat directory as Ray Data writes, a glob, a file, a URI — loads too: ids are
 //! re-hashed into shards on load. Names starting with `_` or `.` are never read as data.
 //!
@@ -42,12 +46,13 @@ use forebay_parquet::{
 };
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use parquet::file::metadata::ParquetMetaData;
 
 use crate::durable::{create_dir_all_noting_parents, in_parallel};
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
 use crate::huge_pages::advise_huge_pages;
-use crate::id_parts::IdPartsWriter;
+use crate::id_parts::{IdPartsWriter, SHARDS_KEY};
 use crate::index::{
     default_threads, id_value_type, shard_bits_for, CheckpointIndex, DEFAULT_NUM_SHARDS,
 };
@@ -302,6 +307,31 @@ impl Target {
         Ok(shown)
     }
 
+    /// [`Target::put_atomic`] of what `write` writes: locally straight into the file (no
+    /// copy of it is held in memory), on an object store collected for one PUT.
+    pub(crate) fn put_atomic_written(
+        &self,
+        relative: &str,
+        write: impl FnOnce(&mut (dyn Write + Send)) -> Result<()>,
+    ) -> Result<String> {
+        match self {
+            Target::Local(dir) => {
+                let path = dir.join(relative);
+                commit_local_file_with(&path, |file| {
+                    let mut out = std::io::BufWriter::new(file);
+                    write(&mut out)?;
+                    out.flush().map_err(io_err(&path))
+                })?;
+                Ok(self.shown(relative))
+            }
+            Target::Remote { .. } => {
+                let mut bytes = Vec::new();
+                write(&mut bytes)?;
+                self.put_atomic(relative, bytes)
+            }
+        }
+    }
+
     /// Store several files, each so that readers see all of it or nothing, and return their
     /// shown paths in order. `files` may produce each file's bytes on demand; locally each
     /// is written to its temp name and let go at once, so only one file's bytes are held at a
@@ -429,11 +459,6 @@ fn create_with(path: &FsPath, bytes: &[u8]) -> Result<fs::File> {
     Ok(file)
 }
 
-/// Create `path` (it must not exist), write `bytes` and `fsync` it.
-fn write_synced(path: &FsPath, bytes: &[u8]) -> Result<()> {
-    create_with(path, bytes)?.sync_all().map_err(io_err(path))
-}
-
 fn parse_shard_dir(name: &str) -> Option<usize> {
     name.strip_prefix("shard=")?.parse().ok()
 }
@@ -496,6 +521,14 @@ fn process_alive(pid: u32) -> bool {
 
 /// Write `bytes` to `path` with the commit protocol (temp file, fsync, rename, fsync dir).
 fn commit_local_file(path: &FsPath, bytes: &[u8]) -> Result<()> {
+    commit_local_file_with(path, |file| file.write_all(bytes).map_err(io_err(path)))
+}
+
+/// [`commit_local_file`] of what `write` writes into the (temporary) file.
+fn commit_local_file_with(
+    path: &FsPath,
+    write: impl FnOnce(&mut fs::File) -> Result<()>,
+) -> Result<()> {
     let dir = path.parent().ok_or_else(|| {
         CheckpointError::InvalidArgument(format!("{}: no parent", path.display()))
     })?;
@@ -506,7 +539,14 @@ fn commit_local_file(path: &FsPath, bytes: &[u8]) -> Result<()> {
         .ok_or_else(|| CheckpointError::InvalidArgument(format!("{}: bad name", path.display())))?;
     let temp = dir.join(temp_name(final_name));
     let result = (|| {
-        write_synced(&temp, bytes)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&temp)
+            .map_err(io_err(&temp))?;
+        write(&mut file)?;
+        file.sync_all().map_err(io_err(&temp))?;
         fs::rename(&temp, path).map_err(io_err(path))?;
         fsync_dir(dir)
     })();
@@ -762,6 +802,7 @@ impl CheckpointLoader {
         let shares: Vec<ParquetDataset> = (0..self.threads)
             .map(|worker| {
                 dataset.with_skip(Arc::new(WorkerShare {
+                    owned: owned.iter().any(|o| !o).then(|| Arc::new(owned.clone())),
                     worker,
                     workers: self.threads,
                     file_index: file_index.clone(),
@@ -880,11 +921,14 @@ impl CheckpointLoader {
 
 /// One hashing worker's share of a bulk load: the row groups whose position (file index plus
 /// row group) is `worker` modulo `workers`, so shares alternate over a file's row groups and
-/// over files of one row group alike.
+/// over files of one row group alike. A load of some shards only also skips the row groups
+/// a file of [`IdPartsWriter::one_file`] declares (key-value metadata) as other shards'.
 struct WorkerShare {
     worker: usize,
     workers: usize,
     file_index: Arc<HashMap<String, usize>>,
+    /// Set when only some shards are loaded: `owned[k]`.
+    owned: Option<Arc<Vec<bool>>>,
 }
 
 impl ScanSkip for WorkerShare {
@@ -896,6 +940,32 @@ impl ScanSkip for WorkerShare {
         let file = self.file_index.get(file.uri()).copied().unwrap_or(0);
         (file + row_group) % self.workers != self.worker
     }
+
+    fn skip_row_group_in(&self, file: &FileEntry, footer: &ParquetMetaData, rg: usize) -> bool {
+        self.skip_row_group(file, rg)
+            || self.owned.as_ref().is_some_and(|owned| {
+                declared_row_group_shard(footer, rg).is_some_and(|k| !owned.get(k).unwrap_or(&true))
+            })
+    }
+}
+
+/// The shard a row group of a file of [`IdPartsWriter::one_file`] declares, if the file
+/// declares any.
+fn declared_row_group_shard(footer: &ParquetMetaData, row_group: usize) -> Option<usize> {
+    let listed = footer
+        .file_metadata()
+        .key_value_metadata()?
+        .iter()
+        .find(|kv| kv.key == SHARDS_KEY)?
+        .value
+        .as_deref()?;
+    listed
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .nth(row_group)?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Hand memory freed by a bulk load back to the OS. Loading frees about as much as the index
@@ -1053,6 +1123,58 @@ fn write_parts(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_load_of_some_shards_reads_only_their_row_groups_of_a_one_file_commit() {
+        use arrow::array::StringArray;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let options = StorageOptions::new();
+        CheckpointIndex::new(DataType::Utf8, "id", 16)
+            .unwrap()
+            .prepare(root, &options)
+            .unwrap();
+        let ids: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..50_000).map(|i| format!("id-{i}")),
+        ));
+        let mut writer =
+            IdPartsWriter::one_file(root, &options, "id", 16, "ids/c.parquet").unwrap();
+        writer.push(&ids).unwrap();
+        writer.finish().unwrap();
+
+        // Damage every row group but shard 3's: a load of shard 3 must not read them.
+        let path = dir.path().join("ids/c.parquet");
+        let mut bytes = fs::read(&path).unwrap();
+        let footer = parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes::Bytes::from(bytes.clone()))
+            .unwrap();
+        for (rg, group) in footer.row_groups().iter().enumerate() {
+            if declared_row_group_shard(&footer, rg) != Some(3) {
+                let (start, len) = group.column(0).byte_range();
+                bytes[start as usize..(start + len) as usize].fill(0xAB);
+            }
+        }
+        fs::write(&path, bytes).unwrap();
+
+        let three = CheckpointIndex::loader(root, "id")
+            .with_shards([3])
+            .load()
+            .unwrap();
+        let in_three = three
+            .shard_ids(ids.as_ref())
+            .unwrap()
+            .iter()
+            .filter(|&&k| k == 3)
+            .count();
+        assert!(in_three > 2_000, "{in_three}");
+        assert_eq!(three.len(), in_three);
+        let err = CheckpointIndex::loader(root, "id")
+            .with_shards([5])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("c.parquet"), "{err}");
+    }
 
     #[test]
     fn put_all_atomic_writes_every_file_under_its_name_and_leaves_no_temp_file() {

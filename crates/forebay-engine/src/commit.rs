@@ -1,9 +1,10 @@
 //! # Exactly-once, resumable writes: the commit protocol
 //!
 //! A checkpointed `write_parquet` commits each output file together with what it covers:
-//! the ids of its rows (as forebay-checkpoint's hash-partitioned part files, so a resumed run
-//! filters them out) and the input files and row groups it completes (so a resumed run skips
-//! them unread). Either all of that becomes visible, or none of it.
+//! the ids of its rows (hash-partitioned as forebay-checkpoint's loader reads them: one file
+//! per commit, one row group per shard, so a resumed run filters them out) and the input
+//! files and row groups it completes (so a resumed run skips them unread). Either all of
+//! that becomes visible, or none of it.
 //!
 //! ## Files
 //!
@@ -11,8 +12,11 @@
 //!  <output>/part-<commit>.parquet                  data files (what readers of the output see)
 //!  <output>/_forebay_staging/part-<commit>.parquet a data file not yet published
 //!  <checkpoint>/_forebay_checkpoint                manifest (forebay-checkpoint: shard count, id type)
-//!  <checkpoint>/shard=<k>/part-<commit>.parquet    ids of committed rows
-//!  <checkpoint>/_forebay_staging/<commit>/shard=<k>/part-<commit>.parquet   ids not yet published
+//!  <checkpoint>/ids/part-<commit>.parquet          ids of committed rows (a row group per shard)
+//!  <checkpoint>/_forebay_staging/<commit>/ids/part-<commit>.parquet   ids not yet published
+//!  <checkpoint>/shard=<k>/*.parquet                ids written one file per shard (by
+//!                                                  CheckpointIndex::write, or before the
+//!                                                  one-file layout): read the same way
 //!  <checkpoint>/_forebay_commits/<commit>.json     commit record: the decision
 //!  <checkpoint>/_forebay_inputs.json               inputs finished by earlier runs
 //! ```
@@ -23,15 +27,15 @@
 //! ## Order of one commit
 //!
 //! ```text
-//!  1 stage    write the data file and the id parts under _forebay_staging (in parallel
+//!  1 stage    write the data file and the id file under _forebay_staging (in parallel
 //!             with other writers); the ids are encoded into their shards' parts as the
-//!             file's batches arrive and held, compressed, until the file is complete;
-//!             nothing is visible yet
+//!             file's batches arrive and held, compressed, until the file is complete,
+//!             then joined into one file (a row group per shard); nothing is visible yet
 //!  2 decide   (one commit at a time) release the file's batches to the lineage book, take
 //!             the inputs completed so far, and PUT the commit record atomically
 //!             (local: temp file, fsync, rename, fsync dir; object stores: one PUT)
 //!             ─── the commit point: before it the commit did not happen, after it it did
-//!  3 publish  move each staged id part, then the data file, to its final name
+//!  3 publish  move the staged id file, then the data file, to its final name
 //!             (local: rename; object stores: server-side copy, which makes the object
 //!             appear whole, then delete the staged copy)
 //! ```
@@ -91,6 +95,8 @@ use crate::lineage::{Completed, LineageBook, UnitTicket};
 use crate::storage::{Dir, StorageError};
 
 pub(crate) const STAGING: &str = "_forebay_staging";
+/// The directory of the commits' id files.
+const IDS: &str = "ids";
 const COMMITS: &str = "_forebay_commits";
 const INPUTS: &str = "_forebay_inputs.json";
 const LOCK: &str = "_forebay_lock";
@@ -794,9 +800,10 @@ impl CommitLog {
             // The ids first, the inputs snapshot (every input finished) last: a run killed
             // in between finds every input finished and reads none of them, where the
             // other order would leave some ids gone and their rows written again.
+            // Id files of commits (and the shard directories of ids written before them).
             let trees: Vec<String> = (0..self.num_shards)
                 .map(|k| format!("shard={k}"))
-                .chain([COMMITS.to_string(), STAGING.to_string()])
+                .chain([IDS.to_string(), COMMITS.to_string(), STAGING.to_string()])
                 .collect();
             self.state.delete_trees(&trees).map_err(storage_err)?;
             crash_point("deleting");
@@ -834,12 +841,12 @@ fn id_parts_writer(
     num_shards: usize,
     commit: &str,
 ) -> Result<IdPartsWriter> {
-    IdPartsWriter::new(
+    IdPartsWriter::one_file(
         &id_staging_root(state, commit),
         storage_options,
         id_column,
         num_shards,
-        &id_part_name(commit),
+        &id_file_name(commit),
     )
     .map_err(checkpoint_err)
 }
@@ -859,9 +866,9 @@ fn id_staging_root(state: &Dir, commit: &str) -> String {
     state.child(&format!("{STAGING}/{commit}")).root_uri()
 }
 
-/// The name of a commit's id part in each shard.
-fn id_part_name(commit: &str) -> String {
-    format!("part-{commit}.parquet")
+/// Where a commit's ids are published: one file, a row group per shard.
+fn id_file_name(commit: &str) -> String {
+    format!("{IDS}/part-{commit}.parquet")
 }
 
 fn checkpoint_err(e: forebay_checkpoint::CheckpointError) -> EngineError {

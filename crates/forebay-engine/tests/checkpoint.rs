@@ -264,13 +264,13 @@ fn a_damaged_checkpoint_is_a_clear_error_not_a_rerun() {
         err.contains("_forebay_inputs.json") && err.contains("damaged"),
         "{err}"
     );
-    // A damaged id part file, too.
+    // A damaged id file, too.
     std::fs::write(
         ckpt.join("_forebay_inputs.json"),
         b"{\"format\":1,\"files\":{}}",
     )
     .unwrap();
-    let part = std::fs::read_dir(ckpt.join("shard=0"))
+    let part = std::fs::read_dir(ckpt.join("ids"))
         .unwrap()
         .next()
         .unwrap()

@@ -18,7 +18,7 @@ a set of actors that each own a share of the id space.
 
 * :func:`read_parquet` returns a ``ray.data.Dataset``: everything Ray Data offers
   downstream (``map_batches``, ``streaming_split``, ``iter_batches``, writes) works on it.
-* :class:`ShardedCheckpointFilter` loads a checkpoint (forebay's ``shard=<k>/`` layout or
+* :class:`ShardedCheckpointFilter` loads a checkpoint (forebay's sharded layout or
   any Parquet files with an id column, such as the directory Ray Data's checkpointing
   writes) into actors that each hold only their own shards. Use it as a Ray Data step
   (``ds.map_batches(filter, batch_format="pyarrow")`` or ``filter.apply(ds)``) or, through

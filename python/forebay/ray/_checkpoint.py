@@ -113,11 +113,12 @@ class PendingProbe:
 class ShardedCheckpointFilter:
     """Drop rows whose id a checkpoint holds, with the index spread over Ray actors.
 
-    path: a forebay checkpoint (``shard=<k>/`` directories and a manifest), or any file,
-        directory, glob or URI of Parquet files with an ``id_column`` (such as the directory
-        Ray Data's ``CheckpointConfig`` writes). A missing path means nothing is done yet.
+    path: a forebay checkpoint (a manifest, ``shard=<k>/`` directories and the ``ids/``
+        files of checkpointed writes), or any file, directory, glob or URI of Parquet files
+        with an ``id_column`` (such as the directory Ray Data's ``CheckpointConfig``
+        writes). A missing path means nothing is done yet.
     num_shards: hash shards (a power of two; default 16). Give a forebay checkpoint's own
-        count so that each actor reads only its directories.
+        count so that each actor reads only its directories and row groups.
     num_actors: actors sharing the shards (1..num_shards; default ``min(num_shards, 4)``).
         Each holds about 13 bytes per id it owns.
     storage_options: object_store options for URIs (as :func:`forebay.read_parquet`).
