@@ -422,23 +422,18 @@ impl OpenedState {
             }
             match checkpoint.on_changed_input {
                 OnChangedInput::Error => {
-                    return Err(EngineError::Checkpoint {
-                        stage: "checkpoint".into(),
-                        source: Box::new(forebay_checkpoint::CheckpointError::InvalidArgument(
-                            format!(
-                            "input {} changed since the checkpoint {} recorded it (size {} -> {}, \
-                             modified {} -> {} ms); its rows may differ, so it is not skipped: \
-                             pass on_changed_input='reprocess' to read it again (rows whose id \
-                             is done are still skipped), or start a new checkpoint",
-                            entry.uri(),
-                            state.root_uri(),
-                            recorded.identity.size,
-                            entry.size(),
-                            recorded.identity.modified_ms,
-                            entry.last_modified_ms()
-                        ),
-                        )),
-                    })
+                    return Err(changed_input_error(format!(
+                        "input {} changed since the checkpoint {} recorded it (size {} -> {}, \
+                         modified {} -> {} ms); its rows may differ, so it is not skipped: \
+                         pass on_changed_input='reprocess' to read it again (rows whose id is \
+                         done are still skipped), or start a new checkpoint",
+                        entry.uri(),
+                        state.root_uri(),
+                        recorded.identity.size,
+                        entry.size(),
+                        recorded.identity.modified_ms,
+                        entry.last_modified_ms()
+                    )))
                 }
                 OnChangedInput::Reprocess => report.files_changed.push(entry.uri().to_string()),
             }
@@ -453,22 +448,17 @@ impl OpenedState {
             let shown = |f: &Option<String>| f.clone().unwrap_or_else(|| "none".into());
             match checkpoint.on_changed_input {
                 OnChangedInput::Error => {
-                    return Err(EngineError::Checkpoint {
-                        stage: "checkpoint".into(),
-                        source: Box::new(forebay_checkpoint::CheckpointError::InvalidArgument(
-                            format!(
-                                "the checkpoint {} finished {} inputs under the scan filter {}, \
-                                 and this run filters {}: a finished input may hold rows the \
-                                 new filter keeps, so none is skipped silently: pass \
-                                 on_changed_input='reprocess' to read every input again (rows \
-                                 whose id is done are still skipped), or start a new checkpoint",
-                                state.root_uri(),
-                                snapshot.files.len(),
-                                shown(&snapshot.scan_filter),
-                                shown(&scan_filter),
-                            ),
-                        )),
-                    })
+                    return Err(changed_input_error(format!(
+                        "the checkpoint {} finished {} inputs under the scan filter {}, and this \
+                         run filters {}: a finished input may hold rows the new filter keeps, so \
+                         none is skipped silently: pass on_changed_input='reprocess' to read \
+                         every input again (rows whose id is done are still skipped), or start \
+                         a new checkpoint",
+                        state.root_uri(),
+                        snapshot.files.len(),
+                        shown(&snapshot.scan_filter),
+                        shown(&scan_filter),
+                    )))
                 }
                 OnChangedInput::Reprocess => {
                     for uri in snapshot.files.keys() {
@@ -1061,6 +1051,14 @@ fn check_publishable(dir: &Dir, staged: &str, final_name: &str, commit: &str) ->
     })
 }
 
+/// The error of a run that would skip inputs whose rows may differ (`on_changed_input`).
+fn changed_input_error(reason: String) -> EngineError {
+    EngineError::Checkpoint {
+        stage: "checkpoint".into(),
+        source: Box::new(forebay_checkpoint::CheckpointError::InvalidArgument(reason)),
+    }
+}
+
 fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
     match state.get(INPUTS).map_err(storage_err)? {
         None => Ok(InputsSnapshot {
@@ -1226,35 +1224,38 @@ mod tests {
         assert!(output.exists("part-c1.parquet").unwrap());
     }
 
+    /// A commit as a run makes it (files staged, record written), killed before publishing,
+    /// then recovered: rolled forward and folded into the inputs snapshot.
+    fn recorded_then_recovered(state: &Dir, output: &Dir, record: &CommitRecord) {
+        stage(state, output, &record.commit);
+        let bytes = serde_json::to_vec(record).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/{}.json", record.commit), bytes)
+            .unwrap();
+        recover(state, output).unwrap();
+    }
+
+    /// A record of run 2, under filter `B`, finishing row group 1 of another file.
+    fn under_filter_b(commit: &str) -> CommitRecord {
+        let mut record = record(commit);
+        record.scan_filter = Some("B".into());
+        record.inputs[0].uri = "/in/b.parquet".into();
+        record.inputs[0].row_groups = vec![1];
+        record
+    }
+
     #[test]
     fn inputs_finished_under_another_scan_filter_are_not_kept() {
         let (_tmp, state, output) = dirs();
-        // Run 1 (filter A) finished /in/a.parquet's row groups 0 and 2.
         let mut first = record("c1");
         first.scan_filter = Some("A".into());
-        stage(&state, &output, "c1");
-        let bytes = serde_json::to_vec(&first).unwrap();
-        state
-            .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
-            .unwrap();
-        recover(&state, &output).unwrap();
+        recorded_then_recovered(&state, &output, &first);
         assert_eq!(
             load_inputs(&state).unwrap().scan_filter.as_deref(),
             Some("A")
         );
-        // Run 2 (filter B, reprocessing) finished row group 1 of another file.
-        let mut second = record("c2");
-        second.scan_filter = Some("B".into());
-        second.inputs[0].uri = "/in/b.parquet".into();
-        second.inputs[0].row_groups = vec![1];
-        stage(&state, &output, "c2");
-        let bytes = serde_json::to_vec(&second).unwrap();
-        state
-            .put_atomic(&format!("{COMMITS}/c2.json"), bytes)
-            .unwrap();
-        recover(&state, &output).unwrap();
+        recorded_then_recovered(&state, &output, &under_filter_b("c2"));
         // What run 1 finished under A is read again under B; run 2's work is kept.
-        // (Finished with no filter, it would have stayed: see the open check.)
         let snapshot = load_inputs(&state).unwrap();
         assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
         assert_eq!(snapshot.files.keys().collect::<Vec<_>>(), ["/in/b.parquet"]);
@@ -1267,21 +1268,8 @@ mod tests {
     #[test]
     fn inputs_finished_with_no_scan_filter_stay_finished_under_one() {
         let (_tmp, state, output) = dirs();
-        stage(&state, &output, "c1");
-        let bytes = serde_json::to_vec(&record("c1")).unwrap();
-        state
-            .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
-            .unwrap();
-        recover(&state, &output).unwrap();
-        let mut second = record("c2");
-        second.scan_filter = Some("B".into());
-        second.inputs[0].uri = "/in/b.parquet".into();
-        stage(&state, &output, "c2");
-        let bytes = serde_json::to_vec(&second).unwrap();
-        state
-            .put_atomic(&format!("{COMMITS}/c2.json"), bytes)
-            .unwrap();
-        recover(&state, &output).unwrap();
+        recorded_then_recovered(&state, &output, &record("c1"));
+        recorded_then_recovered(&state, &output, &under_filter_b("c2"));
         let snapshot = load_inputs(&state).unwrap();
         assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
         assert_eq!(
