@@ -6,6 +6,7 @@
 //!                                                        ▼
 //!                        shard k: Parquet writer into memory (small pages, snappy)
 //!  finish() ──► flush the block ──► close each shard's writer ──► put root/shard=<k>/<name>
+//!               (one_file: their column chunks copied into root/<name>, a row group each)
 //! ```
 //!
 //! Between pushes an [`IdPartsWriter`] holds at most one block of raw ids and, per shard, the
@@ -45,7 +46,8 @@ const FINGERPRINT_ROWS: usize = 8192;
 /// Encoded ids wait in a page of at most this size before it is compressed.
 const PAGE_BYTES: usize = 32 * 1024;
 
-/// Writes ids into one part file per shard that gets any. Build with [`IdPartsWriter::new`];
+/// Writes ids into one part file per shard that gets any, or all shards into one file
+/// ([`IdPartsWriter::one_file`]). Build with [`IdPartsWriter::new`];
 /// [`IdPartsWriter::push`] the ids (chunks of one column, any number, nulls skipped), then
 /// [`IdPartsWriter::finish`].
 pub struct IdPartsWriter {
@@ -101,7 +103,7 @@ impl IdPartsWriter {
             id_column,
             None,
             shard_bits_for(num_shards)?,
-            Box::new(|_| String::new()),
+            Box::new(|_| String::new()), // per-shard names: not used
         )?;
         writer.one_file = Some(name.to_string());
         Ok(writer)
@@ -196,8 +198,8 @@ impl IdPartsWriter {
     /// [`IdPartsWriter::finish`] with the files as shown paths (URIs for object stores).
     pub(crate) fn finish_summary(&mut self) -> Result<WriteSummary> {
         self.encode_block()?;
-        // Each part is encoded to the end only when it is stored, so one part's bytes are
-        // held at a time.
+        // Each part is encoded to the end only when it is stored (or copied into the one
+        // file), so one part's bytes are held at a time.
         if let Some(name) = self.one_file.clone() {
             let shards = std::mem::take(&mut self.shards);
             if shards.iter().all(Option::is_none) {
@@ -301,8 +303,12 @@ impl IdPartsWriter {
 }
 
 /// The key-value metadata of a file of [`IdPartsWriter::one_file`]: each row group's shard,
-/// as a JSON list (`[0, 3, 5]`: row group 1 holds shard 3's ids).
+/// as a JSON list (`[0, 3, 5]`: row group 1 holds shard 3's ids), of [`NUM_SHARDS_KEY`]
+/// shards.
 pub const SHARDS_KEY: &str = "forebay.shards";
+/// The key-value metadata of a file of [`IdPartsWriter::one_file`]: the shard count its
+/// [`SHARDS_KEY`] numbers shards by.
+pub const NUM_SHARDS_KEY: &str = "forebay.num_shards";
 
 /// Write one file of the shards' parts (each a complete file in memory, ids of one shard)
 /// into `out`: their column chunks are copied as they are, encoded, into one row group
@@ -311,6 +317,7 @@ fn join_shards(
     shards: Vec<Option<ArrowWriter<Vec<u8>>>>,
     out: &mut (dyn Write + Send),
 ) -> parquet::errors::Result<()> {
+    let num_shards = shards.len();
     let read = |writer: ArrowWriter<Vec<u8>>| -> parquet::errors::Result<(Bytes, ParquetMetaData)> {
         let part = Bytes::from(writer.into_inner()?);
         let meta = ParquetMetaDataReader::new().parse_and_finish(&part)?;
@@ -349,6 +356,10 @@ fn join_shards(
     writer.append_key_value_metadata(KeyValue::new(
         SHARDS_KEY.to_string(),
         format!("[{}]", order.join(", ")),
+    ));
+    writer.append_key_value_metadata(KeyValue::new(
+        NUM_SHARDS_KEY.to_string(),
+        num_shards.to_string(),
     ));
     writer.close()?;
     Ok(())

@@ -52,7 +52,7 @@ use crate::durable::{create_dir_all_noting_parents, in_parallel};
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of, IdFamily, FINGERPRINT_BITS};
 use crate::huge_pages::advise_huge_pages;
-use crate::id_parts::{IdPartsWriter, SHARDS_KEY};
+use crate::id_parts::{IdPartsWriter, NUM_SHARDS_KEY, SHARDS_KEY};
 use crate::index::{
     default_threads, id_value_type, shard_bits_for, CheckpointIndex, DEFAULT_NUM_SHARDS,
 };
@@ -944,22 +944,33 @@ impl ScanSkip for WorkerShare {
     fn skip_row_group_in(&self, file: &FileEntry, footer: &ParquetMetaData, rg: usize) -> bool {
         self.skip_row_group(file, rg)
             || self.owned.as_ref().is_some_and(|owned| {
-                declared_row_group_shard(footer, rg).is_some_and(|k| !owned.get(k).unwrap_or(&true))
+                declared_row_group_shard(footer, rg, owned.len())
+                    .is_some_and(|k| !owned.get(k).unwrap_or(&true))
             })
     }
 }
 
 /// The shard a row group of a file of [`IdPartsWriter::one_file`] declares, if the file
-/// declares any.
-fn declared_row_group_shard(footer: &ParquetMetaData, row_group: usize) -> Option<usize> {
-    let listed = footer
-        .file_metadata()
-        .key_value_metadata()?
-        .iter()
-        .find(|kv| kv.key == SHARDS_KEY)?
-        .value
-        .as_deref()?;
-    listed
+/// declares one of `num_shards` shards (a file sharded otherwise is read whole and its ids
+/// hashed again, as any other file).
+fn declared_row_group_shard(
+    footer: &ParquetMetaData,
+    row_group: usize,
+    num_shards: usize,
+) -> Option<usize> {
+    let value = |key: &str| {
+        footer
+            .file_metadata()
+            .key_value_metadata()?
+            .iter()
+            .find(|kv| kv.key == key)?
+            .value
+            .as_deref()
+    };
+    if value(NUM_SHARDS_KEY)?.parse::<usize>().ok()? != num_shards {
+        return None;
+    }
+    value(SHARDS_KEY)?
         .trim_matches(|c| c == '[' || c == ']')
         .split(',')
         .nth(row_group)?
@@ -1149,7 +1160,7 @@ mod tests {
             .parse_and_finish(&bytes::Bytes::from(bytes.clone()))
             .unwrap();
         for (rg, group) in footer.row_groups().iter().enumerate() {
-            if declared_row_group_shard(&footer, rg) != Some(3) {
+            if declared_row_group_shard(&footer, rg, 16) != Some(3) {
                 let (start, len) = group.column(0).byte_range();
                 bytes[start as usize..(start + len) as usize].fill(0xAB);
             }
@@ -1170,6 +1181,15 @@ mod tests {
         assert_eq!(three.len(), in_three);
         let err = CheckpointIndex::loader(root, "id")
             .with_shards([5])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("c.parquet"), "{err}");
+        // Loaded with another shard count, the file's row groups say nothing: all are read.
+        assert!(declared_row_group_shard(&footer, 0, 8).is_none());
+        let err = CheckpointIndex::loader(root, "id")
+            .with_num_shards(8)
+            .with_shards([3])
             .load()
             .unwrap_err()
             .to_string();
