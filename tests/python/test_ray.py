@@ -353,6 +353,23 @@ def test_write_parquet_exactly_once_and_a_rerun_reads_nothing(
     assert not (out / "_forebay_staging").exists()
 
 
+def test_write_parquet_a_changed_scan_filter_is_detected(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+
+    def job(dropped: int) -> dict:
+        ds = fray.read_parquet(str(inputs), filter=[("value", "!=", dropped)])
+        return fray.write_parquet(ds, out, checkpoint=ckpt)
+
+    assert job(5)["rows"] == FILES * ROWS_PER_FILE - 1
+    # Every input is finished under the first filter, which dropped value 5; skipping them
+    # under one that keeps it would lose it silently.
+    with pytest.raises(Exception, match="scan filter"):
+        job(6)
+    assert_written_once(out, np.delete(np.arange(FILES * ROWS_PER_FILE), 5))
+
+
 def test_write_parquet_counts_ray_checkpoint_files_as_done(
     cluster, inputs: Path, tmp_path: Path
 ) -> None:

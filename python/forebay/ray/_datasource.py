@@ -133,6 +133,11 @@ class ForebayParquetDatasource(Datasource):
     def storage_options(self) -> dict[str, str] | None:
         return self._options
 
+    @property
+    def scan_filter(self) -> Any:
+        """The ``filter`` the read tasks apply (as given to :func:`read_parquet`)."""
+        return self._filter
+
     def get_name(self) -> str:
         return "ForebayParquet"
 

@@ -167,7 +167,11 @@ def write_parquet(
         raise RuntimeError("this dataset is being written with a checkpoint already")
     if not ray.is_initialized():
         ray.init()
-    inputs = forebay.read_parquet(source.files, storage_options=source.storage_options)
+    # The read tasks' filter, so that the checkpoint records what its inputs were finished
+    # under (a rerun with another filter must not skip them silently).
+    inputs = forebay.read_parquet(
+        source.files, storage_options=source.storage_options, filter=source.scan_filter
+    )
     coordinator = RsCommitCoordinator(
         inputs._inner,
         checkpoint._args(on_changed_input),
