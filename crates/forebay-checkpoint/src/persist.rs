@@ -446,15 +446,24 @@ struct UnsyncedTemp {
 /// Create `path` (it must not exist) holding `bytes`, not synced yet; removed again if the
 /// write fails.
 fn create_with(path: &FsPath, bytes: &[u8]) -> Result<fs::File> {
+    create_written(path, |file| file.write_all(bytes).map_err(io_err(path)))
+}
+
+/// Create `path` (it must not exist) holding what `write` writes, not synced yet; removed
+/// again if writing fails.
+fn create_written(
+    path: &FsPath,
+    write: impl FnOnce(&mut fs::File) -> Result<()>,
+) -> Result<fs::File> {
     let mut file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o644)
         .open(path)
         .map_err(io_err(path))?;
-    if let Err(e) = file.write_all(bytes) {
+    if let Err(e) = write(&mut file) {
         let _ = fs::remove_file(path);
-        return Err(io_err(path)(e));
+        return Err(e);
     }
     Ok(file)
 }
@@ -539,13 +548,7 @@ fn commit_local_file_with(
         .ok_or_else(|| CheckpointError::InvalidArgument(format!("{}: bad name", path.display())))?;
     let temp = dir.join(temp_name(final_name));
     let result = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&temp)
-            .map_err(io_err(&temp))?;
-        write(&mut file)?;
+        let file = create_written(&temp, write)?;
         file.sync_all().map_err(io_err(&temp))?;
         fs::rename(&temp, path).map_err(io_err(path))?;
         fsync_dir(dir)
