@@ -863,3 +863,34 @@ def test_progress_bar_of_a_resumed_write_counts_the_done_ids_it_drops(data, tmp_
     assert frames, "no bar was drawn"
     assert {total for _, total in frames} == {"20,000"}, frames
     assert max(int(position.replace(",", "")) for position, _ in frames) > 18_000, frames
+
+
+def test_row_groups_whose_ids_are_all_done_are_dropped_by_their_dictionary(data, tmp_path):
+    """An id-only checkpoint holds every id of part-0 and two ids of part-1. pyarrow wrote
+    each id column chunk dictionary-encoded, so the resume reads only the dictionary pages
+    of part-0's id chunks (not their data pages); part-1's two row groups with a done id are
+    still filtered row by row, and every other row group is read whole."""
+    done_ids = [*range(5000), 5000, 6201]
+    done = tmp_path / "done.parquet"
+    pq.write_table(pa.table({"id": np.array(done_ids)}), done)
+
+    def run(name: str, checkpoint: Path) -> dict:
+        return forebay.read_parquet(str(data)).write_parquet(
+            str(tmp_path / name), checkpoint=forebay.Checkpoint("id", str(checkpoint))
+        )
+
+    full = run("full", tmp_path / "fresh-checkpoint")
+    resumed = run("resumed", done)
+
+    written = ids_of(pq.read_table(tmp_path / "resumed", columns=["id"]))
+    assert sorted(written) == sorted(set(range(ROWS)) - set(done_ids))
+    assert resumed["resume"]["rows_skipped_by_id"] == len(done_ids)
+    part0 = pq.ParquetFile(data / "part-0.parquet").metadata
+    unread = 0
+    for rg in range(part0.num_row_groups):
+        group = part0.row_group(rg)
+        chunks = [group.column(c) for c in range(group.num_columns)]
+        ids = next(c for c in chunks if c.path_in_schema == "id")
+        dictionary_page = ids.data_page_offset - ids.dictionary_page_offset
+        unread += sum(c.total_compressed_size for c in chunks) - dictionary_page
+    assert resumed["resume"]["bytes_read"] == full["resume"]["bytes_read"] - unread

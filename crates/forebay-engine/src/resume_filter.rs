@@ -8,6 +8,12 @@
 //!  every row done ──► one empty batch ──► the source completes the unit (no stage sees it)
 //! ```
 //!
+//! Before that, where the footer shows an id column chunk entirely dictionary-encoded (the
+//! default of pyarrow and Spark while a chunk's dictionary stays under their page limit,
+//! 1 MB: up to ~100 K distinct short ids per row group), the scan hands the filter the
+//! chunk's dictionary: if every id in it is done the row group is dropped without reading
+//! its data pages; if none is, its rows are read without a probe each.
+//!
 //! A stage after the source (`MapStage::checkpoint_filter`, still what embedders use on
 //! their own sources) would get each batch fully decoded: on a resume whose inputs are mostly
 //! done (the id-only checkpoint of Ray Data's layout, or the seed workload) most of a scan's
@@ -15,10 +21,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arrow::array::{BooleanArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow::compute::not;
 use forebay_checkpoint::SharedCheckpointIndex;
-use forebay_parquet::{RowFilterError, ScanRowFilter};
+use forebay_parquet::{RowFilterError, RowGroupDecision, ScanRowFilter};
 
 /// Drops rows whose id the checkpoint index holds; counts them.
 pub(crate) struct ResumeFilter {
@@ -60,5 +66,37 @@ impl ScanRowFilter for ResumeFilter {
             .fetch_add(done.true_count() as u64, Ordering::Relaxed);
         // `contains` has no nulls, so neither has its negation: no row is dropped by a null.
         Ok(not(&done)?)
+    }
+
+    /// An empty index decides nothing: reading dictionaries would only cost time.
+    fn decides_by_values(&self) -> bool {
+        self.index.read().is_ok_and(|index| !index.is_empty())
+    }
+
+    /// A row group whose every distinct id is done is dropped unread; one whose ids are
+    /// all new is read without a probe per row.
+    fn decide_by_values(
+        &self,
+        values: &ArrayRef,
+        rows: u64,
+    ) -> Result<RowGroupDecision, RowFilterError> {
+        let index = self
+            .index
+            .read()
+            .map_err(|_| "checkpoint_filter: the checkpoint index was poisoned by a panic")?;
+        let done = index
+            .contains(values.as_ref())
+            .map_err(|e| format!("checkpoint_filter: {e}"))?
+            .true_count();
+        Ok(if values.is_empty() {
+            RowGroupDecision::RowByRow
+        } else if done == values.len() {
+            self.dropped.fetch_add(rows, Ordering::Relaxed);
+            RowGroupDecision::DropAll
+        } else if done == 0 {
+            RowGroupDecision::KeepAll
+        } else {
+            RowGroupDecision::RowByRow
+        })
     }
 }

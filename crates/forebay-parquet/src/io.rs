@@ -158,6 +158,10 @@ pub(crate) struct ObjectFileReader {
     purpose: ReadPurpose,
     /// Metadata from the dataset cache; `get_metadata` never reads the footer again.
     metadata: Option<Arc<ParquetMetaData>>,
+    /// Bytes already fetched for this reader's decoder (a dictionary page the scan read
+    /// first): a requested range starting where they start is served from them, and only
+    /// its remainder is fetched.
+    prefetched: Option<(Range<u64>, Bytes)>,
 }
 
 impl ObjectFileReader {
@@ -168,6 +172,7 @@ impl ObjectFileReader {
             coalesce_gap,
             purpose: ReadPurpose::Data,
             metadata: None,
+            prefetched: None,
         }
     }
 
@@ -178,12 +183,33 @@ impl ObjectFileReader {
             coalesce_gap: 0,
             purpose: ReadPurpose::Footer,
             metadata: None,
+            prefetched: None,
         }
     }
 
     pub(crate) fn with_metadata(mut self, metadata: Arc<ParquetMetaData>) -> Self {
         self.metadata = Some(metadata);
         self
+    }
+
+    /// Serve `bytes` (the file's `range`, already fetched) to the decoder instead of
+    /// fetching them again.
+    pub(crate) fn with_prefetched(mut self, range: Range<u64>, bytes: Bytes) -> Self {
+        self.prefetched = Some((range, bytes));
+        self
+    }
+
+    /// A requested range split into the prefix already fetched (if any) and the rest, still
+    /// to fetch.
+    fn split_prefetched(&self, range: &Range<u64>) -> (Option<Bytes>, Range<u64>) {
+        match &self.prefetched {
+            Some((have, bytes)) if range.start == have.start && range.end >= have.start => {
+                let served = range.end.min(have.end);
+                let prefix = bytes.slice(..(served - have.start) as usize);
+                (Some(prefix), served..range.end)
+            }
+            _ => (None, range.clone()),
+        }
     }
 
     pub(crate) async fn fetch(&self, range: Range<u64>) -> Result<Bytes, ParquetError> {
@@ -231,25 +257,34 @@ impl AsyncFileReader for ObjectFileReader {
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         async move {
-            let merged = coalesce_ranges(&ranges, self.coalesce_gap);
+            let (served, to_fetch): (Vec<Option<Bytes>>, Vec<Range<u64>>) =
+                ranges.iter().map(|r| self.split_prefetched(r)).unzip();
+            let merged = coalesce_ranges(&to_fetch, self.coalesce_gap);
             let fetched =
                 futures::future::try_join_all(merged.iter().map(|r| self.fetch(r.clone())))
                     .await
                     .map_err(to_parquet_err)?;
-            // Slice each requested range out of the merged request that covers it.
-            ranges
-                .iter()
-                .map(|r| {
-                    if r.start == r.end {
-                        return Ok(Bytes::new());
-                    }
-                    let idx = merged.partition_point(|m| m.start <= r.start) - 1;
-                    let m = &merged[idx];
-                    let start = (r.start - m.start) as usize;
-                    let end = (r.end - m.start) as usize;
-                    Ok(fetched[idx].slice(start..end))
+            // Slice each requested range out of the merged request that covers it, after the
+            // part of it that was already fetched.
+            let slice_fetched = |r: &Range<u64>| {
+                if r.start == r.end {
+                    return Bytes::new();
+                }
+                let idx = merged.partition_point(|m| m.start <= r.start) - 1;
+                let m = &merged[idx];
+                let start = (r.start - m.start) as usize;
+                let end = (r.end - m.start) as usize;
+                fetched[idx].slice(start..end)
+            };
+            Ok(served
+                .into_iter()
+                .zip(&to_fetch)
+                .map(|(prefix, rest)| match prefix {
+                    None => slice_fetched(rest),
+                    Some(prefix) if rest.start == rest.end => prefix,
+                    Some(prefix) => [prefix, slice_fetched(rest)].concat().into(),
                 })
-                .collect()
+                .collect())
         }
         .boxed()
     }

@@ -15,7 +15,8 @@
 //!                                                          │
 //!                     (file, row group) units, ≤ prefetch in flight, decoded on the pool
 //!                       (filter columns first; the rest only for rows the Predicate
-//!                        and any ScanRowFilter keep)
+//!                        and any ScanRowFilter keep; a ScanRowFilter may settle a whole
+//!                        row group from its dictionary page)
 //!                                                          ▼
 //!                          ScanStream: ordered RecordBatches + BatchProvenance
 //! ```
@@ -34,6 +35,7 @@
 //! # Ok::<(), forebay_parquet::ParquetError>(())
 //! ```
 
+mod dictionary;
 pub mod error;
 pub mod io;
 mod local;
@@ -46,7 +48,7 @@ pub mod source;
 pub use error::{ErrorKind, ParquetError, Result};
 pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
 pub use predicate::{CompareOp, Literal, Predicate};
-pub use row_filter::{RowFilterError, ScanRowFilter};
+pub use row_filter::{RowFilterError, RowGroupDecision, ScanRowFilter};
 pub use scan::{
     block_on, runtime, BatchProvenance, ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch,
     RecordBatchIter, ScanMetricsSnapshot, ScanSkip, ScanStream,

@@ -5,6 +5,10 @@
 //!                                                                     │ rows kept only
 //!                                    decode the other columns ◄───────┘
 //!  every row dropped ──► the unit yields one empty batch (its provenance still arrives)
+//!
+//!  before that, a one-column filter that decides_by_values, on a chunk that is all
+//!  dictionary (footer) ──► its dictionary page ──► decide_by_values ──► DropAll: no data
+//!                                       page read │ KeepAll: decoded without keep │ RowByRow
 //! ```
 //!
 //! A [`Predicate`](crate::Predicate) is data the scan understands (it also prunes by
@@ -12,14 +16,18 @@
 //! answer: the engine's resume drops rows whose id a checkpoint index already holds. Rows it
 //! drops cost the decoding of its own columns alone, never of the rest of the row.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{BooleanArray, RecordBatch};
+use arrow::array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow::error::ArrowError;
+use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata};
 use parquet::arrow::ProjectionMask;
 
+use crate::dictionary::{decode_dictionary_page, dictionary_page_range};
 use crate::error::{ParquetError, Result};
+use crate::io::ObjectFileReader;
 use crate::scan::column_not_found;
 
 /// The error a [`ScanRowFilter`] reports; the scan wraps it in [`ParquetError::RowFilter`]
@@ -39,6 +47,40 @@ pub trait ScanRowFilter: Send + Sync {
     /// Which rows of `batch` to keep (true keeps; a null drops). `batch` holds exactly the
     /// filter's columns, named as in the file, and the rows that earlier filters kept.
     fn keep(&self, batch: &RecordBatch) -> std::result::Result<BooleanArray, RowFilterError>;
+
+    /// Whether [`ScanRowFilter::decide_by_values`] may decide anything now. When true, a
+    /// filter of one column gets the distinct values of each row group that the footer
+    /// shows to be entirely dictionary-encoded, before any data page is read. The default
+    /// (false) reads no dictionary page.
+    fn decides_by_values(&self) -> bool {
+        false
+    }
+
+    /// Decide a whole row group from `values`: every distinct value its column can hold
+    /// (the chunk's dictionary, in the column's type or a dictionary column's value type, no
+    /// nulls; it may hold values no row uses). `rows` is how many rows of the row group the scan reads. Must agree with
+    /// [`ScanRowFilter::keep`]: [`RowGroupDecision::DropAll`] only if `keep` would drop
+    /// every one of `values`, [`RowGroupDecision::KeepAll`] only if it would keep every one.
+    /// A row group dropped whole yields one empty batch, as if `keep` had dropped each row.
+    fn decide_by_values(
+        &self,
+        values: &ArrayRef,
+        rows: u64,
+    ) -> std::result::Result<RowGroupDecision, RowFilterError> {
+        let _ = (values, rows);
+        Ok(RowGroupDecision::RowByRow)
+    }
+}
+
+/// What [`ScanRowFilter::decide_by_values`] decided for a row group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowGroupDecision {
+    /// Every row is kept: the row group is decoded without calling `keep`.
+    KeepAll,
+    /// No row is kept: the row group's data pages are never read.
+    DropAll,
+    /// Call `keep` on the decoded rows, as if nothing had been decided.
+    RowByRow,
 }
 
 /// A [`ScanRowFilter`] in the builder (which derives `Debug`).
@@ -51,7 +93,62 @@ impl std::fmt::Debug for RowFilterHook {
     }
 }
 
+/// A row group decided from its dictionary page, and that page, which the decoder can use
+/// instead of fetching it again.
+pub(crate) struct DictionaryDecision {
+    pub(crate) decision: RowGroupDecision,
+    pub(crate) page_range: Range<u64>,
+    pub(crate) page: Bytes,
+}
+
 impl RowFilterHook {
+    /// Ask the filter to decide row group `row_group` of `path` (`rows` rows read) from the
+    /// values of its dictionary page (see [`ScanRowFilter::decide_by_values`]). `None` when
+    /// the filter does not decide by values now, or the footer does not show that the
+    /// dictionary holds every value of the row group.
+    pub(crate) async fn decide_by_dictionary(
+        &self,
+        reader: &ObjectFileReader,
+        reader_meta: &ArrowReaderMetadata,
+        path: &str,
+        row_group: usize,
+        rows: u64,
+    ) -> Result<Option<DictionaryDecision>> {
+        let [column] = self.0.columns() else {
+            return Ok(None);
+        };
+        if !self.0.decides_by_values() {
+            return Ok(None);
+        }
+        let Ok(field) = reader_meta.schema().field_with_name(column) else {
+            return Ok(None);
+        };
+        let metadata = reader_meta.metadata();
+        let Some((leaf, page_range)) = dictionary_page_range(metadata, row_group, column) else {
+            return Ok(None);
+        };
+        let page = reader.fetch(page_range.clone()).await?;
+        let chunk = metadata.row_group(row_group).column(leaf);
+        let Some(values) =
+            decode_dictionary_page(chunk, page_range.clone(), page.clone(), field.data_type())
+        else {
+            return Ok(None);
+        };
+        let decision =
+            self.0
+                .decide_by_values(&values, rows)
+                .map_err(|e| ParquetError::RowFilter {
+                    path: path.to_string(),
+                    row_group,
+                    reason: e.to_string(),
+                })?;
+        Ok(Some(DictionaryDecision {
+            decision,
+            page_range,
+            page,
+        }))
+    }
+
     /// The parquet crate's predicate running this filter on one row group of `path`.
     pub(crate) fn predicate(
         &self,
@@ -94,6 +191,7 @@ mod tests {
     use arrow::datatypes::Int64Type;
     use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
 
     use super::*;
     use crate::{DatasetSource, ErrorKind, ParquetDataset, Predicate};
@@ -261,5 +359,160 @@ mod tests {
         let err = misnamed.scan().find_map(|b| b.err()).expect("an error");
         assert_eq!(err.kind(), ErrorKind::ColumnNotFound);
         assert!(err.to_string().contains("'nope'"), "{err}");
+    }
+
+    /// Drops the ids of a set and decides row groups by their dictionary, recording the
+    /// decisions it made and the rows `keep` saw.
+    struct DropsSet {
+        columns: Vec<String>,
+        done: std::collections::HashSet<i64>,
+        decisions: Mutex<Vec<(usize, RowGroupDecision)>>,
+        rows_seen: AtomicUsize,
+    }
+
+    impl DropsSet {
+        fn new(done: impl IntoIterator<Item = i64>) -> Arc<DropsSet> {
+            Arc::new(DropsSet {
+                columns: vec!["id".into()],
+                done: done.into_iter().collect(),
+                decisions: Mutex::new(Vec::new()),
+                rows_seen: AtomicUsize::new(0),
+            })
+        }
+    }
+
+    impl ScanRowFilter for DropsSet {
+        fn columns(&self) -> &[String] {
+            &self.columns
+        }
+        fn keep(&self, batch: &RecordBatch) -> std::result::Result<BooleanArray, RowFilterError> {
+            self.rows_seen
+                .fetch_add(batch.num_rows(), Ordering::Relaxed);
+            let ids = batch.column(0).as_primitive::<Int64Type>();
+            Ok(ids
+                .iter()
+                .map(|id| Some(id.is_none_or(|v| !self.done.contains(&v))))
+                .collect())
+        }
+        fn decides_by_values(&self) -> bool {
+            true
+        }
+        fn decide_by_values(
+            &self,
+            values: &ArrayRef,
+            rows: u64,
+        ) -> std::result::Result<RowGroupDecision, RowFilterError> {
+            let values = values.as_primitive::<Int64Type>();
+            let done = values
+                .values()
+                .iter()
+                .filter(|v| self.done.contains(v))
+                .count();
+            let decision = match done {
+                0 => RowGroupDecision::KeepAll,
+                n if n == values.len() => RowGroupDecision::DropAll,
+                _ => RowGroupDecision::RowByRow,
+            };
+            self.decisions
+                .lock()
+                .unwrap()
+                .push((rows as usize, decision));
+            Ok(decision)
+        }
+    }
+
+    #[test]
+    fn a_row_group_decided_by_its_dictionary_is_dropped_unread_or_read_without_the_filter() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_file(dir.path());
+        // Row group 0 entirely done, row group 1 partly, row group 2 not at all.
+        let filter = DropsSet::new((0..100).chain([150]));
+        let dataset = ParquetDataset::builder(DatasetSource::uris([path.clone()]))
+            .with_coalesce_gap(0)
+            .with_row_filter(filter.clone())
+            .build()
+            .unwrap();
+        let batches: Vec<_> = dataset.scan().map(|b| b.unwrap()).collect();
+
+        let groups: Vec<(usize, usize)> = batches
+            .iter()
+            .map(|b| (b.provenance.row_group, b.batch.num_rows()))
+            .collect();
+        assert_eq!(groups, vec![(0, 0), (1, 99), (2, 100)]);
+        let ids: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| {
+                b.batch
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(ids, (100..300).filter(|&i| i != 150).collect::<Vec<_>>());
+        // A row group read whole is consecutive rows again.
+        assert_eq!(batches[2].provenance.first_row, Some(200));
+
+        let mut decisions = filter.decisions.lock().unwrap().clone();
+        decisions.sort_by_key(|(_, d)| format!("{d:?}"));
+        assert_eq!(
+            decisions,
+            vec![
+                (100, RowGroupDecision::DropAll),
+                (100, RowGroupDecision::KeepAll),
+                (100, RowGroupDecision::RowByRow)
+            ]
+        );
+        assert_eq!(
+            filter.rows_seen.load(Ordering::Relaxed),
+            100,
+            "row group 1 only"
+        );
+
+        // Bytes read: row group 0's id dictionary page alone, then rows 1 and 2 whole, their
+        // dictionary pages fetched once.
+        let file = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+        let meta = file.metadata();
+        let id0 = meta.row_group(0).column(0);
+        let dictionary0 = (id0.data_page_offset() - id0.dictionary_page_offset().unwrap()) as u64;
+        let whole = |rg: usize| {
+            meta.row_group(rg)
+                .columns()
+                .iter()
+                .map(|c| c.compressed_size() as u64)
+                .sum::<u64>()
+        };
+        assert_eq!(
+            dataset.metrics().io.data_bytes,
+            dictionary0 + whole(1) + whole(2)
+        );
+    }
+
+    #[test]
+    fn no_dictionary_is_read_where_it_would_not_hold_every_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plain.parquet");
+        let ids = Int64Array::from_iter((0..300).map(|i| (i % 7 != 0).then_some(i % 150)));
+        let batch = RecordBatch::try_from_iter([("id", Arc::new(ids) as _)]).unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(100))
+            .build();
+        let mut writer = ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            batch.schema(),
+            Some(props),
+        )
+        .unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let filter = DropsSet::new(0..150);
+        let dataset = ParquetDataset::open([path.to_str().unwrap()])
+            .unwrap()
+            .with_row_filter(filter.clone());
+        let rows: usize = dataset.scan().map(|b| b.unwrap().batch.num_rows()).sum();
+        // Nulls are kept by `keep`; a dictionary cannot show them, so none was asked.
+        assert_eq!(rows, 300 / 7 + 1);
+        assert!(filter.decisions.lock().unwrap().is_empty());
+        assert_eq!(filter.rows_seen.load(Ordering::Relaxed), 300);
     }
 }

@@ -43,7 +43,7 @@ use crate::error::{ParquetError, Result};
 use crate::io::{FileEntry, IoMetrics, IoMetricsSnapshot, ObjectFileReader};
 use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
 use crate::repair;
-use crate::row_filter::{RowFilterHook, ScanRowFilter};
+use crate::row_filter::{RowFilterHook, RowGroupDecision, ScanRowFilter};
 use crate::source::{resolve, DatasetSource};
 
 /// Bytes fetched from the end of a file in the first footer request. Most footers (and often
@@ -1392,18 +1392,61 @@ async fn decode_unit(
 ) {
     let path = unit.file.to_string();
     let rg = unit.row_group;
-    let reader = ObjectFileReader::new(
+    let declared_rows = file.reader_meta.metadata().row_group(rg).num_rows().max(0) as u64;
+    let provenance_of = |first_row: Option<u64>, batch_index: usize| BatchProvenance {
+        file: unit.file.clone(),
+        file_index: unit.file_index,
+        row_group: rg,
+        row_group_first_row: unit.first_row,
+        first_row,
+        batch_index,
+    };
+    let mut reader = ObjectFileReader::new(
         file.entry.clone(),
         inner.io.clone(),
         inner.coalesce_gap_for(&file.entry),
     )
     .with_metadata(file.reader_meta.metadata().clone());
+    // The row filter may decide the whole row group from its dictionary page first (see
+    // `ScanRowFilter::decide_by_values`): dropped unread, or read without the filter.
+    let mut row_filter = inner.options.row_filter.as_ref();
+    if let Some(hook) = row_filter {
+        let rows = unit
+            .selection
+            .as_ref()
+            .map_or(declared_rows, |s| s.row_count() as u64);
+        let decided = {
+            let _permit = permits.acquire().await.expect("semaphore is never closed");
+            hook.decide_by_dictionary(&reader, &file.reader_meta, &path, rg, rows)
+                .await
+        };
+        match decided {
+            Ok(None) => {}
+            Ok(Some(decided)) => {
+                match decided.decision {
+                    RowGroupDecision::DropAll => {
+                        // As when the row filter drops every row (see `ScanRowFilter`).
+                        let provenance = provenance_of(None, 0);
+                        let batch = RecordBatch::new_empty(file.output_schema.clone());
+                        let _ = tx.send(Ok(ProvenancedBatch { batch, provenance })).await;
+                        return;
+                    }
+                    RowGroupDecision::KeepAll => row_filter = None,
+                    RowGroupDecision::RowByRow => {}
+                }
+                reader = reader.with_prefetched(decided.page_range, decided.page);
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
     let mut builder =
         ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.reader_meta.clone())
             .with_projection(file.projection.clone())
             .with_batch_size(batch_rows)
             .with_row_groups(vec![rg]);
-    let row_filter = inner.options.row_filter.as_ref();
     let rows_are_consecutive =
         unit.selection.is_none() && file.filter.is_none() && row_filter.is_none();
     if let Some(selection) = unit.selection {
@@ -1433,15 +1476,6 @@ async fn decode_unit(
             let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
             return;
         }
-    };
-    let declared_rows = file.reader_meta.metadata().row_group(rg).num_rows().max(0) as u64;
-    let provenance_of = |first_row: Option<u64>, batch_index: usize| BatchProvenance {
-        file: unit.file.clone(),
-        file_index: unit.file_index,
-        row_group: rg,
-        row_group_first_row: unit.first_row,
-        first_row,
-        batch_index,
     };
     let mut next_row = unit.first_row;
     let mut batch_index = 0;
