@@ -34,8 +34,8 @@
 //!   with the ids of its rows and the input it finishes (stage, one atomic record, publish);
 //!   every run first recovers interrupted commits, then skips finished input unread and
 //!   drops done ids inside the scan (module `resume_filter`: only the id column of a done
-//!   row is ever decoded). The module docs draw the files, the order of a commit and the
-//!   recovery rules.
+//!   row is ever decoded, and only the dictionary page of a row group whose ids are all
+//!   done). The module docs draw the files, the order of a commit and the recovery rules.
 //! * **Commits across processes** ([`coordinator`]): the same protocol with the files
 //!   staged in other processes (Ray tasks) and decided by one coordinator.
 //! * **Worker processes** ([`process`]): batches travel through a forebay-store by object id;
