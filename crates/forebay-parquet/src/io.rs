@@ -203,7 +203,7 @@ impl ObjectFileReader {
     /// to fetch.
     fn split_prefetched(&self, range: &Range<u64>) -> (Option<Bytes>, Range<u64>) {
         match &self.prefetched {
-            Some((have, bytes)) if range.start == have.start && range.end >= have.start => {
+            Some((have, bytes)) if range.start == have.start => {
                 let served = range.end.min(have.end);
                 let prefix = bytes.slice(..(served - have.start) as usize);
                 (Some(prefix), served..range.end)

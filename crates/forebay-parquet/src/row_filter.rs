@@ -58,10 +58,11 @@ pub trait ScanRowFilter: Send + Sync {
 
     /// Decide a whole row group from `values`: every distinct value its column can hold
     /// (the chunk's dictionary, in the column's type or a dictionary column's value type, no
-    /// nulls; it may hold values no row uses). `rows` is how many rows of the row group the scan reads. Must agree with
-    /// [`ScanRowFilter::keep`]: [`RowGroupDecision::DropAll`] only if `keep` would drop
-    /// every one of `values`, [`RowGroupDecision::KeepAll`] only if it would keep every one.
-    /// A row group dropped whole yields one empty batch, as if `keep` had dropped each row.
+    /// nulls; it may hold values no row uses). `rows` is how many rows of the row group the
+    /// scan reads. Must agree with [`ScanRowFilter::keep`]: [`RowGroupDecision::DropAll`]
+    /// only if `keep` would drop every one of `values`, [`RowGroupDecision::KeepAll`] only if
+    /// it would keep every one. A row group dropped whole yields one empty batch, as if
+    /// `keep` had dropped each row.
     fn decide_by_values(
         &self,
         values: &ArrayRef,
@@ -105,7 +106,8 @@ impl RowFilterHook {
     /// Ask the filter to decide row group `row_group` of `path` (`rows` rows read) from the
     /// values of its dictionary page (see [`ScanRowFilter::decide_by_values`]). `None` when
     /// the filter does not decide by values now, or the footer does not show that the
-    /// dictionary holds every value of the row group.
+    /// dictionary holds every value of the row group; `RowByRow` with the page when the page
+    /// was fetched but not read with certainty.
     pub(crate) async fn decide_by_dictionary(
         &self,
         reader: &ObjectFileReader,
@@ -129,19 +131,20 @@ impl RowFilterHook {
         };
         let page = reader.fetch(page_range.clone()).await?;
         let chunk = metadata.row_group(row_group).column(leaf);
-        let Some(values) =
-            decode_dictionary_page(chunk, page_range.clone(), page.clone(), field.data_type())
-        else {
-            return Ok(None);
+        let values =
+            decode_dictionary_page(chunk, page_range.clone(), page.clone(), field.data_type());
+        let decision = match values {
+            None => RowGroupDecision::RowByRow,
+            Some(values) => {
+                self.0
+                    .decide_by_values(&values, rows)
+                    .map_err(|e| ParquetError::RowFilter {
+                        path: path.to_string(),
+                        row_group,
+                        reason: e.to_string(),
+                    })?
+            }
         };
-        let decision =
-            self.0
-                .decide_by_values(&values, rows)
-                .map_err(|e| ParquetError::RowFilter {
-                    path: path.to_string(),
-                    row_group,
-                    reason: e.to_string(),
-                })?;
         Ok(Some(DictionaryDecision {
             decision,
             page_range,
