@@ -516,15 +516,16 @@ fn serve(
             }
         };
         cancel.check()?;
-        let label = task.batch.label();
+        // Labels are for errors: formatted only when one is reported.
+        let label = || task.batch.label();
         let started = Instant::now();
         let outputs = worker
             .call(task.batch.batch.clone(), ctx)
-            .map_err(|f| f.into_error(&r.stage.name, label.clone()))?;
+            .map_err(|f| f.into_error(&r.stage.name, label()))?;
         r.counters.record_busy(started.elapsed());
         let mut reserved = Vec::with_capacity(outputs.len());
         for batch in outputs {
-            check_output(&r.stage, &batch, &label)?;
+            check_output(&r.stage, &batch, label)?;
             if batch.num_rows() == 0 {
                 continue;
             }
@@ -549,7 +550,11 @@ fn serve(
     }
 }
 
-fn check_output(stage: &MapStage, batch: &RecordBatch, label: &BatchLabel) -> Result<()> {
+fn check_output(
+    stage: &MapStage,
+    batch: &RecordBatch,
+    label: impl Fn() -> BatchLabel,
+) -> Result<()> {
     for column in &stage.required_columns {
         if batch.schema().index_of(column).is_err() {
             let names: Vec<String> = batch
@@ -560,7 +565,7 @@ fn check_output(stage: &MapStage, batch: &RecordBatch, label: &BatchLabel) -> Re
                 .collect();
             return Err(EngineError::BadOutput {
                 stage: stage.name.clone(),
-                batch: label.clone(),
+                batch: label(),
                 reason: format!(
                     "the function's output has no column '{column}' (it has {names:?}); the \
                      pipeline needs it after this stage, so the function must keep it"
