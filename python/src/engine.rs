@@ -55,6 +55,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::arrow_export::BatchExporter;
 use crate::arrow_import::import_map_output;
 use crate::checkpoint::RsCheckpointIndex;
 use crate::dataset::RsDataset;
@@ -103,6 +104,8 @@ struct PyFunctionWorker {
     finish: Py<PyAny>,
     /// Inputs made ahead by the worker's `NextBatchPreparer` (see `lookahead`).
     prepared: Arc<PreparedInputs>,
+    /// Batches it converts itself go to pyarrow through this.
+    exporter: BatchExporter,
     /// Declared last: dropped after the Python objects.
     _thread_state: KeptThreadState,
 }
@@ -124,6 +127,7 @@ impl MapFn for PyFunction {
             run,
             finish,
             prepared: PreparedInputs::new(),
+            exporter: BatchExporter::default(),
             _thread_state: thread_state,
         }))
     }
@@ -147,7 +151,9 @@ impl MapWorker for PyFunctionWorker {
         Python::attach(|py| -> PyResult<Vec<RecordBatch>> {
             let input = match prepared {
                 Some(input) => input?,
-                None => self.prepare.call1(py, (batch.to_pyarrow(py)?,))?,
+                None => self
+                    .prepare
+                    .call1(py, (self.exporter.export(py, &batch)?,))?,
             };
             self.prepared.allow_next();
             let out = self.run.call1(py, (input,));
@@ -168,6 +174,7 @@ impl MapWorker for PyFunctionWorker {
             let _ = std::mem::replace(&mut self.prepare, py.None());
             let _ = std::mem::replace(&mut self.run, py.None());
             let _ = std::mem::replace(&mut self.finish, py.None());
+            self.exporter = BatchExporter::default();
         });
     }
 }

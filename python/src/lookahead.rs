@@ -30,11 +30,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
-use arrow_pyarrow::ToPyArrow;
 use forebay_engine::CancelToken;
 use forebay_engine::PrepareNext;
 use pyo3::prelude::*;
 
+use crate::arrow_export::BatchExporter;
 use crate::thread_state::KeptThreadState;
 
 /// A wait for the GIL at least this share of the switch interval means the function held it.
@@ -142,6 +142,8 @@ pub(crate) struct NextBatchPreparer {
     inputs: Arc<PreparedInputs>,
     /// `Runner.prepare`; `None` once dropped (with the GIL held).
     prepare: Option<Py<PyAny>>,
+    /// Batches go to pyarrow through this (its schema is dropped with the GIL held too).
+    exporter: BatchExporter,
     /// A wait for the GIL at least this long counts as the function holding it.
     held_gil_wait: Duration,
     /// Long waits minus short ones (never below 0).
@@ -165,6 +167,7 @@ impl NextBatchPreparer {
         Ok(NextBatchPreparer {
             inputs,
             prepare: Some(prepare),
+            exporter: BatchExporter::default(),
             held_gil_wait: Duration::from_secs_f64(
                 switch_interval.max(0.0) * HELD_GIL_SHARE_OF_SWITCH_INTERVAL,
             ),
@@ -188,7 +191,10 @@ impl PrepareNext for NextBatchPreparer {
         let (input, waited, during_call) = Python::attach(|py| {
             let waited = asked.elapsed();
             let during_call = self.inputs.lock().in_call;
-            let input = next.to_pyarrow(py).and_then(|b| prepare.call1(py, (b,)));
+            let input = self
+                .exporter
+                .export(py, next)
+                .and_then(|b| prepare.call1(py, (b,)));
             (input, waited, during_call)
         });
         let mut state = self.inputs.lock();
@@ -210,7 +216,8 @@ impl PrepareNext for NextBatchPreparer {
 impl Drop for NextBatchPreparer {
     fn drop(&mut self) {
         if let Some(prepare) = self.prepare.take() {
-            Python::attach(|_| drop(prepare));
+            let exporter = std::mem::take(&mut self.exporter);
+            Python::attach(|_| drop((prepare, exporter)));
         }
     }
 }
