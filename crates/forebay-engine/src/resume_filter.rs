@@ -43,6 +43,17 @@ impl ResumeFilter {
         }
     }
 
+    /// For each id: whether the checkpoint index holds it (no nulls in the result).
+    fn done(&self, ids: &dyn Array) -> Result<BooleanArray, RowFilterError> {
+        let index = self
+            .index
+            .read()
+            .map_err(|_| "checkpoint_filter: the checkpoint index was poisoned by a panic")?;
+        Ok(index
+            .contains(ids)
+            .map_err(|e| format!("checkpoint_filter: {e}"))?)
+    }
+
     /// Rows dropped so far because their id was done.
     pub(crate) fn rows_dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
@@ -55,13 +66,7 @@ impl ScanRowFilter for ResumeFilter {
     }
 
     fn keep(&self, batch: &RecordBatch) -> Result<BooleanArray, RowFilterError> {
-        let index = self
-            .index
-            .read()
-            .map_err(|_| "checkpoint_filter: the checkpoint index was poisoned by a panic")?;
-        let done = index
-            .contains(batch.column(0).as_ref())
-            .map_err(|e| format!("checkpoint_filter: {e}"))?;
+        let done = self.done(batch.column(0).as_ref())?;
         self.dropped
             .fetch_add(done.true_count() as u64, Ordering::Relaxed);
         // `contains` has no nulls, so neither has its negation: no row is dropped by a null.
@@ -80,17 +85,11 @@ impl ScanRowFilter for ResumeFilter {
         values: &ArrayRef,
         rows: u64,
     ) -> Result<RowGroupDecision, RowFilterError> {
-        let index = self
-            .index
-            .read()
-            .map_err(|_| "checkpoint_filter: the checkpoint index was poisoned by a panic")?;
-        let done = index
-            .contains(values.as_ref())
-            .map_err(|e| format!("checkpoint_filter: {e}"))?
-            .true_count();
-        Ok(if values.is_empty() {
-            RowGroupDecision::RowByRow
-        } else if done == values.len() {
+        if values.is_empty() {
+            return Ok(RowGroupDecision::RowByRow);
+        }
+        let done = self.done(values.as_ref())?.true_count();
+        Ok(if done == values.len() {
             self.dropped.fetch_add(rows, Ordering::Relaxed);
             RowGroupDecision::DropAll
         } else if done == 0 {
