@@ -269,6 +269,44 @@ fn eviction_and_restore_under_a_cap_ten_times_smaller() {
 }
 
 #[test]
+fn a_slice_of_a_view_array_stores_only_the_strings_it_references() {
+    let spill = tempfile::tempdir().unwrap();
+    let store = ObjectStore::new(config(64 << 20, &spill)).unwrap();
+    // 100,000 strings of 40 bytes in the data buffers (4 MB); the slice uses 1,000 of them.
+    let long: StringViewArray = (0..100_000)
+        .map(|i| Some(format!("a string that is longer than twelve {i:06}")))
+        .collect();
+    let short: StringViewArray = (0..100_000).map(|i| Some(format!("s{}", i % 7))).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("long", Arc::new(long) as ArrayRef),
+        ("short", Arc::new(short) as ArrayRef),
+    ])
+    .unwrap();
+    let slice = batch.slice(50_000, 1_000);
+    let id = store
+        .put_arrow(&slice.schema(), std::slice::from_ref(&slice), &[])
+        .unwrap();
+    let obj = store.get(id).unwrap();
+    assert!(
+        obj.data().len() < 200_000,
+        "the object holds {} bytes for 1,000 strings of 43 bytes",
+        obj.data().len()
+    );
+    let (_, got) = obj.record_batches().unwrap();
+    assert_eq!(got, vec![slice]);
+
+    // Views that share their bytes (as a dictionary decode makes them) are left as they are.
+    let dictionary: StringViewArray = (0..2_000)
+        .map(|i| Some(format!("a dictionary value longer than twelve {i:06}")))
+        .collect();
+    let indices = UInt32Array::from_iter_values((0..20_000).map(|i| i % 2_000));
+    let shared = arrow::compute::take(&dictionary, &indices, None).unwrap();
+    let batch = RecordBatch::try_from_iter([("shared", shared)]).unwrap();
+    let compacted = forebay::store::ipc::compact_views(&batch).unwrap();
+    assert!(Arc::ptr_eq(batch.column(0), compacted.column(0)));
+}
+
+#[test]
 fn pinned_objects_stay_and_a_full_store_fails_after_the_timeout() {
     let spill = tempfile::tempdir().unwrap();
     let cap = 1 << 20;

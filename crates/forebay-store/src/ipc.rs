@@ -7,6 +7,13 @@
 //! object is a complete IPC stream (schema, dictionaries, record batches, end marker), so
 //! any Arrow implementation can read the region as is.
 //!
+//! One exception to "the arrays' own buffers": a slice of a string/binary *view* array
+//! references every data buffer of the array it was cut from, and IPC writes data buffers
+//! whole. A 10,000-row slice of a batch decoded from Parquet would carry all the decoded pages
+//! its parent's views point into (~7x the bytes for 65,536-row batches cut into 10,000-row
+//! chunks). Such columns are compacted first ([`compact_views`]): the strings they reference
+//! are copied once into fresh buffers, and those are what the put copies.
+//!
 //! Reading walks the stream's message headers and builds arrays whose buffers are slices
 //! of the pinned region: no copy and no per-value work. Validation (UTF-8, offsets) is
 //! skipped because the bytes were written by [`encode`] from valid arrays and the region is
@@ -15,7 +22,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{BinaryViewType, ByteViewType, StringViewType};
+use arrow_array::{Array, ArrayRef, GenericByteViewArray, RecordBatch};
 use arrow_buffer::Buffer;
 use arrow_data::UnsafeFlag;
 use arrow_ipc::reader::{read_dictionary_impl, RecordBatchDecoder};
@@ -24,7 +33,8 @@ use arrow_ipc::{root_as_message, MessageHeader};
 use arrow_schema::{ArrowError, Schema, SchemaRef};
 
 /// Encode batches (all of `schema`) as IPC stream buffers; the payload buffers are the
-/// arrays' own (zero copy).
+/// arrays' own (zero copy), except for view columns that reference far more bytes than they
+/// use ([`compact_views`]).
 pub fn encode(schema: &Schema, batches: &[RecordBatch]) -> Result<Vec<Buffer>, ArrowError> {
     let mut encoder = StreamEncoder::try_new(schema)?;
     let mut out = Vec::new();
@@ -36,10 +46,58 @@ pub fn encode(schema: &Schema, batches: &[RecordBatch]) -> Result<Vec<Buffer>, A
                 schema
             )));
         }
-        out.extend(encoder.encode(b)?);
+        out.extend(encoder.encode(&compact_views(b)?)?);
     }
     out.extend(encoder.finish()?);
     Ok(out)
+}
+
+/// Wasted bytes a view column may carry before it is compacted: below this, copying the few
+/// strings costs more than writing the unused bytes along.
+const VIEW_SLACK_BYTES: usize = 64 << 10;
+
+/// `batch` with every top-level Utf8View/BinaryView column whose data buffers hold more than
+/// twice the bytes its views point at (and [`VIEW_SLACK_BYTES`] more) replaced by a compacted
+/// copy. Views that share bytes (a dictionary-decoded column repeats the same strings) count
+/// once per view, so such columns are left alone. Nested view arrays are written as they are.
+pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    fn compacted<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<ArrayRef> {
+        let held: usize = array.data_buffers().iter().map(|b| b.len()).sum();
+        if held <= VIEW_SLACK_BYTES {
+            return None;
+        }
+        // Strings of up to 12 bytes live in the view itself.
+        let used: usize = array
+            .views()
+            .iter()
+            .map(|&v| v as u32 as usize)
+            .filter(|&len| len > 12)
+            .sum();
+        (held > 2 * used + VIEW_SLACK_BYTES).then(|| std::sync::Arc::new(array.gc()) as ArrayRef)
+    }
+    let mut columns: Option<Vec<ArrayRef>> = None;
+    for (i, column) in batch.columns().iter().enumerate() {
+        let replacement = match column.data_type() {
+            arrow_schema::DataType::Utf8View => {
+                compacted::<StringViewType>(column.as_string_view())
+            }
+            arrow_schema::DataType::BinaryView => {
+                compacted::<BinaryViewType>(column.as_binary_view())
+            }
+            _ => None,
+        };
+        if let Some(replacement) = replacement {
+            columns.get_or_insert_with(|| batch.columns().to_vec())[i] = replacement;
+        }
+    }
+    match columns {
+        None => Ok(batch.clone()),
+        Some(columns) => RecordBatch::try_new_with_options(
+            batch.schema(),
+            columns,
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        ),
+    }
 }
 
 /// Decode an IPC stream whose bytes are `data`; arrays point into `data`.
