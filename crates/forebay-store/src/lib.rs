@@ -727,7 +727,8 @@ impl ObjectStore {
     }
 
     /// Put Arrow record batches (all of `schema`) as one object: an Arrow IPC stream whose
-    /// buffers are copied once into the arena.
+    /// buffers are copied once into the arena (a slice of a string view column that points
+    /// into far larger buffers has its strings compacted first; see [`ipc::compact_views`]).
     pub fn put_arrow(
         &self,
         schema: &Schema,
