@@ -6,8 +6,8 @@
     python benches/python/engine.py overcap --scale-factor 5 [--memory-limit 400MiB]
 
 Scenarios:
-  iter     iterate all 16 columns of TPC-H lineitem in 65,536-row batches (prefetch 4),
-           the consumer does nothing: forebay vs polars (collect_batches) vs pyarrow
+  iter     iterate all 16 columns (or --columns) of TPC-H lineitem in 65,536-row batches
+           (prefetch 4); the consumer does nothing: forebay vs polars (collect_batches) vs pyarrow
            (dataset.to_batches) vs Ray Data (iter_batches over ray.data.read_parquet, and
            "forebay-ray": over forebay.ray.read_parquet, forebay's reader in Ray's read tasks).
   gil      a function that holds the GIL (pure Python over the l_comment strings) in
@@ -39,6 +39,7 @@ from measure import (
     SystemMemorySampler,
     median_of,
     peak_rss_mb,
+    process_cpu_seconds,
     run_child,
     wait_for_ray_exit,
 )
@@ -79,7 +80,7 @@ def start_ray() -> None:
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
 
 
-def child_iter(engine: str, files: list[str]) -> dict:
+def child_iter(engine: str, files: list[str], columns: list[str] | None) -> dict:
     if engine == "forebay":
         import forebay
 
@@ -87,7 +88,7 @@ def child_iter(engine: str, files: list[str]) -> dict:
 
         def run():
             rows = nbytes = 0
-            for b in forebay.read_parquet(files).iter_batches(
+            for b in forebay.read_parquet(files, columns=columns).iter_batches(
                 batch_size=BATCH, prefetch_batches=4, batch_format="pyarrow"
             ):
                 rows += b.num_rows
@@ -99,7 +100,10 @@ def child_iter(engine: str, files: list[str]) -> dict:
 
         def run():
             rows = nbytes = 0
-            for df in pl.scan_parquet(files).collect_batches(chunk_size=BATCH):
+            scan = pl.scan_parquet(files)
+            if columns:
+                scan = scan.select(columns)
+            for df in scan.collect_batches(chunk_size=BATCH):
                 rows += df.height
                 nbytes = max(nbytes, df.estimated_size())
             return rows, nbytes
@@ -109,7 +113,8 @@ def child_iter(engine: str, files: list[str]) -> dict:
 
         def run():
             rows = nbytes = 0
-            for b in pds.dataset(files, format="parquet").to_batches(batch_size=BATCH):
+            dataset = pds.dataset(files, format="parquet")
+            for b in dataset.to_batches(columns=columns, batch_size=BATCH):
                 rows += b.num_rows
                 nbytes = max(nbytes, b.nbytes)
             return rows, nbytes
@@ -127,7 +132,7 @@ def child_iter(engine: str, files: list[str]) -> dict:
 
         def run():
             rows = nbytes = 0
-            for b in read(files).iter_batches(
+            for b in read(files, columns=columns).iter_batches(
                 batch_size=BATCH, prefetch_batches=4, batch_format="pyarrow"
             ):
                 rows += b.num_rows
@@ -137,11 +142,14 @@ def child_iter(engine: str, files: list[str]) -> dict:
     else:
         raise SystemExit(f"unknown engine {engine}")
     with SystemMemorySampler() as mem:
+        cpu_before = process_cpu_seconds()
         started = time.perf_counter()
         rows, nbytes = run()
         seconds = time.perf_counter() - started
+        cpu = process_cpu_seconds() - cpu_before
     return {
         "seconds": seconds,
+        "cpu_s": cpu,
         "rise_mb": mem.rise_mb,
         "rss_mb": peak_rss_mb(),
         "rows": rows,
@@ -303,7 +311,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, engine, *rest = sys.argv[2:]
         if kind == "iter":
-            print(json.dumps(child_iter(engine, json.loads(rest[0]))))
+            print(json.dumps(child_iter(engine, json.loads(rest[0]), json.loads(rest[1]))))
         elif kind == "gil":
             print(json.dumps(child_gil(engine, json.loads(rest[0]), int(rest[1]))))
         elif kind == "sleep":
@@ -323,28 +331,34 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1_200_000, help="rows for gil / sleep")
     p.add_argument("--memory-limit", default="400MiB")
     p.add_argument("--consumer-ms", type=float, default=20.0)
+    p.add_argument(
+        "--columns", default=None, help="iter: comma-separated columns (default: all 16)"
+    )
     args = p.parse_args()
     files = lineitem(Path(args.data_dir), args.scale_factor)
     today = dt.date.today()
 
     if args.scenario == "iter":
         engines = (args.engines or "forebay,polars,pyarrow,ray").split(",")
-        res = alternate(engines, args.rounds, "iter", json.dumps(files))
+        columns = args.columns.split(",") if args.columns else None
+        res = alternate(engines, args.rounds, "iter", json.dumps(files), json.dumps(columns))
         base = median_of(res["forebay"], "seconds")
         batch_mb = median_of(res["forebay"], "batch_mb")
         print(
-            f"\niter_batches, lineitem SF{args.scale_factor:g}, 16 columns, {BATCH} rows, "
+            f"\niter_batches, lineitem SF{args.scale_factor:g}, "
+            f"{len(columns) if columns else 16} columns, {BATCH} rows, "
             f"prefetch 4; medians of {args.rounds} ({today}); batch {batch_mb:.1f} MB, "
             f"budget (4 + 2) x batch + 100 MB = {6 * batch_mb + 100:.0f} MB"
         )
         print(
-            f"{'engine':<10}{'seconds':>9}{'vs forebay':>12}{'sys rise MB':>13}{'max RSS MB':>12}"
+            f"{'engine':<10}{'seconds':>9}{'vs forebay':>12}{'CPU s':>8}{'sys rise MB':>13}"
+            f"{'max RSS MB':>12}"
         )
         for e in engines:
             s = median_of(res[e], "seconds")
             print(
-                f"{e:<10}{s:>9.3f}{s / base:>11.2f}x{median_of(res[e], 'rise_mb'):>13.0f}"
-                f"{median_of(res[e], 'rss_mb'):>12.0f}"
+                f"{e:<10}{s:>9.3f}{s / base:>11.2f}x{median_of(res[e], 'cpu_s'):>8.2f}"
+                f"{median_of(res[e], 'rise_mb'):>13.0f}{median_of(res[e], 'rss_mb'):>12.0f}"
             )
     elif args.scenario == "gil":
         engines = (args.engines or "forebay-threads,forebay-processes,ray").split(",")

@@ -74,6 +74,12 @@ def rss_bytes() -> int:
     return int(_status_kb("VmRSS") * 1024)
 
 
+def process_cpu_seconds() -> float:
+    """CPU time (user + system) of this process's threads so far (not its helper processes)."""
+    usage = os.times()
+    return usage.user + usage.system
+
+
 def wait_until_idle(timeout: float = 1.0) -> None:
     """Wait until this process's own threads are idle: importing numpy (which pyarrow does)
     starts OpenBLAS threads that spin for ~100 ms (70 ms of CPU measured here), and a timing
