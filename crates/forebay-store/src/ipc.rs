@@ -30,7 +30,7 @@ use arrow_data::UnsafeFlag;
 use arrow_ipc::reader::{read_dictionary_impl, RecordBatchDecoder};
 use arrow_ipc::writer::StreamEncoder;
 use arrow_ipc::{root_as_message, MessageHeader};
-use arrow_schema::{ArrowError, Schema, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Schema, SchemaRef};
 
 /// Encode batches (all of `schema`) as IPC stream buffers; the payload buffers are the
 /// arrays' own (zero copy), except for view columns that reference far more bytes than they
@@ -73,17 +73,13 @@ pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
             .map(|&v| v as u32 as usize)
             .filter(|&len| len > 12)
             .sum();
-        (held > 2 * used + VIEW_SLACK_BYTES).then(|| std::sync::Arc::new(array.gc()) as ArrayRef)
+        (held > 2 * used + VIEW_SLACK_BYTES).then(|| Arc::new(array.gc()) as ArrayRef)
     }
     let mut columns: Option<Vec<ArrayRef>> = None;
     for (i, column) in batch.columns().iter().enumerate() {
         let replacement = match column.data_type() {
-            arrow_schema::DataType::Utf8View => {
-                compacted::<StringViewType>(column.as_string_view())
-            }
-            arrow_schema::DataType::BinaryView => {
-                compacted::<BinaryViewType>(column.as_binary_view())
-            }
+            DataType::Utf8View => compacted::<StringViewType>(column.as_string_view()),
+            DataType::BinaryView => compacted::<BinaryViewType>(column.as_binary_view()),
             _ => None,
         };
         if let Some(replacement) = replacement {
