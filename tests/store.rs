@@ -272,7 +272,7 @@ fn eviction_and_restore_under_a_cap_ten_times_smaller() {
 fn a_slice_of_a_view_array_stores_only_the_strings_it_references() {
     let spill = tempfile::tempdir().unwrap();
     let store = ObjectStore::new(config(64 << 20, &spill)).unwrap();
-    // 100,000 strings of 40 bytes in the data buffers (4 MB); the slice uses 1,000 of them.
+    // 100,000 strings of 42 bytes in the data buffers (4.2 MB); the slice uses 1,000 of them.
     let long: StringViewArray = (0..100_000)
         .map(|i| Some(format!("a string that is longer than twelve {i:06}")))
         .collect();
@@ -289,7 +289,7 @@ fn a_slice_of_a_view_array_stores_only_the_strings_it_references() {
     let obj = store.get(id).unwrap();
     assert!(
         obj.data().len() < 200_000,
-        "the object holds {} bytes for 1,000 strings of 43 bytes",
+        "the object holds {} bytes for 1,000 strings of 42 bytes",
         obj.data().len()
     );
     let (_, got) = obj.record_batches().unwrap();
