@@ -181,3 +181,142 @@ fn only_the_first_row_group_is_cut_into_small_batches() {
         .unwrap();
     assert!(read_all(&ds).iter().all(|b| b.num_rows() == 5000));
 }
+
+/// A table of every kind of column the fixed-width decoder takes (required integers, a
+/// date, floats, decimals) beside ones it leaves to the parquet crate (nullable, strings).
+fn mixed_table(rows: usize) -> RecordBatch {
+    use arrow::array::{Date32Array, Decimal128Array, Float64Array, Int32Array};
+    let n = |i: usize| (i as i64).wrapping_mul(2654435761) % 5003;
+    let columns: Vec<(&str, ArrayRef, bool)> = vec![
+        (
+            "i64",
+            Arc::new(Int64Array::from_iter_values((0..rows).map(n))),
+            false,
+        ),
+        (
+            "i32",
+            Arc::new(Int32Array::from_iter_values(
+                (0..rows).map(|i| (i % 7) as i32),
+            )),
+            false,
+        ),
+        (
+            "date",
+            Arc::new(Date32Array::from_iter_values(
+                (0..rows).map(|i| (i / 100) as i32),
+            )),
+            false,
+        ),
+        (
+            "f64",
+            Arc::new(Float64Array::from_iter_values(
+                (0..rows).map(|i| n(i) as f64 / 7.0),
+            )),
+            false,
+        ),
+        (
+            "dec",
+            Arc::new(
+                Decimal128Array::from_iter_values((0..rows).map(|i| n(i) as i128 * 1_000_003))
+                    .with_precision_and_scale(15, 2)
+                    .unwrap(),
+            ),
+            false,
+        ),
+        (
+            "nullable",
+            Arc::new(Int64Array::from_iter(
+                (0..rows).map(|i| (i % 3 != 0).then_some(n(i))),
+            )),
+            true,
+        ),
+        (
+            "name",
+            Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("s{}", n(i))),
+            )),
+            false,
+        ),
+    ];
+    let schema = Schema::new(
+        columns
+            .iter()
+            .map(|(name, array, nullable)| Field::new(*name, array.data_type().clone(), *nullable))
+            .collect::<Vec<_>>(),
+    );
+    RecordBatch::try_new(
+        Arc::new(schema),
+        columns.into_iter().map(|(_, array, _)| array).collect(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_fixed_width_decoder_reads_what_the_parquet_crate_reads() {
+    let data = mixed_table(20_000);
+    let snappy = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(6_000))
+        .set_data_page_row_count_limit(1_000)
+        .set_write_batch_size(250)
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let mut snappy_file = Vec::new();
+    let mut w = ArrowWriter::try_new(&mut snappy_file, data.schema(), Some(snappy)).unwrap();
+    w.write(&data).unwrap();
+    w.close().unwrap();
+    let store = store_with(&[write(&data, 7_000), snappy_file]);
+    let projections: [Option<&[&str]>; 4] = [
+        None,
+        Some(&["name", "dec", "i32"]),
+        // Only columns of its own: batches come from it alone.
+        Some(&["date", "i64", "f64"]),
+        // None of its own.
+        Some(&["nullable", "name"]),
+    ];
+    for columns in projections {
+        for batch_size in [999, 65_536] {
+            let scan = |fixed_width: bool| {
+                let mut builder = ParquetDataset::builder(source(store.clone()))
+                    .with_batch_size(batch_size)
+                    .with_fixed_width_decoder(fixed_width);
+                if let Some(columns) = columns {
+                    builder = builder.with_columns(columns.iter().copied());
+                }
+                let ds = builder.build().unwrap();
+                let batches = read_all(&ds);
+                (ds.schema(), batches, ds.metrics().fixed_width_chunks)
+            };
+            let (schema, own, own_chunks) = scan(true);
+            let (crate_schema, theirs, no_chunks) = scan(false);
+            assert_eq!(schema, crate_schema);
+            // 3 + 4 row groups; 5 of the 7 columns are its own.
+            let expected_chunks = match columns {
+                None => 7 * 5,
+                Some(columns) => {
+                    7 * columns
+                        .iter()
+                        .filter(|c| !["nullable", "name"].contains(c))
+                        .count()
+                }
+            };
+            assert_eq!(own_chunks as usize, expected_chunks, "{columns:?}");
+            assert_eq!(no_chunks, 0);
+            let sizes = |b: &[RecordBatch]| b.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
+            assert_eq!(
+                sizes(&own),
+                sizes(&theirs),
+                "{columns:?}, batches of {batch_size}"
+            );
+            assert_eq!(
+                concat(&own, schema.clone()),
+                concat(&theirs, schema),
+                "{columns:?}, batches of {batch_size}"
+            );
+        }
+    }
+    // Both files hold the data twice over.
+    let ds = ParquetDataset::builder(source(store)).build().unwrap();
+    let all = concat(&read_all(&ds), ds.schema());
+    assert_eq!(all.slice(0, 20_000), data);
+    assert_eq!(all.slice(20_000, 20_000), data);
+}

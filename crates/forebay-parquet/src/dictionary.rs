@@ -24,12 +24,13 @@ use arrow::array::{ArrayRef, BinaryArray, Int32Array, Int64Array, UInt32Array, U
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use arrow::compute::{cast_with_options, CastOptions};
 use arrow::datatypes::{ArrowNativeType, DataType};
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use parquet::basic::{Encoding, Type as PhysicalType};
 use parquet::column::page::{Page, PageReader};
 use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
-use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
+
+use crate::io::FetchedRegion;
 
 /// Where the dictionary page of the flat column `column` of `row_group` is, when that page
 /// alone lists every value of the chunk (see the module docs); `None` otherwise.
@@ -75,10 +76,7 @@ pub(crate) fn decode_dictionary_page(
         DataType::Dictionary(_, value) => value.as_ref(),
         other => other,
     };
-    let region = Arc::new(FetchedRegion {
-        start: range.start,
-        bytes,
-    });
+    let region = Arc::new(FetchedRegion::new(range.start, bytes));
     let rows = usize::try_from(chunk.num_values()).ok()?;
     let mut pages = SerializedPageReader::new(region, chunk, rows, None).ok()?;
     let Ok(Some(Page::DictionaryPage {
@@ -163,49 +161,6 @@ fn plain_fixed<T: ArrowNativeType, const WIDTH: usize>(
     }
     let (values, _) = page.as_chunks::<WIDTH>();
     Some(values.iter().map(|bytes| from_le_bytes(*bytes)).collect())
-}
-
-/// The bytes fetched for one range of a file, served to the parquet crate's page reader at
-/// their file offsets. A read outside the range is an error (the page claims more bytes
-/// than the footer gave it).
-struct FetchedRegion {
-    start: u64,
-    bytes: Bytes,
-}
-
-impl FetchedRegion {
-    fn slice(&self, start: u64, len: Option<usize>) -> parquet::errors::Result<Bytes> {
-        let from = start
-            .checked_sub(self.start)
-            .map(|from| from as usize)
-            .filter(|from| *from <= self.bytes.len());
-        let to =
-            from.and_then(|from| len.map_or(Some(self.bytes.len()), |len| from.checked_add(len)));
-        match (from, to) {
-            (Some(from), Some(to)) if to <= self.bytes.len() => Ok(self.bytes.slice(from..to)),
-            _ => Err(parquet::errors::ParquetError::EOF(format!(
-                "page bytes {start}.. lie outside the dictionary page's range"
-            ))),
-        }
-    }
-}
-
-impl Length for FetchedRegion {
-    fn len(&self) -> u64 {
-        self.start + self.bytes.len() as u64
-    }
-}
-
-impl ChunkReader for FetchedRegion {
-    type T = bytes::buf::Reader<Bytes>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        Ok(self.slice(start, None)?.reader())
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        self.slice(start, Some(length))
-    }
 }
 
 #[cfg(test)]

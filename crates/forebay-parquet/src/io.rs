@@ -18,13 +18,14 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use futures::future::{BoxFuture, FutureExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::file::metadata::ParquetMetaData;
+use parquet::file::reader::{ChunkReader, Length};
 
 use crate::error::ParquetError;
 
@@ -302,6 +303,53 @@ impl AsyncFileReader for ObjectFileReader {
             })
         }
         .boxed()
+    }
+}
+
+/// The bytes fetched for one range of a file, served to the parquet crate's page reader at
+/// their file offsets. A read outside the range is an error (the page claims more bytes
+/// than the footer gave it).
+pub(crate) struct FetchedRegion {
+    start: u64,
+    bytes: Bytes,
+}
+
+impl FetchedRegion {
+    pub(crate) fn new(start: u64, bytes: Bytes) -> Self {
+        Self { start, bytes }
+    }
+
+    fn slice(&self, start: u64, len: Option<usize>) -> parquet::errors::Result<Bytes> {
+        let from = start
+            .checked_sub(self.start)
+            .map(|from| from as usize)
+            .filter(|from| *from <= self.bytes.len());
+        let to =
+            from.and_then(|from| len.map_or(Some(self.bytes.len()), |len| from.checked_add(len)));
+        match (from, to) {
+            (Some(from), Some(to)) if to <= self.bytes.len() => Ok(self.bytes.slice(from..to)),
+            _ => Err(parquet::errors::ParquetError::EOF(format!(
+                "page bytes {start}.. lie outside the range fetched for them"
+            ))),
+        }
+    }
+}
+
+impl Length for FetchedRegion {
+    fn len(&self) -> u64 {
+        self.start + self.bytes.len() as u64
+    }
+}
+
+impl ChunkReader for FetchedRegion {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(self.slice(start, None)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, Some(length))
     }
 }
 

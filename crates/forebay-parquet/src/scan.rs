@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 
-use arrow::array::{Array, RecordBatch};
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use futures::{FutureExt, Stream, StreamExt};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -31,7 +31,7 @@ use parquet::arrow::arrow_reader::{
     ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter,
     RowSelection,
 };
-use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::{
     PageIndexPolicy, ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader,
@@ -40,6 +40,7 @@ use parquet::file::metadata::{
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::error::{ParquetError, Result};
+use crate::fixed_width::{self, FixedWidthDecoder, FixedWidthType};
 use crate::io::{FileEntry, IoMetrics, IoMetricsSnapshot, ObjectFileReader};
 use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
 use crate::repair;
@@ -133,6 +134,7 @@ pub struct ParquetDatasetBuilder {
     row_filter: Option<RowFilterHook>,
     coalesce_gap: Option<u64>,
     use_page_index: bool,
+    fixed_width_decoder: bool,
 }
 
 impl ParquetDatasetBuilder {
@@ -221,6 +223,14 @@ impl ParquetDatasetBuilder {
         self
     }
 
+    /// Decode flat required integer, date, float and decimal columns with forebay's own
+    /// decoder when a row group is read whole (default: on). Off, the parquet crate decodes
+    /// every column; the output is the same (kept for comparison and as an escape hatch).
+    pub fn with_fixed_width_decoder(mut self, enabled: bool) -> Self {
+        self.fixed_width_decoder = enabled;
+        self
+    }
+
     /// Resolve the files and read the first file's footer (for the schema).
     pub fn build(self) -> Result<ParquetDataset> {
         block_on(self.build_async())
@@ -271,6 +281,7 @@ struct ScanMetrics {
     rows_pruned_by_page_index: AtomicU64,
     files_skipped: AtomicU64,
     row_groups_skipped: AtomicU64,
+    fixed_width_chunks: AtomicU64,
 }
 
 /// A point-in-time copy of a dataset's pruning and I/O counters.
@@ -284,6 +295,9 @@ pub struct ScanMetricsSnapshot {
     pub files_skipped: u64,
     /// Row groups a [`ScanSkip`] skipped (data not read).
     pub row_groups_skipped: u64,
+    /// Column chunks decoded by forebay's own fixed-width decoder (see
+    /// [`ParquetDatasetBuilder::with_fixed_width_decoder`]) rather than the parquet crate.
+    pub fixed_width_chunks: u64,
     pub io: IoMetricsSnapshot,
 }
 
@@ -317,6 +331,20 @@ struct OpenedFile {
     reorder: Vec<usize>,
     output_schema: SchemaRef,
     filter: Option<(ProjectionMask, BoundPredicate)>,
+    /// Columns of the decoded batch that forebay's fixed-width decoder may read (see
+    /// `fixed_width`); the parquet crate decodes the rest.
+    fixed_width: Vec<FixedWidthColumn>,
+    /// Columns in a decoded batch: one per selected root, in file order.
+    decoded_columns: usize,
+}
+
+/// A column of a file that forebay's own decoder may read.
+struct FixedWidthColumn {
+    /// Its position in the decoded batch.
+    position: usize,
+    /// Its Parquet leaf.
+    leaf: usize,
+    ty: FixedWidthType,
 }
 
 impl ParquetDataset {
@@ -335,6 +363,7 @@ impl ParquetDataset {
             row_filter: None,
             coalesce_gap: None,
             use_page_index: true,
+            fixed_width_decoder: true,
         }
     }
 
@@ -420,6 +449,7 @@ impl ParquetDataset {
             rows_pruned_by_page_index: m.rows_pruned_by_page_index.load(Ordering::Relaxed),
             files_skipped: m.files_skipped.load(Ordering::Relaxed),
             row_groups_skipped: m.row_groups_skipped.load(Ordering::Relaxed),
+            fixed_width_chunks: m.fixed_width_chunks.load(Ordering::Relaxed),
             io: self.inner.io.snapshot(),
         }
     }
@@ -671,6 +701,11 @@ impl DatasetInner {
         if let Some(first) = self.schema.get() {
             check_same_schema(first, &output_schema, &path, &self.files[0].uri)?;
         }
+        let fixed_width = if self.options.fixed_width_decoder {
+            fixed_width_columns(parquet_schema, &selected_roots, &decoded_schema)
+        } else {
+            Vec::new()
+        };
 
         let filter = match &self.options.filter {
             None => None,
@@ -693,6 +728,8 @@ impl DatasetInner {
             reorder,
             output_schema,
             filter,
+            fixed_width,
+            decoded_columns: selected_roots.len(),
         })
     }
 
@@ -1109,6 +1146,31 @@ pub(crate) fn column_not_found(schema: &Schema, name: &str, path: &str) -> Parqu
     }
 }
 
+/// The selected roots (`decoded` is the schema of their decoded batch) that are flat columns
+/// forebay's fixed-width decoder reads.
+fn fixed_width_columns(
+    parquet_schema: &parquet::schema::types::SchemaDescriptor,
+    selected_roots: &[usize],
+    decoded: &Schema,
+) -> Vec<FixedWidthColumn> {
+    let mut leaf_of_root = vec![None; parquet_schema.root_schema().get_fields().len()];
+    for leaf in 0..parquet_schema.num_columns() {
+        let root = parquet_schema.get_column_root_idx(leaf);
+        // A root with several leaves is nested; `FixedWidthType::of` refuses it anyway.
+        leaf_of_root[root] = Some(leaf);
+    }
+    selected_roots
+        .iter()
+        .enumerate()
+        .filter_map(|(position, &root)| {
+            let leaf = leaf_of_root[root]?;
+            let data_type = decoded.field(position).data_type();
+            let ty = FixedWidthType::of(&parquet_schema.column(leaf), data_type)?;
+            Some(FixedWidthColumn { position, leaf, ty })
+        })
+        .collect()
+}
+
 /// Map requested names onto Parquet leaves. Returns the mask and, per requested name, the
 /// index of its top-level (root) column.
 fn resolve_projection(
@@ -1442,39 +1504,81 @@ async fn decode_unit(
             }
         }
     }
-    let mut builder =
-        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.reader_meta.clone())
-            .with_projection(file.projection.clone())
-            .with_batch_size(batch_rows)
-            .with_row_groups(vec![rg]);
     let rows_are_consecutive =
         unit.selection.is_none() && file.filter.is_none() && row_filter.is_none();
-    if let Some(selection) = unit.selection {
-        builder = builder.with_row_selection(selection);
-    }
-    let mut predicates: Vec<Box<dyn ArrowPredicate>> = Vec::new();
-    if let Some((mask, bound)) = &file.filter {
-        let bound = bound.clone();
-        let predicate = ArrowPredicateFn::new(mask.clone(), move |batch| bound.evaluate(&batch));
-        predicates.push(Box::new(predicate));
-    }
-    if let Some(hook) = row_filter {
-        match hook.predicate(&file.reader_meta, &path, rg) {
-            Ok(predicate) => predicates.push(predicate),
-            Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return;
-            }
+    // A row group read whole gives its flat fixed-width columns to forebay's own decoder;
+    // the parquet crate decodes the others (and everything when rows are selected).
+    let group = file.reader_meta.metadata().row_group(rg);
+    let own_columns: Vec<&FixedWidthColumn> = if rows_are_consecutive {
+        file.fixed_width
+            .iter()
+            .filter(|c| fixed_width::chunk_is_supported(group.column(c.leaf)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut own = match OwnDecoders::open(&own_columns, &reader, group, &path, rg).await {
+        Ok(own) => {
+            inner
+                .scan_metrics
+                .fixed_width_chunks
+                .fetch_add(own_columns.len() as u64, Ordering::Relaxed);
+            own
         }
-    }
-    if !predicates.is_empty() {
-        builder = builder.with_row_filter(RowFilter::new(predicates));
-    }
-    let mut stream = match builder.build() {
-        Ok(s) => s,
         Err(e) => {
-            let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+            let _ = tx.send(Err(e)).await;
             return;
+        }
+    };
+    let projection = if own_columns.is_empty() {
+        Some(file.projection.clone())
+    } else {
+        let parquet_schema = file.reader_meta.parquet_schema();
+        let leaves: Vec<usize> = (0..parquet_schema.num_columns())
+            .filter(|&leaf| file.projection.leaf_included(leaf))
+            .filter(|&leaf| own_columns.iter().all(|c| c.leaf != leaf))
+            .collect();
+        (!leaves.is_empty()).then(|| ProjectionMask::leaves(parquet_schema, leaves))
+    };
+    let mut stream = match projection {
+        None => None,
+        Some(projection) => {
+            let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                reader,
+                file.reader_meta.clone(),
+            )
+            .with_projection(projection)
+            .with_batch_size(batch_rows)
+            .with_row_groups(vec![rg]);
+            if let Some(selection) = unit.selection {
+                builder = builder.with_row_selection(selection);
+            }
+            let mut predicates: Vec<Box<dyn ArrowPredicate>> = Vec::new();
+            if let Some((mask, bound)) = &file.filter {
+                let bound = bound.clone();
+                let predicate =
+                    ArrowPredicateFn::new(mask.clone(), move |batch| bound.evaluate(&batch));
+                predicates.push(Box::new(predicate));
+            }
+            if let Some(hook) = row_filter {
+                match hook.predicate(&file.reader_meta, &path, rg) {
+                    Ok(predicate) => predicates.push(predicate),
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+            if !predicates.is_empty() {
+                builder = builder.with_row_filter(RowFilter::new(predicates));
+            }
+            match builder.build() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+                    return;
+                }
+            }
         }
     };
     let mut next_row = unit.first_row;
@@ -1482,9 +1586,20 @@ async fn decode_unit(
     loop {
         let next = {
             let _permit = permits.acquire().await.expect("semaphore is never closed");
-            stream.next().await
+            let decoded = match stream.as_mut() {
+                Some(stream) => stream
+                    .next()
+                    .await
+                    .map(|r| r.map_err(|e| ParquetError::from_decode(&path, Some(rg), e))),
+                // Every column is forebay's: batches of `batch_rows` until the rows run out.
+                None => {
+                    let left = declared_rows - (next_row - unit.first_row);
+                    (left > 0).then(|| Ok(rows_only_batch(batch_rows.min(left as usize))))
+                }
+            };
+            decoded.map(|r| r.and_then(|b| own.splice(b, file.decoded_columns, &path, rg)))
         };
-        let batch = match next {
+        let columns = match next {
             None => {
                 if row_filter.is_some() && batch_index == 0 {
                     // The row filter dropped every row: say so with an empty batch, so that
@@ -1502,25 +1617,22 @@ async fn decode_unit(
                         "decoded {decoded} rows but the row group declares {declared_rows}"
                     );
                     let _ = tx.send(Err(corrupt(&path, Some(rg), reason))).await;
+                } else if let Err(e) = own.finish(&path, rg) {
+                    let _ = tx.send(Err(e)).await;
                 }
                 return;
             }
             Some(Err(e)) => {
-                let _ = tx
-                    .send(Err(ParquetError::from_decode(&path, Some(rg), e)))
-                    .await;
+                let _ = tx.send(Err(e)).await;
                 return;
             }
-            Some(Ok(b)) => b,
+            Some(Ok(columns)) => columns,
         };
-        if batch.num_rows() == 0 {
+        let (rows, columns) = columns;
+        if rows == 0 {
             continue;
         }
-        let columns = file
-            .reorder
-            .iter()
-            .map(|&i| batch.column(i).clone())
-            .collect();
+        let columns = file.reorder.iter().map(|&i| columns[i].clone()).collect();
         let batch = match RecordBatch::try_new(file.output_schema.clone(), columns) {
             Ok(b) => b,
             Err(e) => {
@@ -1528,7 +1640,7 @@ async fn decode_unit(
                 return;
             }
         };
-        let rows = batch.num_rows() as u64;
+        let rows = rows as u64;
         let provenance = provenance_of(rows_are_consecutive.then_some(next_row), batch_index);
         next_row += rows;
         batch_index += 1;
@@ -1539,6 +1651,105 @@ async fn decode_unit(
         {
             return;
         }
+    }
+}
+
+/// A batch of `rows` rows and no columns: the row count the crate's decoder would give when
+/// forebay's own decoder reads every column.
+fn rows_only_batch(rows: usize) -> RecordBatch {
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
+    RecordBatch::try_new_with_options(Arc::new(Schema::empty()), Vec::new(), &options)
+        .expect("a batch without columns is valid")
+}
+
+/// The column chunks of one row group that forebay's fixed-width decoder reads, spliced
+/// into the parquet crate's batches.
+struct OwnDecoders {
+    /// Per chunk: its position in the decoded batch, its column's name, its decoder.
+    chunks: Vec<(usize, String, Box<dyn FixedWidthDecoder>)>,
+}
+
+impl OwnDecoders {
+    /// Fetch the chunks of `columns` in `group` (one coalesced request where the store
+    /// wants it) and open a decoder on each.
+    async fn open(
+        columns: &[&FixedWidthColumn],
+        reader: &ObjectFileReader,
+        group: &parquet::file::metadata::RowGroupMetaData,
+        path: &str,
+        rg: usize,
+    ) -> Result<Self> {
+        if columns.is_empty() {
+            return Ok(Self { chunks: Vec::new() });
+        }
+        let ranges: Vec<std::ops::Range<u64>> = columns
+            .iter()
+            .map(|c| {
+                let (start, len) = group.column(c.leaf).byte_range();
+                start..start + len
+            })
+            .collect();
+        let fetched = reader
+            .clone()
+            .get_byte_ranges(ranges.clone())
+            .await
+            .map_err(|e| ParquetError::from_decode(path, Some(rg), e))?;
+        let rows = usize::try_from(group.num_rows().max(0)).unwrap_or(usize::MAX);
+        let mut chunks = Vec::with_capacity(columns.len());
+        for ((column, range), bytes) in columns.iter().zip(ranges).zip(fetched) {
+            let chunk = group.column(column.leaf);
+            let name = chunk.column_path().string();
+            let decoder = fixed_width::decoder(&column.ty, chunk, range.start, bytes, rows)
+                .map_err(|reason| corrupt(path, Some(rg), format!("column {name}: {reason}")))?;
+            chunks.push((column.position, name, decoder));
+        }
+        Ok(Self { chunks })
+    }
+
+    /// The decoded batch's rows and columns: `batch`'s (the parquet crate's part) with this
+    /// row group's next `batch.num_rows()` values of each own chunk put in their places.
+    fn splice(
+        &mut self,
+        batch: RecordBatch,
+        decoded_columns: usize,
+        path: &str,
+        rg: usize,
+    ) -> Result<(usize, Vec<ArrayRef>)> {
+        let rows = batch.num_rows();
+        if self.chunks.is_empty() {
+            return Ok((rows, batch.columns().to_vec()));
+        }
+        let mut columns: Vec<Option<ArrayRef>> = vec![None; decoded_columns];
+        for (position, name, decoder) in &mut self.chunks {
+            let array = decoder
+                .next_array(rows)
+                .map_err(|reason| corrupt(path, Some(rg), format!("column {name}: {reason}")))?;
+            columns[*position] = Some(array);
+        }
+        let mut theirs = batch.columns().iter();
+        let columns = columns
+            .into_iter()
+            .map(|own| {
+                own.or_else(|| theirs.next().cloned()).ok_or_else(|| {
+                    corrupt(
+                        path,
+                        Some(rg),
+                        "the decoded batch lacks columns (forebay bug)",
+                    )
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok((rows, columns))
+    }
+
+    /// An error when an own chunk holds more values than the rows read.
+    fn finish(&mut self, path: &str, rg: usize) -> Result<()> {
+        for (_, name, decoder) in &mut self.chunks {
+            decoder
+                .finish()
+                .map_err(|reason| corrupt(path, Some(rg), format!("column {name}: {reason}")))?;
+        }
+        Ok(())
     }
 }
 

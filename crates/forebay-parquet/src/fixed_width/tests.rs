@@ -1,0 +1,280 @@
+//! The fixed-width decoder against the parquet crate's reader, on files the crate's writer
+//! makes with every layout the decoder takes: dictionary pages, PLAIN pages, a dictionary
+//! that overflows into PLAIN pages mid-chunk, data page v2, many small pages, codecs.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, Date32Array, Decimal128Array, Float32Array, Float64Array, Int32Array,
+    Int64Array, RecordBatch,
+};
+use arrow::compute::concat;
+use arrow::datatypes::{Field, Schema};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::properties::{WriterProperties, WriterVersion};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+
+use super::*;
+
+/// A deterministic value stream: `distinct` values, so a dictionary holds them or not.
+fn numbers(rows: usize, distinct: u64) -> impl Iterator<Item = i64> {
+    (0..rows as u64).map(move |i| {
+        let mixed = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+        (mixed % distinct) as i64 - (distinct as i64 / 2)
+    })
+}
+
+/// One column of each supported type, `rows` rows of `distinct` values.
+fn columns(rows: usize, distinct: u64) -> Vec<ArrayRef> {
+    let n = || numbers(rows, distinct);
+    vec![
+        Arc::new(Int32Array::from_iter_values(n().map(|v| v as i32))),
+        Arc::new(Date32Array::from_iter_values(n().map(|v| v as i32))),
+        Arc::new(Int64Array::from_iter_values(n().map(|v| v * 1_000_003))),
+        Arc::new(Float32Array::from_iter_values(n().map(|v| v as f32 / 8.0))),
+        Arc::new(Float64Array::from_iter_values(n().map(|v| v as f64 / 3.0))),
+        Arc::new(
+            Decimal128Array::from_iter_values(n().map(|v| v as i128))
+                .with_precision_and_scale(9, 2)
+                .unwrap(),
+        ),
+        Arc::new(
+            Decimal128Array::from_iter_values(n().map(|v| v as i128 * 1_000_000_007))
+                .with_precision_and_scale(18, 4)
+                .unwrap(),
+        ),
+    ]
+}
+
+fn write(column: ArrayRef, props: WriterProperties) -> (Bytes, Arc<ParquetMetaData>) {
+    let schema = Schema::new(vec![Field::new("c", column.data_type().clone(), false)]);
+    let batch = RecordBatch::try_new(Arc::new(schema), vec![column]).unwrap();
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let bytes = Bytes::from(out);
+    let metadata = SerializedFileReader::new(bytes.clone())
+        .unwrap()
+        .metadata()
+        .clone();
+    (bytes, Arc::new(metadata))
+}
+
+/// The parquet crate's reading of column `c`.
+fn crate_reading(bytes: &Bytes) -> ArrayRef {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+    let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
+    concat(&parts).unwrap()
+}
+
+/// Column `c` read by this module, `batch` rows at a time, every row group in turn.
+fn own_reading(
+    bytes: &Bytes,
+    metadata: &ParquetMetaData,
+    batch: usize,
+) -> Result<ArrayRef, String> {
+    let schema = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+        .unwrap()
+        .schema()
+        .clone();
+    let data_type = schema.field(0).data_type();
+    let mut parts = Vec::new();
+    for group in metadata.row_groups() {
+        let chunk = group.column(0);
+        let ty = FixedWidthType::of(chunk.column_descr(), data_type)
+            .ok_or_else(|| format!("{data_type} is not taken"))?;
+        assert!(
+            chunk_is_supported(chunk),
+            "{:?}",
+            chunk.encodings().collect::<Vec<_>>()
+        );
+        let rows = group.num_rows() as usize;
+        let mut decoder = decoder(&ty, chunk, 0, bytes.clone(), rows)?;
+        let mut read = 0;
+        while read < rows {
+            let n = batch.min(rows - read);
+            let array = decoder.next_array(n)?;
+            assert_eq!(array.len(), n);
+            parts.push(array);
+            read += n;
+        }
+        decoder.finish()?;
+    }
+    let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+    Ok(concat(&parts).unwrap())
+}
+
+fn layouts() -> Vec<(&'static str, WriterProperties)> {
+    let base = || WriterProperties::builder().set_max_row_group_row_count(Some(30_000));
+    vec![
+        ("dictionary, uncompressed", base().build()),
+        (
+            "dictionary, snappy, small pages",
+            base()
+                .set_compression(Compression::SNAPPY)
+                .set_data_page_row_count_limit(777)
+                .set_write_batch_size(100)
+                .build(),
+        ),
+        (
+            "PLAIN, zstd",
+            base()
+                .set_dictionary_enabled(false)
+                .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                .build(),
+        ),
+        (
+            "dictionary overflowing into PLAIN",
+            base()
+                .set_dictionary_page_size_limit(1024)
+                .set_data_page_row_count_limit(500)
+                .set_write_batch_size(100)
+                .build(),
+        ),
+        (
+            "data page v2, snappy",
+            base()
+                .set_writer_version(WriterVersion::PARQUET_2_0)
+                .set_compression(Compression::SNAPPY)
+                .set_data_page_row_count_limit(3000)
+                .set_write_batch_size(100)
+                .build(),
+        ),
+    ]
+}
+
+#[test]
+fn every_layout_decodes_as_the_parquet_crate_does() {
+    for distinct in [1, 7, 300, 1 << 40] {
+        for column in columns(70_001, distinct) {
+            for (layout, props) in layouts() {
+                let (bytes, metadata) = write(column.clone(), props);
+                let expected = crate_reading(&bytes);
+                for batch in [1_000, 65_536] {
+                    let context = format!(
+                        "{} with {distinct} values, {layout}, batches of {batch}",
+                        column.data_type()
+                    );
+                    let actual = own_reading(&bytes, &metadata, batch)
+                        .unwrap_or_else(|e| panic!("{context}: {e}"));
+                    assert_eq!(actual.data_type(), expected.data_type(), "{context}");
+                    assert_eq!(&actual, &expected, "{context}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn types_outside_its_reach_are_left_to_the_parquet_crate() {
+    let (_, metadata) = write(
+        Arc::new(Int64Array::from_iter_values(0..10)),
+        WriterProperties::builder().build(),
+    );
+    let leaf = metadata.row_group(0).column(0).column_descr();
+    assert!(FixedWidthType::of(leaf, &DataType::Int64).is_some());
+    // The scan decodes it as another type (a dictionary hint, a timestamp).
+    assert!(FixedWidthType::of(leaf, &DataType::UInt64).is_none());
+    let hinted = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Int64));
+    assert!(FixedWidthType::of(leaf, &hinted).is_none());
+    // A nullable column.
+    let batch = RecordBatch::try_from_iter([(
+        "c",
+        Arc::new(Int64Array::from(vec![Some(1), None])) as ArrayRef,
+    )])
+    .unwrap();
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let nullable = SerializedFileReader::new(Bytes::from(out)).unwrap();
+    let leaf = nullable.metadata().row_group(0).column(0).column_descr();
+    assert!(FixedWidthType::of(leaf, &DataType::Int64).is_none());
+    // Other encodings.
+    let (_, delta) = write(
+        Arc::new(Int64Array::from_iter_values(0..1000)),
+        WriterProperties::builder()
+            .set_dictionary_enabled(false)
+            .set_encoding(parquet::basic::Encoding::DELTA_BINARY_PACKED)
+            .build(),
+    );
+    assert!(!chunk_is_supported(delta.row_group(0).column(0)));
+}
+
+#[test]
+fn a_chunk_with_fewer_or_more_values_than_rows_is_an_error() {
+    let (bytes, metadata) = write(
+        Arc::new(Int64Array::from_iter_values(numbers(5_000, 50))),
+        WriterProperties::builder().build(),
+    );
+    let chunk = metadata.row_group(0).column(0);
+    let ty = FixedWidthType::Int64;
+    let mut short = decoder(&ty, chunk, 0, bytes.clone(), 5_001).unwrap();
+    let err = short.next_array(5_001).unwrap_err();
+    assert!(err.contains("end after 5000"), "{err}");
+    let mut long = decoder(&ty, chunk, 0, bytes.clone(), 5_000).unwrap();
+    long.next_array(4_000).unwrap();
+    let err = long.finish().unwrap_err();
+    assert!(err.contains("more values"), "{err}");
+}
+
+/// Where `page` (a slice of `file`, as uncompressed pages are) starts in `file`.
+fn offset_in(file: &Bytes, page: &Bytes) -> usize {
+    page.as_ptr() as usize - file.as_ptr() as usize
+}
+
+#[test]
+fn damaged_pages_give_errors_not_panics_or_wrong_lengths() {
+    let (bytes, metadata) = write(
+        Arc::new(Int64Array::from_iter_values(numbers(20_000, 1000))),
+        WriterProperties::builder()
+            .set_data_page_row_count_limit(4000)
+            .set_write_batch_size(500)
+            .build(),
+    );
+    let chunk = metadata.row_group(0).column(0);
+    let (start, len) = chunk.byte_range();
+    // Find the first data page's values in the file.
+    let region = Arc::new(FetchedRegion::new(0, bytes.clone()));
+    let mut pages = SerializedPageReader::new(region, chunk, 20_000, None).unwrap();
+    let mut data_page = None;
+    while let Some(page) = pages.get_next_page().unwrap() {
+        if let Page::DataPage { buf, .. } = page {
+            data_page = Some(offset_in(&bytes, &buf));
+            break;
+        }
+    }
+    let data_page = data_page.expect("the chunk has a data page");
+    let read = |file: Bytes| -> Result<(), String> {
+        let mut decoder = decoder(&FixedWidthType::Int64, chunk, 0, file, 20_000)?;
+        for _ in 0..20 {
+            assert_eq!(decoder.next_array(1_000)?.len(), 1_000);
+        }
+        decoder.finish()
+    };
+    read(bytes.clone()).unwrap();
+    // Indices wider than the dictionary: out of range, or running out of bytes.
+    let mut wide = bytes.to_vec();
+    wide[data_page] = 31;
+    assert!(read(Bytes::from(wide)).is_err());
+    let mut too_wide = bytes.to_vec();
+    too_wide[data_page] = 40;
+    let err = read(Bytes::from(too_wide)).unwrap_err();
+    assert!(err.contains("40 bits"), "{err}");
+    // Every byte of the chunk overwritten in turn: an error or the right number of values.
+    for at in (start as usize..(start + len) as usize).step_by(7) {
+        for value in [0x00, 0xff, 0x81] {
+            let mut damaged = bytes.to_vec();
+            damaged[at] = value;
+            let _ = read(Bytes::from(damaged));
+        }
+    }
+}
