@@ -351,7 +351,11 @@ where
                             if largest as usize >= dictionary.len() {
                                 return Err(out_of_range(largest, dictionary.len()));
                             }
-                            out.extend(listed.iter().map(|&i| dictionary[i as usize]));
+                            // SAFETY: every index is at most `largest`, checked above to be
+                            // within the dictionary.
+                            out.extend(listed.iter().map(|&i| unsafe {
+                                *dictionary.get_unchecked(i as usize)
+                            }));
                             listed.len()
                         }
                     };
