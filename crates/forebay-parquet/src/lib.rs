@@ -43,6 +43,7 @@ pub mod error;
 mod fixed_width;
 pub mod io;
 mod local;
+mod pages;
 pub mod predicate;
 mod repair;
 pub mod row_filter;

@@ -28,10 +28,13 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use futures::{FutureExt, Stream, StreamExt};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions, RowFilter,
-    RowSelection,
+    ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata, ArrowReaderOptions,
+    ParquetRecordBatchReader, RowFilter, RowSelection,
 };
-use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::arrow::async_reader::{
+    AsyncFileReader, ParquetRecordBatchStream, ParquetRecordBatchStreamBuilder,
+};
+use parquet::arrow::parquet_to_arrow_field_levels;
 use parquet::arrow::ProjectionMask;
 use parquet::file::metadata::{
     PageIndexPolicy, ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader,
@@ -42,6 +45,7 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::error::{ParquetError, Result};
 use crate::fixed_width::{self, FixedWidthDecoder, FixedWidthType};
 use crate::io::{FileEntry, IoMetrics, IoMetricsSnapshot, ObjectFileReader};
+use crate::pages::{FetchedRowGroup, PageBuffers};
 use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
 use crate::repair;
 use crate::row_filter::{RowFilterHook, RowGroupDecision, ScanRowFilter};
@@ -264,6 +268,7 @@ impl ParquetDatasetBuilder {
             coalesce_gap: self.coalesce_gap,
             opened: Mutex::new(HashMap::new()),
             schema: OnceLock::new(),
+            page_buffers: Arc::default(),
             options: self,
         });
         let first = inner.open(0).await?;
@@ -319,6 +324,8 @@ struct DatasetInner {
     /// Footer + plan per file index: each footer is read once per dataset.
     opened: Mutex<HashMap<usize, Arc<OpenedFile>>>,
     schema: OnceLock<SchemaRef>,
+    /// Decompression buffers recycled from page to page (see `pages`).
+    page_buffers: Arc<PageBuffers>,
 }
 
 /// Everything needed to read one file's row groups, derived once from its footer.
@@ -421,6 +428,7 @@ impl ParquetDataset {
                 coalesce_gap: inner.coalesce_gap,
                 opened: Mutex::new(opened),
                 schema,
+                page_buffers: inner.page_buffers.clone(),
             }),
         }
     }
@@ -1506,78 +1514,47 @@ async fn decode_unit(
     }
     let rows_are_consecutive =
         unit.selection.is_none() && file.filter.is_none() && row_filter.is_none();
-    // A row group read whole gives its flat fixed-width columns to forebay's own decoder;
-    // the parquet crate decodes the others (and everything when rows are selected).
-    let group = file.reader_meta.metadata().row_group(rg);
-    let own_columns: Vec<&FixedWidthColumn> = if rows_are_consecutive {
-        file.fixed_width
-            .iter()
-            .filter(|c| fixed_width::chunk_is_supported(group.column(c.leaf)))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut own = match OwnDecoders::open(&own_columns, &reader, group, &path, rg).await {
-        Ok(own) => {
-            inner
-                .scan_metrics
-                .fixed_width_chunks
-                .fetch_add(own_columns.len() as u64, Ordering::Relaxed);
-            own
+    let mut decoding = if rows_are_consecutive {
+        match WholeRowGroup::open(&inner, &file, &reader, rg, batch_rows, &path).await {
+            Ok(whole) => Decoding::Whole(whole),
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
         }
-        Err(e) => {
-            let _ = tx.send(Err(e)).await;
-            return;
-        }
-    };
-    let projection = if own_columns.is_empty() {
-        Some(file.projection.clone())
     } else {
-        let parquet_schema = file.reader_meta.parquet_schema();
-        let leaves: Vec<usize> = (0..parquet_schema.num_columns())
-            .filter(|&leaf| file.projection.leaf_included(leaf))
-            .filter(|&leaf| own_columns.iter().all(|c| c.leaf != leaf))
-            .collect();
-        (!leaves.is_empty()).then(|| ProjectionMask::leaves(parquet_schema, leaves))
-    };
-    let mut stream = match projection {
-        None => None,
-        Some(projection) => {
-            let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                reader,
-                file.reader_meta.clone(),
-            )
-            .with_projection(projection)
-            .with_batch_size(batch_rows)
-            .with_row_groups(vec![rg]);
-            if let Some(selection) = unit.selection {
-                builder = builder.with_row_selection(selection);
-            }
-            let mut predicates: Vec<Box<dyn ArrowPredicate>> = Vec::new();
-            if let Some((mask, bound)) = &file.filter {
-                let bound = bound.clone();
-                let predicate =
-                    ArrowPredicateFn::new(mask.clone(), move |batch| bound.evaluate(&batch));
-                predicates.push(Box::new(predicate));
-            }
-            if let Some(hook) = row_filter {
-                match hook.predicate(&file.reader_meta, &path, rg) {
-                    Ok(predicate) => predicates.push(predicate),
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-            }
-            if !predicates.is_empty() {
-                builder = builder.with_row_filter(RowFilter::new(predicates));
-            }
-            match builder.build() {
-                Ok(s) => Some(s),
+        let mut builder =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.reader_meta.clone())
+                .with_projection(file.projection.clone())
+                .with_batch_size(batch_rows)
+                .with_row_groups(vec![rg]);
+        if let Some(selection) = unit.selection {
+            builder = builder.with_row_selection(selection);
+        }
+        let mut predicates: Vec<Box<dyn ArrowPredicate>> = Vec::new();
+        if let Some((mask, bound)) = &file.filter {
+            let bound = bound.clone();
+            let predicate =
+                ArrowPredicateFn::new(mask.clone(), move |batch| bound.evaluate(&batch));
+            predicates.push(Box::new(predicate));
+        }
+        if let Some(hook) = row_filter {
+            match hook.predicate(&file.reader_meta, &path, rg) {
+                Ok(predicate) => predicates.push(predicate),
                 Err(e) => {
-                    let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+                    let _ = tx.send(Err(e)).await;
                     return;
                 }
+            }
+        }
+        if !predicates.is_empty() {
+            builder = builder.with_row_filter(RowFilter::new(predicates));
+        }
+        match builder.build() {
+            Ok(stream) => Decoding::Filtered(stream),
+            Err(e) => {
+                let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+                return;
             }
         }
     };
@@ -1586,18 +1563,13 @@ async fn decode_unit(
     loop {
         let next = {
             let _permit = permits.acquire().await.expect("semaphore is never closed");
-            let decoded = match stream.as_mut() {
-                Some(stream) => stream
-                    .next()
-                    .await
-                    .map(|r| r.map_err(|e| ParquetError::from_decode(&path, Some(rg), e))),
-                // Every column is forebay's: batches of `batch_rows` until the rows run out.
-                None => {
-                    let left = declared_rows - (next_row - unit.first_row);
-                    (left > 0).then(|| Ok(rows_only_batch(batch_rows.min(left as usize))))
-                }
-            };
-            decoded.map(|r| r.and_then(|b| own.splice(b, file.decoded_columns, &path, rg)))
+            match &mut decoding {
+                Decoding::Filtered(stream) => stream.next().await.map(|r| {
+                    r.map(|b| (b.num_rows(), b.columns().to_vec()))
+                        .map_err(|e| ParquetError::from_decode(&path, Some(rg), e))
+                }),
+                Decoding::Whole(whole) => whole.next(file.decoded_columns, &path, rg),
+            }
         };
         let columns = match next {
             None => {
@@ -1617,8 +1589,10 @@ async fn decode_unit(
                         "decoded {decoded} rows but the row group declares {declared_rows}"
                     );
                     let _ = tx.send(Err(corrupt(&path, Some(rg), reason))).await;
-                } else if let Err(e) = own.finish(&path, rg) {
-                    let _ = tx.send(Err(e)).await;
+                } else if let Decoding::Whole(whole) = &mut decoding {
+                    if let Err(e) = whole.own.finish(&path, rg) {
+                        let _ = tx.send(Err(e)).await;
+                    }
                 }
                 return;
             }
@@ -1654,12 +1628,142 @@ async fn decode_unit(
     }
 }
 
-/// A batch of `rows` rows and no columns: the row count the crate's decoder would give when
-/// forebay's own decoder reads every column.
-fn rows_only_batch(rows: usize) -> RecordBatch {
-    let options = RecordBatchOptions::new().with_row_count(Some(rows));
-    RecordBatch::try_new_with_options(Arc::new(Schema::empty()), Vec::new(), &options)
-        .expect("a batch without columns is valid")
+/// How a unit's rows are decoded.
+enum Decoding {
+    /// Rows selected or filtered: the parquet crate's async reader does it all.
+    Filtered(ParquetRecordBatchStream<ObjectFileReader>),
+    /// Every row of the row group, from its chunks fetched whole (see [`WholeRowGroup`]).
+    Whole(WholeRowGroup),
+}
+
+/// A row group read whole: its selected column chunks fetched in one request, the flat
+/// fixed-width ones decoded by forebay's own decoder (`fixed_width`), the others by the
+/// parquet crate over pages from `pages` (Snappy pages into recycled buffers).
+struct WholeRowGroup {
+    /// The parquet crate's part of each batch; `None` when every column is forebay's.
+    theirs: Option<ParquetRecordBatchReader>,
+    own: OwnDecoders,
+    /// Rows not yet decoded, and rows per batch (to cut batches when every column is
+    /// forebay's).
+    rows_left: usize,
+    batch_rows: usize,
+}
+
+impl WholeRowGroup {
+    async fn open(
+        inner: &DatasetInner,
+        file: &OpenedFile,
+        reader: &ObjectFileReader,
+        rg: usize,
+        batch_rows: usize,
+        path: &str,
+    ) -> Result<Self> {
+        let metadata = file.reader_meta.metadata();
+        let group = metadata.row_group(rg);
+        let parquet_schema = file.reader_meta.parquet_schema();
+        let leaves: Vec<usize> = (0..parquet_schema.num_columns())
+            .filter(|&leaf| file.projection.leaf_included(leaf))
+            .collect();
+        let ranges: Vec<std::ops::Range<u64>> = leaves
+            .iter()
+            .map(|&leaf| {
+                let (start, len) = group.column(leaf).byte_range();
+                start..start + len
+            })
+            .collect();
+        let fetched = reader
+            .clone()
+            .get_byte_ranges(ranges.clone())
+            .await
+            .map_err(|e| ParquetError::from_decode(path, Some(rg), e))?;
+        let mut chunks = vec![None; parquet_schema.num_columns()];
+        for ((&leaf, range), bytes) in leaves.iter().zip(ranges).zip(fetched) {
+            chunks[leaf] = Some((range.start, bytes));
+        }
+        let rows = usize::try_from(group.num_rows().max(0)).unwrap_or(usize::MAX);
+
+        let own_columns: Vec<&FixedWidthColumn> = file
+            .fixed_width
+            .iter()
+            .filter(|c| fixed_width::chunk_is_supported(group.column(c.leaf)))
+            .collect();
+        let mut own = OwnDecoders { chunks: Vec::new() };
+        for column in &own_columns {
+            let chunk = group.column(column.leaf);
+            let name = chunk.column_path().string();
+            let (start, bytes) = chunks[column.leaf]
+                .clone()
+                .expect("selected leaves are fetched");
+            let decoder =
+                fixed_width::decoder(&column.ty, chunk, start, bytes, rows, &inner.page_buffers)
+                    .map_err(|reason| {
+                        corrupt(path, Some(rg), format!("column {name}: {reason}"))
+                    })?;
+            own.chunks.push((column.position, name, decoder));
+        }
+        inner
+            .scan_metrics
+            .fixed_width_chunks
+            .fetch_add(own_columns.len() as u64, Ordering::Relaxed);
+
+        let their_leaves: Vec<usize> = leaves
+            .into_iter()
+            .filter(|&leaf| own_columns.iter().all(|c| c.leaf != leaf))
+            .collect();
+        let theirs = if their_leaves.is_empty() {
+            None
+        } else {
+            let mask = ProjectionMask::leaves(parquet_schema, their_leaves);
+            let levels = parquet_to_arrow_field_levels(
+                parquet_schema,
+                mask,
+                Some(file.reader_meta.schema().fields()),
+            )
+            .map_err(|e| corrupt(path, Some(rg), e))?;
+            let row_group = FetchedRowGroup {
+                metadata,
+                row_group: rg,
+                chunks,
+                buffers: inner.page_buffers.clone(),
+            };
+            let reader = ParquetRecordBatchReader::try_new_with_row_groups(
+                &levels, &row_group, batch_rows, None,
+            )
+            .map_err(|e| corrupt(path, Some(rg), e))?;
+            Some(reader)
+        };
+        Ok(Self {
+            theirs,
+            own,
+            rows_left: rows,
+            batch_rows,
+        })
+    }
+
+    /// The next batch's rows and columns (in decoded order), or `None` after the last.
+    fn next(
+        &mut self,
+        decoded_columns: usize,
+        path: &str,
+        rg: usize,
+    ) -> Option<Result<(usize, Vec<ArrayRef>)>> {
+        let batch = match &mut self.theirs {
+            Some(reader) => match reader.next()? {
+                Ok(batch) => batch,
+                Err(e) => return Some(Err(corrupt(path, Some(rg), e))),
+            },
+            None if self.rows_left == 0 => return None,
+            // Every column is forebay's: a batch of rows without columns for `splice`.
+            None => {
+                let rows = self.batch_rows.min(self.rows_left);
+                let options = RecordBatchOptions::new().with_row_count(Some(rows));
+                RecordBatch::try_new_with_options(Arc::new(Schema::empty()), Vec::new(), &options)
+                    .expect("a batch without columns is valid")
+            }
+        };
+        self.rows_left = self.rows_left.saturating_sub(batch.num_rows());
+        Some(self.own.splice(batch, decoded_columns, path, rg))
+    }
 }
 
 /// The column chunks of one row group that forebay's fixed-width decoder reads, spliced
@@ -1670,42 +1774,6 @@ struct OwnDecoders {
 }
 
 impl OwnDecoders {
-    /// Fetch the chunks of `columns` in `group` (one coalesced request where the store
-    /// wants it) and open a decoder on each.
-    async fn open(
-        columns: &[&FixedWidthColumn],
-        reader: &ObjectFileReader,
-        group: &parquet::file::metadata::RowGroupMetaData,
-        path: &str,
-        rg: usize,
-    ) -> Result<Self> {
-        if columns.is_empty() {
-            return Ok(Self { chunks: Vec::new() });
-        }
-        let ranges: Vec<std::ops::Range<u64>> = columns
-            .iter()
-            .map(|c| {
-                let (start, len) = group.column(c.leaf).byte_range();
-                start..start + len
-            })
-            .collect();
-        let fetched = reader
-            .clone()
-            .get_byte_ranges(ranges.clone())
-            .await
-            .map_err(|e| ParquetError::from_decode(path, Some(rg), e))?;
-        let rows = usize::try_from(group.num_rows().max(0)).unwrap_or(usize::MAX);
-        let mut chunks = Vec::with_capacity(columns.len());
-        for ((column, range), bytes) in columns.iter().zip(ranges).zip(fetched) {
-            let chunk = group.column(column.leaf);
-            let name = chunk.column_path().string();
-            let decoder = fixed_width::decoder(&column.ty, chunk, range.start, bytes, rows)
-                .map_err(|reason| corrupt(path, Some(rg), format!("column {name}: {reason}")))?;
-            chunks.push((column.position, name, decoder));
-        }
-        Ok(Self { chunks })
-    }
-
     /// The decoded batch's rows and columns: `batch`'s (the parquet crate's part) with this
     /// row group's next `batch.num_rows()` values of each own chunk put in their places.
     fn splice(

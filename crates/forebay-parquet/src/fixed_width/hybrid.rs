@@ -87,6 +87,14 @@ impl HybridIndices {
         Ok(())
     }
 
+    /// Let go of the page's bytes (so that their buffer can be reused).
+    pub(crate) fn release(&mut self) {
+        self.data = bytes::Bytes::new();
+        self.run = Run::Between;
+        self.from = 0;
+        self.to = 0;
+    }
+
     /// Up to `max` (> 0) next indices; an error when the runs end first.
     pub(crate) fn next(&mut self, max: usize) -> Result<Indices<'_>, String> {
         loop {

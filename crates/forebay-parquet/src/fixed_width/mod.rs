@@ -2,7 +2,8 @@
 //! and decimals stored as INT32/INT64, PLAIN or dictionary-encoded.
 //!
 //! ```text
-//!  column chunk bytes ──► parquet crate's page reader (headers, decompression)
+//!  column chunk bytes ──► FetchedPages (pages; Snappy ones decompressed into recycled
+//!                             │         buffers, see `pages`)
 //!                             │ dictionary page: PLAIN values, widened once to the output type
 //!                             │ data pages: PLAIN values, or dictionary indices (hybrid.rs)
 //!                             ▼
@@ -32,10 +33,9 @@ use bytes::Bytes;
 use parquet::basic::{Encoding, Type as PhysicalType};
 use parquet::column::page::{Page, PageReader};
 use parquet::file::metadata::ColumnChunkMetaData;
-use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::schema::types::ColumnDescriptor;
 
-use crate::io::FetchedRegion;
+use crate::pages::{FetchedPages, PageBuffers};
 use hybrid::{HybridIndices, Indices, BLOCK};
 
 /// The column types this decoder reads: a Parquet physical type and the Arrow type the scan
@@ -121,9 +121,9 @@ pub(crate) fn decoder(
     start: u64,
     bytes: Bytes,
     rows: usize,
+    buffers: &Arc<PageBuffers>,
 ) -> Result<Box<dyn FixedWidthDecoder>, String> {
-    let region = Arc::new(FetchedRegion::new(start, bytes));
-    let pages = SerializedPageReader::new(region, chunk, rows, None).map_err(|e| e.to_string())?;
+    let pages = FetchedPages::new(chunk, start, bytes, rows, buffers).map_err(|e| e.to_string())?;
     Ok(match ty {
         FixedWidthType::Int32(data_type) if *data_type == DataType::Date32 => Box::new(
             ChunkDecoder::<i32, Date32Type>::new(pages, data_type.clone()),
@@ -189,7 +189,7 @@ enum PageValues {
 
 /// Decodes a chunk of physical type `P` into arrays of `A`.
 struct ChunkDecoder<P: PlainValue, A: ArrowPrimitiveType> {
-    pages: SerializedPageReader<FetchedRegion>,
+    pages: FetchedPages,
     data_type: DataType,
     /// The dictionary page's values, already converted to the output type.
     dictionary: Option<Vec<A::Native>>,
@@ -204,7 +204,7 @@ where
     A: ArrowPrimitiveType,
     A::Native: From<P>,
 {
-    fn new(pages: SerializedPageReader<FetchedRegion>, data_type: DataType) -> Self {
+    fn new(pages: FetchedPages, data_type: DataType) -> Self {
         Self {
             pages,
             data_type,
@@ -219,6 +219,11 @@ where
     /// the chunk has no more pages.
     fn open_page(&mut self) -> Result<bool, String> {
         loop {
+            // The previous page is read: let go of it, so that its buffer can be reused.
+            self.page = PageValues::None;
+            if let Some(indices) = &mut self.indices {
+                indices.release();
+            }
             let page = match self.pages.get_next_page().map_err(|e| e.to_string())? {
                 None => return Ok(false),
                 Some(page) => page,
@@ -353,9 +358,11 @@ where
                             }
                             // SAFETY: every index is at most `largest`, checked above to be
                             // within the dictionary.
-                            out.extend(listed.iter().map(|&i| unsafe {
-                                *dictionary.get_unchecked(i as usize)
-                            }));
+                            out.extend(
+                                listed
+                                    .iter()
+                                    .map(|&i| unsafe { *dictionary.get_unchecked(i as usize) }),
+                            );
                             listed.len()
                         }
                     };

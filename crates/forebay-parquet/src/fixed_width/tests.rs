@@ -18,6 +18,9 @@ use parquet::file::properties::{WriterProperties, WriterVersion};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use super::*;
+use crate::io::FetchedRegion;
+use parquet::column::page::{Page, PageReader};
+use parquet::file::serialized_reader::SerializedPageReader;
 
 /// A deterministic value stream: `distinct` values, so a dictionary holds them or not.
 fn numbers(rows: usize, distinct: u64) -> impl Iterator<Item = i64> {
@@ -97,7 +100,7 @@ fn own_reading(
             chunk.encodings().collect::<Vec<_>>()
         );
         let rows = group.num_rows() as usize;
-        let mut decoder = decoder(&ty, chunk, 0, bytes.clone(), rows)?;
+        let mut decoder = decoder(&ty, chunk, 0, bytes.clone(), rows, &Arc::default())?;
         let mut read = 0;
         while read < rows {
             let n = batch.min(rows - read);
@@ -217,10 +220,10 @@ fn a_chunk_with_fewer_or_more_values_than_rows_is_an_error() {
     );
     let chunk = metadata.row_group(0).column(0);
     let ty = FixedWidthType::Int64;
-    let mut short = decoder(&ty, chunk, 0, bytes.clone(), 5_001).unwrap();
+    let mut short = decoder(&ty, chunk, 0, bytes.clone(), 5_001, &Arc::default()).unwrap();
     let err = short.next_array(5_001).unwrap_err();
     assert!(err.contains("end after 5000"), "{err}");
-    let mut long = decoder(&ty, chunk, 0, bytes.clone(), 5_000).unwrap();
+    let mut long = decoder(&ty, chunk, 0, bytes.clone(), 5_000, &Arc::default()).unwrap();
     long.next_array(4_000).unwrap();
     let err = long.finish().unwrap_err();
     assert!(err.contains("more values"), "{err}");
@@ -254,7 +257,14 @@ fn damaged_pages_give_errors_not_panics_or_wrong_lengths() {
     }
     let data_page = data_page.expect("the chunk has a data page");
     let read = |file: Bytes| -> Result<(), String> {
-        let mut decoder = decoder(&FixedWidthType::Int64, chunk, 0, file, 20_000)?;
+        let mut decoder = decoder(
+            &FixedWidthType::Int64,
+            chunk,
+            0,
+            file,
+            20_000,
+            &Arc::default(),
+        )?;
         for _ in 0..20 {
             assert_eq!(decoder.next_array(1_000)?.len(), 1_000);
         }
