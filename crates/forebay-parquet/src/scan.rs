@@ -1661,6 +1661,15 @@ impl WholeRowGroup {
         let metadata = file.reader_meta.metadata();
         let group = metadata.row_group(rg);
         let parquet_schema = file.reader_meta.parquet_schema();
+        if group.num_rows() <= 0 {
+            // Nothing to decode (and an empty row group's chunks may not even parse).
+            return Ok(Self {
+                theirs: None,
+                own: OwnDecoders { chunks: Vec::new() },
+                rows_left: 0,
+                batch_rows,
+            });
+        }
         let leaves: Vec<usize> = (0..parquet_schema.num_columns())
             .filter(|&leaf| file.projection.leaf_included(leaf))
             .collect();
