@@ -47,23 +47,28 @@ struct FreeBuffers {
 }
 
 impl PageBuffers {
-    /// A buffer of at least `len` initialised bytes: a returned one when there is one (its
-    /// bytes are the last page's), or a new one.
+    /// A buffer of at least `len` initialised bytes: the smallest returned one that fits
+    /// without wasting more than a quarter of it (its bytes are some earlier page's), or a
+    /// new one. A page never sits in a buffer much larger than itself: batches hold their
+    /// pages, and a 30 KB page in a 1 MB buffer would hold the whole megabyte.
     fn take(&self, len: usize) -> Vec<u8> {
+        let fits = |size: usize| size >= len && size - len <= len / 4 + 4096;
         let reused = {
             let mut free = self.free.lock().expect("page buffer lock");
-            let found = free.buffers.pop();
-            if let Some(buffer) = &found {
+            let best = free
+                .buffers
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| fits(b.len()))
+                .min_by_key(|(_, b)| b.len())
+                .map(|(i, _)| i);
+            best.map(|i| {
+                let buffer = free.buffers.swap_remove(i);
                 free.bytes -= buffer.len();
-            }
-            found
+                buffer
+            })
         };
-        let mut buffer = reused.unwrap_or_default();
-        if buffer.len() < len {
-            // Only the growth is zeroed.
-            buffer.resize(len, 0);
-        }
-        buffer
+        reused.unwrap_or_else(|| vec![0; len])
     }
 
     fn give_back(&self, buffer: Vec<u8>) {
@@ -322,7 +327,7 @@ mod tests {
     #[test]
     fn a_buffer_comes_back_when_its_last_page_is_dropped() {
         let pool = Arc::new(PageBuffers::default());
-        let mut buffer = pool.take(100);
+        let mut buffer = pool.take(100_000);
         buffer[..3].copy_from_slice(b"abc");
         let address = buffer.as_ptr();
         let page = Bytes::from_owner(Recycled {
@@ -337,12 +342,14 @@ mod tests {
         assert_eq!(pool.free.lock().unwrap().buffers.len(), 0);
         assert_eq!(&slice[..], b"bc");
         drop(slice);
-        let again = pool.take(50);
+        let again = pool.take(90_000);
         assert_eq!(again.as_ptr(), address, "the same buffer, reused");
-        assert_eq!(again.len(), 100, "its initialised length is kept");
-        // A larger request grows it.
+        assert_eq!(again.len(), 100_000, "its initialised length is kept");
         pool.give_back(again);
-        assert_eq!(pool.take(200).len(), 200);
+        // Too large a buffer for a small page is not used; nor too small a one.
+        assert_eq!(pool.take(10_000).len(), 10_000);
+        assert_eq!(pool.take(200_000).len(), 200_000);
+        assert_eq!(pool.take(100_000).as_ptr(), address);
     }
 
     #[test]
