@@ -349,7 +349,8 @@ mod tests {
         // Too large a buffer for a small page is not used; nor too small a one.
         assert_eq!(pool.take(10_000).len(), 10_000);
         assert_eq!(pool.take(200_000).len(), 200_000);
-        assert_eq!(pool.take(100_000).as_ptr(), address);
+        let fitting = pool.take(100_000);
+        assert_eq!(fitting.as_ptr(), address);
     }
 
     #[test]
