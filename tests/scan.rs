@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, StringArray};
+use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, StringArray, StringViewArray};
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
@@ -182,8 +182,9 @@ fn only_the_first_row_group_is_cut_into_small_batches() {
     assert!(read_all(&ds).iter().all(|b| b.num_rows() == 5000));
 }
 
-/// A table of every kind of column the fixed-width decoder takes (required integers, a
-/// date, floats, decimals) beside ones it leaves to the parquet crate (nullable, strings).
+/// A table of every kind of column forebay's own decoders take (required integers, a date,
+/// floats, decimals, string views) beside ones they leave to the parquet crate (nullable,
+/// plain strings).
 fn mixed_table(rows: usize) -> RecordBatch {
     use arrow::array::{Date32Array, Decimal128Array, Float64Array, Int32Array};
     let n = |i: usize| (i as i64).wrapping_mul(2654435761) % 5003;
@@ -237,6 +238,13 @@ fn mixed_table(rows: usize) -> RecordBatch {
             )),
             false,
         ),
+        (
+            "view",
+            Arc::new(StringViewArray::from_iter_values(
+                (0..rows).map(|i| format!("a view of {} ✓", n(i) % 300)),
+            )),
+            false,
+        ),
     ];
     let schema = Schema::new(
         columns
@@ -252,7 +260,7 @@ fn mixed_table(rows: usize) -> RecordBatch {
 }
 
 #[test]
-fn the_fixed_width_decoder_reads_what_the_parquet_crate_reads() {
+fn the_flat_decoders_read_what_the_parquet_crate_reads() {
     let data = mixed_table(20_000);
     let snappy = WriterProperties::builder()
         .set_max_row_group_row_count(Some(6_000))
@@ -267,7 +275,7 @@ fn the_fixed_width_decoder_reads_what_the_parquet_crate_reads() {
     let store = store_with(&[write(&data, 7_000), snappy_file]);
     let projections: [Option<&[&str]>; 4] = [
         None,
-        Some(&["name", "dec", "i32"]),
+        Some(&["name", "dec", "view", "i32"]),
         // Only columns of its own: batches come from it alone.
         Some(&["date", "i64", "f64"]),
         // None of its own.
@@ -275,23 +283,23 @@ fn the_fixed_width_decoder_reads_what_the_parquet_crate_reads() {
     ];
     for columns in projections {
         for batch_size in [999, 65_536] {
-            let scan = |fixed_width: bool| {
+            let scan = |flat: bool| {
                 let mut builder = ParquetDataset::builder(source(store.clone()))
                     .with_batch_size(batch_size)
-                    .with_fixed_width_decoder(fixed_width);
+                    .with_flat_decoder(flat);
                 if let Some(columns) = columns {
                     builder = builder.with_columns(columns.iter().copied());
                 }
                 let ds = builder.build().unwrap();
                 let batches = read_all(&ds);
-                (ds.schema(), batches, ds.metrics().fixed_width_chunks)
+                (ds.schema(), batches, ds.metrics().flat_decoder_chunks)
             };
             let (schema, own, own_chunks) = scan(true);
             let (crate_schema, theirs, no_chunks) = scan(false);
             assert_eq!(schema, crate_schema);
-            // 3 + 4 row groups; 5 of the 7 columns are its own.
+            // 3 + 4 row groups; 6 of the 8 columns are its own.
             let expected_chunks = match columns {
-                None => 7 * 5,
+                None => 7 * 6,
                 Some(columns) => {
                     7 * columns
                         .iter()

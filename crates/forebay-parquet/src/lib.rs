@@ -17,9 +17,9 @@
 //!                       (filter columns first; the rest only for rows the Predicate
 //!                        and any ScanRowFilter keep; a ScanRowFilter may settle a whole
 //!                        row group from its dictionary page)
-//!                       (a row group read whole: flat required integer, date, float and
-//!                        decimal columns by forebay's own decoder, `fixed_width`; the rest
-//!                        by the parquet crate)
+//!                       (a row group read whole: flat required columns of numbers,
+//!                        dates, strings and binaries by forebay's own decoders, `flat`;
+//!                        the rest by the parquet crate)
 //!                                                          ▼
 //!                          ScanStream: ordered RecordBatches + BatchProvenance
 //! ```
@@ -40,7 +40,7 @@
 
 mod dictionary;
 pub mod error;
-mod fixed_width;
+mod flat;
 pub mod io;
 mod local;
 mod pages;

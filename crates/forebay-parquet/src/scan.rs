@@ -43,7 +43,7 @@ use parquet::file::metadata::{
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::error::{ParquetError, Result};
-use crate::fixed_width::{self, FixedWidthDecoder, FixedWidthType};
+use crate::flat::{self, FlatDecoder, FlatType};
 use crate::io::{FileEntry, IoMetrics, IoMetricsSnapshot, ObjectFileReader};
 use crate::pages::{FetchedRowGroup, PageBuffers};
 use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
@@ -138,7 +138,7 @@ pub struct ParquetDatasetBuilder {
     row_filter: Option<RowFilterHook>,
     coalesce_gap: Option<u64>,
     use_page_index: bool,
-    fixed_width_decoder: bool,
+    flat_decoder: bool,
 }
 
 impl ParquetDatasetBuilder {
@@ -227,11 +227,12 @@ impl ParquetDatasetBuilder {
         self
     }
 
-    /// Decode flat required integer, date, float and decimal columns with forebay's own
-    /// decoder when a row group is read whole (default: on). Off, the parquet crate decodes
+    /// Decode flat required integer, date, float, decimal, string and binary columns (the
+    /// last two as views) with forebay's own decoders when a row group is read whole
+    /// (default: on). Off, the parquet crate decodes
     /// every column; the output is the same (kept for comparison and as an escape hatch).
-    pub fn with_fixed_width_decoder(mut self, enabled: bool) -> Self {
-        self.fixed_width_decoder = enabled;
+    pub fn with_flat_decoder(mut self, enabled: bool) -> Self {
+        self.flat_decoder = enabled;
         self
     }
 
@@ -286,7 +287,7 @@ struct ScanMetrics {
     rows_pruned_by_page_index: AtomicU64,
     files_skipped: AtomicU64,
     row_groups_skipped: AtomicU64,
-    fixed_width_chunks: AtomicU64,
+    flat_decoder_chunks: AtomicU64,
 }
 
 /// A point-in-time copy of a dataset's pruning and I/O counters.
@@ -300,9 +301,9 @@ pub struct ScanMetricsSnapshot {
     pub files_skipped: u64,
     /// Row groups a [`ScanSkip`] skipped (data not read).
     pub row_groups_skipped: u64,
-    /// Column chunks decoded by forebay's own fixed-width decoder (see
-    /// [`ParquetDatasetBuilder::with_fixed_width_decoder`]) rather than the parquet crate.
-    pub fixed_width_chunks: u64,
+    /// Column chunks decoded by forebay's own flat-column decoders (see
+    /// [`ParquetDatasetBuilder::with_flat_decoder`]) rather than the parquet crate.
+    pub flat_decoder_chunks: u64,
     pub io: IoMetricsSnapshot,
 }
 
@@ -338,20 +339,20 @@ struct OpenedFile {
     reorder: Vec<usize>,
     output_schema: SchemaRef,
     filter: Option<(ProjectionMask, BoundPredicate)>,
-    /// Columns of the decoded batch that forebay's fixed-width decoder may read (see
-    /// `fixed_width`); the parquet crate decodes the rest.
-    fixed_width: Vec<FixedWidthColumn>,
+    /// Columns of the decoded batch that forebay's own decoders may read (see `flat`); the
+    /// parquet crate decodes the rest.
+    flat_columns: Vec<FlatColumn>,
     /// Columns in a decoded batch: one per selected root, in file order.
     decoded_columns: usize,
 }
 
 /// A column of a file that forebay's own decoder may read.
-struct FixedWidthColumn {
+struct FlatColumn {
     /// Its position in the decoded batch.
     position: usize,
     /// Its Parquet leaf.
     leaf: usize,
-    ty: FixedWidthType,
+    ty: FlatType,
 }
 
 impl ParquetDataset {
@@ -370,7 +371,7 @@ impl ParquetDataset {
             row_filter: None,
             coalesce_gap: None,
             use_page_index: true,
-            fixed_width_decoder: true,
+            flat_decoder: true,
         }
     }
 
@@ -457,7 +458,7 @@ impl ParquetDataset {
             rows_pruned_by_page_index: m.rows_pruned_by_page_index.load(Ordering::Relaxed),
             files_skipped: m.files_skipped.load(Ordering::Relaxed),
             row_groups_skipped: m.row_groups_skipped.load(Ordering::Relaxed),
-            fixed_width_chunks: m.fixed_width_chunks.load(Ordering::Relaxed),
+            flat_decoder_chunks: m.flat_decoder_chunks.load(Ordering::Relaxed),
             io: self.inner.io.snapshot(),
         }
     }
@@ -709,8 +710,8 @@ impl DatasetInner {
         if let Some(first) = self.schema.get() {
             check_same_schema(first, &output_schema, &path, &self.files[0].uri)?;
         }
-        let fixed_width = if self.options.fixed_width_decoder {
-            fixed_width_columns(parquet_schema, &selected_roots, &decoded_schema)
+        let flat_columns = if self.options.flat_decoder {
+            flat_columns(parquet_schema, &selected_roots, &decoded_schema)
         } else {
             Vec::new()
         };
@@ -736,7 +737,7 @@ impl DatasetInner {
             reorder,
             output_schema,
             filter,
-            fixed_width,
+            flat_columns,
             decoded_columns: selected_roots.len(),
         })
     }
@@ -1155,16 +1156,16 @@ pub(crate) fn column_not_found(schema: &Schema, name: &str, path: &str) -> Parqu
 }
 
 /// The selected roots (`decoded` is the schema of their decoded batch) that are flat columns
-/// forebay's fixed-width decoder reads.
-fn fixed_width_columns(
+/// forebay's own decoders read (see `flat`).
+fn flat_columns(
     parquet_schema: &parquet::schema::types::SchemaDescriptor,
     selected_roots: &[usize],
     decoded: &Schema,
-) -> Vec<FixedWidthColumn> {
+) -> Vec<FlatColumn> {
     let mut leaf_of_root = vec![None; parquet_schema.root_schema().get_fields().len()];
     for leaf in 0..parquet_schema.num_columns() {
         let root = parquet_schema.get_column_root_idx(leaf);
-        // A root with several leaves is nested; `FixedWidthType::of` refuses it anyway.
+        // A root with several leaves is nested; `FlatType::of` refuses it anyway.
         leaf_of_root[root] = Some(leaf);
     }
     selected_roots
@@ -1173,8 +1174,8 @@ fn fixed_width_columns(
         .filter_map(|(position, &root)| {
             let leaf = leaf_of_root[root]?;
             let data_type = decoded.field(position).data_type();
-            let ty = FixedWidthType::of(&parquet_schema.column(leaf), data_type)?;
-            Some(FixedWidthColumn { position, leaf, ty })
+            let ty = FlatType::of(&parquet_schema.column(leaf), data_type)?;
+            Some(FlatColumn { position, leaf, ty })
         })
         .collect()
 }
@@ -1637,7 +1638,7 @@ enum Decoding {
 }
 
 /// A row group read whole: its selected column chunks fetched in one request, the flat
-/// fixed-width ones decoded by forebay's own decoder (`fixed_width`), the others by the
+/// flat required ones decoded by forebay's own decoders (`flat`), the others by the
 /// parquet crate over pages from `pages` (Snappy pages into recycled buffers).
 struct WholeRowGroup {
     /// The parquet crate's part of each batch; `None` when every column is forebay's.
@@ -1691,10 +1692,10 @@ impl WholeRowGroup {
         }
         let rows = usize::try_from(group.num_rows().max(0)).unwrap_or(usize::MAX);
 
-        let own_columns: Vec<&FixedWidthColumn> = file
-            .fixed_width
+        let own_columns: Vec<&FlatColumn> = file
+            .flat_columns
             .iter()
-            .filter(|c| fixed_width::chunk_is_supported(group.column(c.leaf)))
+            .filter(|c| flat::chunk_is_supported(group.column(c.leaf)))
             .collect();
         let mut own = OwnDecoders { chunks: Vec::new() };
         for column in &own_columns {
@@ -1703,16 +1704,13 @@ impl WholeRowGroup {
             let (start, bytes) = chunks[column.leaf]
                 .clone()
                 .expect("selected leaves are fetched");
-            let decoder =
-                fixed_width::decoder(&column.ty, chunk, start, bytes, rows, &inner.page_buffers)
-                    .map_err(|reason| {
-                        corrupt(path, Some(rg), format!("column {name}: {reason}"))
-                    })?;
+            let decoder = flat::decoder(&column.ty, chunk, start, bytes, rows, &inner.page_buffers)
+                .map_err(|reason| corrupt(path, Some(rg), format!("column {name}: {reason}")))?;
             own.chunks.push((column.position, name, decoder));
         }
         inner
             .scan_metrics
-            .fixed_width_chunks
+            .flat_decoder_chunks
             .fetch_add(own_columns.len() as u64, Ordering::Relaxed);
 
         let their_leaves: Vec<usize> = leaves
@@ -1775,11 +1773,11 @@ impl WholeRowGroup {
     }
 }
 
-/// The column chunks of one row group that forebay's fixed-width decoder reads, spliced
+/// The column chunks of one row group that forebay's own decoders read, spliced
 /// into the parquet crate's batches.
 struct OwnDecoders {
     /// Per chunk: its position in the decoded batch, its column's name, its decoder.
-    chunks: Vec<(usize, String, Box<dyn FixedWidthDecoder>)>,
+    chunks: Vec<(usize, String, Box<dyn FlatDecoder>)>,
 }
 
 impl OwnDecoders {

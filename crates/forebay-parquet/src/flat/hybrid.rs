@@ -71,6 +71,18 @@ impl HybridIndices {
         })
     }
 
+    /// Read `page`'s indices with the reader in `slot` (made on first use; its buffer is
+    /// kept from page to page).
+    pub(crate) fn open(slot: &mut Option<Self>, page: super::IndexedPage) -> Result<(), String> {
+        match slot {
+            Some(indices) => indices.reset(page.width, page.runs),
+            None => {
+                *slot = Some(Self::new(page.width, page.runs)?);
+                Ok(())
+            }
+        }
+    }
+
     /// Start reading another page's runs, keeping the buffer.
     pub(crate) fn reset(&mut self, width: u8, data: bytes::Bytes) -> Result<(), String> {
         if width > 32 {

@@ -1,12 +1,12 @@
-//! The fixed-width decoder against the parquet crate's reader, on files the crate's writer
-//! makes with every layout the decoder takes: dictionary pages, PLAIN pages, a dictionary
-//! that overflows into PLAIN pages mid-chunk, data page v2, many small pages, codecs.
+//! The flat decoders against the parquet crate's reader, on files the crate's writer makes
+//! with every layout they take: dictionary pages, PLAIN pages, a dictionary that overflows
+//! into PLAIN pages mid-chunk, data page v2, many small pages, codecs.
 
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, Date32Array, Decimal128Array, Float32Array, Float64Array, Int32Array,
-    Int64Array, RecordBatch,
+    Array, ArrayRef, BinaryViewArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
+    Int32Array, Int64Array, RecordBatch, StringViewArray,
 };
 use arrow::compute::concat;
 use arrow::datatypes::{Field, Schema};
@@ -30,10 +30,28 @@ fn numbers(rows: usize, distinct: u64) -> impl Iterator<Item = i64> {
     })
 }
 
+/// A string for `v`: empty, short enough for a view (≤ 12 bytes), longer, or longer than
+/// 128 bytes (its length prefix is not ASCII), with multi-byte characters at various places.
+fn text(v: i64) -> String {
+    match v.rem_euclid(5) {
+        0 => String::new(),
+        1 => format!("é{v}"),
+        2 => format!("a longer value {v} ✓"),
+        3 => format!("{}{v}€", "ü".repeat(70)),
+        _ => format!("{v}"),
+    }
+}
+
 /// One column of each supported type, `rows` rows of `distinct` values.
 fn columns(rows: usize, distinct: u64) -> Vec<ArrayRef> {
     let n = || numbers(rows, distinct);
     vec![
+        Arc::new(StringViewArray::from_iter_values(n().map(text))),
+        Arc::new(BinaryViewArray::from_iter_values(n().map(|v| {
+            let mut bytes = text(v).into_bytes();
+            bytes.push(0xff); // not UTF-8
+            bytes
+        }))),
         Arc::new(Int32Array::from_iter_values(n().map(|v| v as i32))),
         Arc::new(Date32Array::from_iter_values(n().map(|v| v as i32))),
         Arc::new(Int64Array::from_iter_values(n().map(|v| v * 1_000_003))),
@@ -92,7 +110,7 @@ fn own_reading(
     let mut parts = Vec::new();
     for group in metadata.row_groups() {
         let chunk = group.column(0);
-        let ty = FixedWidthType::of(chunk.column_descr(), data_type)
+        let ty = FlatType::of(chunk.column_descr(), data_type)
             .ok_or_else(|| format!("{data_type} is not taken"))?;
         assert!(
             chunk_is_supported(chunk),
@@ -146,6 +164,8 @@ fn layouts() -> Vec<(&'static str, WriterProperties)> {
             "data page v2, snappy",
             base()
                 .set_writer_version(WriterVersion::PARQUET_2_0)
+                // Otherwise strings fall back to DELTA_BYTE_ARRAY, left to the crate.
+                .set_encoding(parquet::basic::Encoding::PLAIN)
                 .set_compression(Compression::SNAPPY)
                 .set_data_page_row_count_limit(3000)
                 .set_write_batch_size(100)
@@ -183,11 +203,11 @@ fn types_outside_its_reach_are_left_to_the_parquet_crate() {
         WriterProperties::builder().build(),
     );
     let leaf = metadata.row_group(0).column(0).column_descr();
-    assert!(FixedWidthType::of(leaf, &DataType::Int64).is_some());
+    assert!(FlatType::of(leaf, &DataType::Int64).is_some());
     // The scan decodes it as another type (a dictionary hint, a timestamp).
-    assert!(FixedWidthType::of(leaf, &DataType::UInt64).is_none());
+    assert!(FlatType::of(leaf, &DataType::UInt64).is_none());
     let hinted = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Int64));
-    assert!(FixedWidthType::of(leaf, &hinted).is_none());
+    assert!(FlatType::of(leaf, &hinted).is_none());
     // A nullable column.
     let batch = RecordBatch::try_from_iter([(
         "c",
@@ -200,7 +220,7 @@ fn types_outside_its_reach_are_left_to_the_parquet_crate() {
     writer.close().unwrap();
     let nullable = SerializedFileReader::new(Bytes::from(out)).unwrap();
     let leaf = nullable.metadata().row_group(0).column(0).column_descr();
-    assert!(FixedWidthType::of(leaf, &DataType::Int64).is_none());
+    assert!(FlatType::of(leaf, &DataType::Int64).is_none());
     // Other encodings.
     let (_, delta) = write(
         Arc::new(Int64Array::from_iter_values(0..1000)),
@@ -219,7 +239,7 @@ fn a_chunk_with_fewer_or_more_values_than_rows_is_an_error() {
         WriterProperties::builder().build(),
     );
     let chunk = metadata.row_group(0).column(0);
-    let ty = FixedWidthType::Int64;
+    let ty = FlatType::FixedWidth(FixedWidthType::Int64);
     let mut short = decoder(&ty, chunk, 0, bytes.clone(), 5_001, &Arc::default()).unwrap();
     let err = short.next_array(5_001).unwrap_err();
     assert!(err.contains("end after 5000"), "{err}");
@@ -258,7 +278,7 @@ fn damaged_pages_give_errors_not_panics_or_wrong_lengths() {
     let data_page = data_page.expect("the chunk has a data page");
     let read = |file: Bytes| -> Result<(), String> {
         let mut decoder = decoder(
-            &FixedWidthType::Int64,
+            &FlatType::FixedWidth(FixedWidthType::Int64),
             chunk,
             0,
             file,
@@ -287,4 +307,58 @@ fn damaged_pages_give_errors_not_panics_or_wrong_lengths() {
             let _ = read(Bytes::from(damaged));
         }
     }
+}
+
+#[test]
+fn a_string_column_that_is_not_utf8_is_an_error() {
+    // Bytes written as binary, read as strings: in the dictionary, and in PLAIN pages.
+    let values = |bad: usize| {
+        BinaryViewArray::from_iter_values((0..3000usize).map(move |i| {
+            if i == bad {
+                vec![b'o', 0xc3] // a character cut short
+            } else {
+                text(i as i64 % 40).into_bytes()
+            }
+        }))
+    };
+    let layouts = [
+        WriterProperties::builder().build(),
+        WriterProperties::builder()
+            .set_dictionary_enabled(false)
+            .build(),
+    ];
+    for props in layouts {
+        for bad in [0, 1234, 2999] {
+            let (bytes, metadata) = write(Arc::new(values(bad)), props.clone());
+            let chunk = metadata.row_group(0).column(0);
+            let as_strings = FlatType::ByteView { utf8: true };
+            let mut strings =
+                decoder(&as_strings, chunk, 0, bytes.clone(), 3000, &Arc::default()).unwrap();
+            let err = strings.next_array(3000).unwrap_err();
+            assert!(err.contains("UTF-8"), "{err}");
+            let as_binary = FlatType::ByteView { utf8: false };
+            let mut binary = decoder(&as_binary, chunk, 0, bytes, 3000, &Arc::default()).unwrap();
+            assert_eq!(binary.next_array(3000).unwrap().len(), 3000);
+        }
+    }
+}
+
+#[test]
+fn a_value_cut_by_the_page_end_is_an_error() {
+    let mut page = Vec::new();
+    for v in ["abc", "a value longer than twelve bytes"] {
+        page.extend((v.len() as u32).to_le_bytes());
+        page.extend(v.as_bytes());
+    }
+    let mut views = Vec::new();
+    assert_eq!(
+        byte_view::plain_views(&page, 0, 2, 0, true, &mut views).unwrap(),
+        page.len()
+    );
+    assert_eq!(views.len(), 2);
+    let err =
+        byte_view::plain_views(&page[..page.len() - 1], 0, 2, 0, true, &mut views).unwrap_err();
+    assert!(err.contains("beyond its page"), "{err}");
+    let err = byte_view::plain_views(&page[..5], 0, 2, 0, true, &mut views).unwrap_err();
+    assert!(err.contains("beyond its page"), "{err}");
 }

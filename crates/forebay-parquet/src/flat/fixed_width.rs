@@ -1,0 +1,254 @@
+//! Integers, dates, floats and decimals (INT32/INT64/FLOAT/DOUBLE): the dictionary is
+//! converted to the output type once (a decimal's i64 → i128 too) and values are gathered
+//! or converted straight into the output buffer.
+
+use arrow::array::{ArrowPrimitiveType, PrimitiveArray};
+use arrow::datatypes::{
+    DataType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
+};
+
+use super::*;
+
+/// The fixed-width columns read: a Parquet physical type and the Arrow type the scan gives
+/// it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum FixedWidthType {
+    /// INT32 as Int32 or Date32 (the same bits).
+    Int32(DataType),
+    Int64,
+    Float32,
+    Float64,
+    /// INT32 or INT64 as `Decimal128(precision, scale)`, sign-extended.
+    Decimal128 {
+        physical: PhysicalType,
+        data_type: DataType,
+    },
+}
+
+impl FixedWidthType {
+    /// The type to decode a flat required column of `physical` type as, when the scan
+    /// decodes it as `data_type`.
+    pub(super) fn of(physical: PhysicalType, data_type: &DataType) -> Option<Self> {
+        match (physical, data_type) {
+            (PhysicalType::INT32, DataType::Int32 | DataType::Date32) => {
+                Some(Self::Int32(data_type.clone()))
+            }
+            (PhysicalType::INT64, DataType::Int64) => Some(Self::Int64),
+            (PhysicalType::FLOAT, DataType::Float32) => Some(Self::Float32),
+            (PhysicalType::DOUBLE, DataType::Float64) => Some(Self::Float64),
+            (physical @ (PhysicalType::INT32 | PhysicalType::INT64), DataType::Decimal128(..)) => {
+                Some(Self::Decimal128 {
+                    physical,
+                    data_type: data_type.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A decoder of `pages` as `ty`.
+pub(super) fn decoder(ty: &FixedWidthType, pages: FetchedPages) -> Box<dyn FlatDecoder> {
+    match ty {
+        FixedWidthType::Int32(data_type) if *data_type == DataType::Date32 => Box::new(
+            ChunkDecoder::<i32, Date32Type>::new(pages, data_type.clone()),
+        ),
+        FixedWidthType::Int32(data_type) => Box::new(ChunkDecoder::<i32, Int32Type>::new(
+            pages,
+            data_type.clone(),
+        )),
+        FixedWidthType::Int64 => {
+            Box::new(ChunkDecoder::<i64, Int64Type>::new(pages, DataType::Int64))
+        }
+        FixedWidthType::Float32 => Box::new(ChunkDecoder::<f32, Float32Type>::new(
+            pages,
+            DataType::Float32,
+        )),
+        FixedWidthType::Float64 => Box::new(ChunkDecoder::<f64, Float64Type>::new(
+            pages,
+            DataType::Float64,
+        )),
+        FixedWidthType::Decimal128 {
+            physical: PhysicalType::INT32,
+            data_type,
+        } => Box::new(ChunkDecoder::<i32, Decimal128Type>::new(
+            pages,
+            data_type.clone(),
+        )),
+        FixedWidthType::Decimal128 { data_type, .. } => Box::new(
+            ChunkDecoder::<i64, Decimal128Type>::new(pages, data_type.clone()),
+        ),
+    }
+}
+
+/// A Parquet physical value stored PLAIN as little-endian bytes.
+trait PlainValue: Copy {
+    /// The values `bytes` holds (`bytes.len()` a multiple of the width), converted and
+    /// appended to `out`.
+    fn extend_converted<T: From<Self>>(bytes: &[u8], out: &mut Vec<T>);
+    const WIDTH: usize;
+}
+
+macro_rules! plain_value {
+    ($($t:ty),*) => {$(
+        impl PlainValue for $t {
+            const WIDTH: usize = std::mem::size_of::<$t>();
+            fn extend_converted<T: From<Self>>(bytes: &[u8], out: &mut Vec<T>) {
+                let (values, _) = bytes.as_chunks::<{ std::mem::size_of::<$t>() }>();
+                out.extend(values.iter().map(|le| T::from(<$t>::from_le_bytes(*le))));
+            }
+        }
+    )*};
+}
+plain_value!(i32, i64, f32, f64);
+
+/// Where the decoder is within the current data page.
+enum PageValues {
+    /// No page open (at the start, or after one is used up).
+    None,
+    /// PLAIN values: `bytes` holds the ones not read yet.
+    Plain(Bytes),
+    /// Dictionary indices, `left` of them not read yet.
+    Indexed { left: usize },
+}
+
+/// Decodes a chunk of physical type `P` into arrays of `A`.
+struct ChunkDecoder<P: PlainValue, A: ArrowPrimitiveType> {
+    pages: FetchedPages,
+    data_type: DataType,
+    /// The dictionary page's values, already converted to the output type.
+    dictionary: Option<Vec<A::Native>>,
+    page: PageValues,
+    indices: Option<HybridIndices>,
+    _physical: std::marker::PhantomData<P>,
+}
+
+impl<P, A> ChunkDecoder<P, A>
+where
+    P: PlainValue,
+    A: ArrowPrimitiveType,
+    A::Native: From<P>,
+{
+    fn new(pages: FetchedPages, data_type: DataType) -> Self {
+        Self {
+            pages,
+            data_type,
+            dictionary: None,
+            page: PageValues::None,
+            indices: None,
+            _physical: std::marker::PhantomData,
+        }
+    }
+
+    /// Open the next data page (reading a dictionary page first if one comes); `false` when
+    /// the chunk has no more pages.
+    fn open_page(&mut self) -> Result<bool, String> {
+        // The previous page is read: let go of it, so that its buffer can be reused.
+        self.page = PageValues::None;
+        if let Some(indices) = &mut self.indices {
+            indices.release();
+        }
+        loop {
+            match next_page(&mut self.pages)? {
+                None => return Ok(false),
+                Some(NextPage::Dictionary { values, count }) => {
+                    if self.dictionary.is_some() {
+                        return Err("the chunk has a second dictionary page".into());
+                    }
+                    let bytes = values.get(..count * P::WIDTH).ok_or_else(|| {
+                        format!(
+                            "a dictionary page of {count} values holds {} bytes",
+                            values.len()
+                        )
+                    })?;
+                    let mut dictionary = Vec::with_capacity(count);
+                    P::extend_converted(bytes, &mut dictionary);
+                    self.dictionary = Some(dictionary);
+                }
+                Some(NextPage::Plain { values, count }) => {
+                    let bytes = count * P::WIDTH;
+                    if values.len() < bytes {
+                        return Err(format!(
+                            "a PLAIN page of {count} values holds {} bytes",
+                            values.len()
+                        ));
+                    }
+                    self.page = PageValues::Plain(values.slice(..bytes));
+                    return Ok(true);
+                }
+                Some(NextPage::Indexed { indices, count }) => {
+                    if self.dictionary.is_none() {
+                        return Err("a dictionary-encoded page comes before any dictionary".into());
+                    }
+                    HybridIndices::open(&mut self.indices, indices)?;
+                    self.page = PageValues::Indexed { left: count };
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Append up to `want` values of the open page to `out`; how many.
+    fn read_page(&mut self, want: usize, out: &mut Vec<A::Native>) -> Result<usize, String> {
+        match &mut self.page {
+            PageValues::None => Ok(0),
+            PageValues::Plain(bytes) => {
+                let n = want.min(bytes.len() / P::WIDTH);
+                P::extend_converted(&bytes[..n * P::WIDTH], out);
+                *bytes = bytes.slice(n * P::WIDTH..);
+                if bytes.is_empty() {
+                    self.page = PageValues::None;
+                }
+                Ok(n)
+            }
+            PageValues::Indexed { left } => {
+                let dictionary = self.dictionary.as_deref().expect("checked at open");
+                let indices = self.indices.as_mut().expect("set at open");
+                let read = gather(indices, dictionary, want, left, out, |v| v)?;
+                if *left == 0 {
+                    self.page = PageValues::None;
+                }
+                Ok(read)
+            }
+        }
+    }
+}
+
+impl<P, A> FlatDecoder for ChunkDecoder<P, A>
+where
+    P: PlainValue + Send,
+    A: ArrowPrimitiveType,
+    A::Native: From<P>,
+{
+    fn next_array(&mut self, rows: usize) -> Result<ArrayRef, String> {
+        let mut values = Vec::with_capacity(rows);
+        while values.len() < rows {
+            let read = self.read_page(rows - values.len(), &mut values)?;
+            if read == 0 && matches!(self.page, PageValues::None) && !self.open_page()? {
+                return Err(format!(
+                    "the chunk's pages end after {} of the {rows} values of a batch",
+                    values.len()
+                ));
+            }
+        }
+        let array =
+            PrimitiveArray::<A>::new(values.into(), None).with_data_type(self.data_type.clone());
+        Ok(Arc::new(array))
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        loop {
+            match self.page {
+                PageValues::Plain(ref bytes) if !bytes.is_empty() => {}
+                PageValues::Indexed { left } if left > 0 => {}
+                _ => {
+                    if self.open_page()? {
+                        continue;
+                    }
+                    return Ok(());
+                }
+            }
+            return Err("the chunk's pages hold more values than the row group's rows".into());
+        }
+    }
+}
