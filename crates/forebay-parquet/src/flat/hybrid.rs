@@ -128,23 +128,9 @@ impl HybridIndices {
                 Run::Packed { next, left, end } if *left > 0 => {
                     let count = (*left).min(BLOCK);
                     let blocks = count.div_ceil(32);
-                    let bytes_per_block = 4 * self.width;
-                    for block in 0..blocks {
-                        let start = *next + block * bytes_per_block;
-                        let out: &mut [u32; 32] = (&mut self.unpacked[block * 32..][..32])
-                            .try_into()
-                            .expect("a block is 32 indices");
-                        let available = end.saturating_sub(start);
-                        if available >= bytes_per_block {
-                            unpack32(&self.data[start..start + bytes_per_block], self.width, out);
-                        } else {
-                            // The run's last groups: fewer than 32 indices are left.
-                            let mut padded = [0u8; 128];
-                            padded[..available].copy_from_slice(&self.data[start..*end]);
-                            unpack32(&padded[..bytes_per_block], self.width, out);
-                        }
-                    }
-                    *next += blocks * bytes_per_block;
+                    let run = &self.data[*next..*end];
+                    unpack_blocks(run, self.width, &mut self.unpacked[..blocks * 32]);
+                    *next += blocks * 4 * self.width;
                     *left -= count;
                     self.from = 0;
                     self.to = count;
@@ -206,13 +192,15 @@ impl HybridIndices {
     }
 }
 
-/// Unpack 32 indices of `width` bits from `packed` (exactly `4 * width` bytes).
-fn unpack32(packed: &[u8], width: usize, out: &mut [u32; 32]) {
+/// Unpack `out.len() / 32` blocks of 32 indices of `width` bits from the start of `packed`
+/// (a run's bytes: when fewer than a block's remain, the last block reads zeros past them).
+/// The width is dispatched once per call, not once per block.
+fn unpack_blocks(packed: &[u8], width: usize, out: &mut [u32]) {
     macro_rules! by_width {
         ($($w:literal)*) => {
             match width {
                 0 => out.fill(0),
-                $($w => unpack32_of::<$w>(packed, out),)*
+                $($w => unpack_blocks_of::<$w>(packed, out),)*
                 _ => unreachable!("widths above 32 are rejected when a page is opened"),
             }
         };
@@ -220,7 +208,25 @@ fn unpack32(packed: &[u8], width: usize, out: &mut [u32; 32]) {
     by_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32)
 }
 
-/// [`unpack32`] for one width, known at compile time. Written out for each of the 32
+fn unpack_blocks_of<const WIDTH: usize>(packed: &[u8], out: &mut [u32]) {
+    let block_bytes = 4 * WIDTH;
+    for (block, out) in out.chunks_exact_mut(32).enumerate() {
+        let out: &mut [u32; 32] = out.try_into().expect("chunks of 32");
+        let start = block * block_bytes;
+        match packed.get(start..start + block_bytes) {
+            Some(bytes) => unpack32_of::<WIDTH>(bytes, out),
+            None => {
+                // The run's last groups: fewer than 32 indices are left.
+                let rest = packed.get(start..).unwrap_or_default();
+                let mut padded = [0u8; 128];
+                padded[..rest.len()].copy_from_slice(rest);
+                unpack32_of::<WIDTH>(&padded[..block_bytes], out);
+            }
+        }
+    }
+}
+
+/// 32 indices of one width, known at compile time. Written out for each of the 32
 /// lanes (not as a loop) so that every shift is a constant and the two-word case is decided
 /// at compile time.
 #[inline(always)]
