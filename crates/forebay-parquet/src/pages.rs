@@ -168,65 +168,28 @@ impl FetchedPages {
                 pool: pool.clone(),
             }))
         };
-        Ok(match page {
-            Page::DataPage {
-                buf,
-                num_values,
-                encoding,
-                def_level_encoding,
-                rep_level_encoding,
-                statistics,
-            } => Page::DataPage {
-                buf: into_buffer(&[], &buf)?,
-                num_values,
-                encoding,
-                def_level_encoding,
-                rep_level_encoding,
-                statistics,
-            },
+        let mut page = page;
+        match &mut page {
+            Page::DataPage { buf, .. } | Page::DictionaryPage { buf, .. } => {
+                *buf = into_buffer(&[], buf)?;
+            }
             Page::DataPageV2 {
                 buf,
-                num_values,
-                encoding,
-                num_nulls,
-                num_rows,
                 def_levels_byte_len,
                 rep_levels_byte_len,
                 is_compressed,
-                statistics,
+                ..
             } => {
-                // Levels come first and are never compressed.
-                let levels =
-                    (def_levels_byte_len as usize + rep_levels_byte_len as usize).min(buf.len());
-                let buf = if is_compressed {
-                    into_buffer(&buf[..levels], &buf[levels..])?
-                } else {
-                    buf
-                };
-                Page::DataPageV2 {
-                    buf,
-                    num_values,
-                    encoding,
-                    num_nulls,
-                    num_rows,
-                    def_levels_byte_len,
-                    rep_levels_byte_len,
-                    is_compressed: false,
-                    statistics,
+                if *is_compressed {
+                    // Levels come first and are never compressed.
+                    let levels = (*def_levels_byte_len as usize + *rep_levels_byte_len as usize)
+                        .min(buf.len());
+                    *buf = into_buffer(&buf[..levels], &buf[levels..])?;
+                    *is_compressed = false;
                 }
             }
-            Page::DictionaryPage {
-                buf,
-                num_values,
-                encoding,
-                is_sorted,
-            } => Page::DictionaryPage {
-                buf: into_buffer(&[], &buf)?,
-                num_values,
-                encoding,
-                is_sorted,
-            },
-        })
+        }
+        Ok(page)
     }
 }
 
