@@ -136,7 +136,7 @@ impl FetchedPages {
     }
 
     /// `page` with its values decompressed (when this reader decompresses).
-    fn decompress(&mut self, page: Page) -> Result<Page> {
+    fn decompress(&mut self, mut page: Page) -> Result<Page> {
         let Some((decoder, pool)) = &mut self.snappy else {
             return Ok(page);
         };
@@ -168,7 +168,6 @@ impl FetchedPages {
                 pool: pool.clone(),
             }))
         };
-        let mut page = page;
         match &mut page {
             Page::DataPage { buf, .. } | Page::DictionaryPage { buf, .. } => {
                 *buf = into_buffer(&[], buf)?;
