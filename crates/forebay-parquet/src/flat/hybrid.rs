@@ -195,7 +195,31 @@ impl HybridIndices {
 /// Unpack `out.len() / 32` blocks of 32 indices of `width` bits from the start of `packed`
 /// (a run's bytes: when fewer than a block's remain, the last block reads zeros past them).
 /// The width is dispatched once per call, not once per block.
+///
+/// On a CPU with AVX2 and BMI2 the same code runs compiled for them: it unpacks twice as
+/// fast (iter SF5: unpacking 6.3 % of the samples with the baseline x86-64 build, 3.1 %
+/// with AVX2), and the wheel must still run on CPUs without them.
 fn unpack_blocks(packed: &[u8], width: usize, out: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("bmi2") {
+        // SAFETY: the CPU has AVX2 and BMI2, checked just above.
+        return unsafe { unpack_blocks_avx2(packed, width, out) };
+    }
+    unpack_blocks_by_width(packed, width, out)
+}
+
+/// [`unpack_blocks`] compiled for AVX2 and BMI2.
+///
+/// # Safety
+/// Only on a CPU that has both.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi2")]
+unsafe fn unpack_blocks_avx2(packed: &[u8], width: usize, out: &mut [u32]) {
+    unpack_blocks_by_width(packed, width, out)
+}
+
+#[inline(always)]
+fn unpack_blocks_by_width(packed: &[u8], width: usize, out: &mut [u32]) {
     macro_rules! by_width {
         ($($w:literal)*) => {
             match width {
@@ -208,6 +232,7 @@ fn unpack_blocks(packed: &[u8], width: usize, out: &mut [u32]) {
     by_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32)
 }
 
+#[inline(always)]
 fn unpack_blocks_of<const WIDTH: usize>(packed: &[u8], out: &mut [u32]) {
     let block_bytes = 4 * WIDTH;
     for (block, out) in out.chunks_exact_mut(32).enumerate() {
@@ -328,6 +353,18 @@ mod tests {
                 let got = read_all(width as u8, data.clone(), expected.len(), max).unwrap();
                 assert_eq!(got, expected, "width {width}, {max} at a time");
             }
+        }
+    }
+
+    #[test]
+    fn the_portable_unpacking_agrees_with_the_one_this_cpu_runs() {
+        // `unpack_blocks` may run the AVX2 build; the portable one must give the same.
+        for width in 0..=32usize {
+            let bytes: Vec<u8> = (0..4 * 32 * 3 + 5).map(|i| (i * 37 + width) as u8).collect();
+            let (mut portable, mut dispatched) = (vec![0u32; 128], vec![0u32; 128]);
+            unpack_blocks_by_width(&bytes, width, &mut portable);
+            unpack_blocks(&bytes, width, &mut dispatched);
+            assert_eq!(portable, dispatched, "width {width}");
         }
     }
 
