@@ -360,7 +360,9 @@ mod tests {
     fn the_portable_unpacking_agrees_with_the_one_this_cpu_runs() {
         // `unpack_blocks` may run the AVX2 build; the portable one must give the same.
         for width in 0..=32usize {
-            let bytes: Vec<u8> = (0..4 * 32 * 3 + 5).map(|i| (i * 37 + width) as u8).collect();
+            let bytes: Vec<u8> = (0..4 * 32 * 3 + 5)
+                .map(|i| (i * 37 + width) as u8)
+                .collect();
             let (mut portable, mut dispatched) = (vec![0u32; 128], vec![0u32; 128]);
             unpack_blocks_by_width(&bytes, width, &mut portable);
             unpack_blocks(&bytes, width, &mut dispatched);
