@@ -44,44 +44,32 @@ struct Dictionary {
 }
 
 pub(super) struct ViewDecoder {
-    pages: FetchedPages,
+    cursor: PageCursor,
     /// Strings: every value is checked to be UTF-8.
     utf8: bool,
     dictionary: Option<Dictionary>,
-    /// A data page was opened (the dictionary page must come before any).
-    data_pages_seen: bool,
     page: PageValues,
-    indices: Option<HybridIndices>,
 }
 
 impl ViewDecoder {
     pub(super) fn new(pages: FetchedPages, utf8: bool) -> Self {
         Self {
-            pages,
+            cursor: PageCursor::new(pages),
             utf8,
             dictionary: None,
-            data_pages_seen: false,
             page: PageValues::None,
-            indices: None,
         }
     }
 
     /// Open the next data page (reading a dictionary page first if one comes); `false` when
     /// the chunk has no more pages.
     fn open_page(&mut self) -> Result<bool, String> {
-        // The previous page is read: let go of it, so that its buffer can be reused.
         self.page = PageValues::None;
-        if let Some(indices) = &mut self.indices {
-            indices.release();
-        }
         loop {
-            match next_page(&mut self.pages)? {
+            match self.cursor.next(self.dictionary.is_some())? {
                 None => return Ok(false),
                 Some(NextPage::Dictionary { values, count }) => {
-                    if self.dictionary.is_some() {
-                        return Err("the chunk has a second dictionary page".into());
-                    }
-                    if self.data_pages_seen {
+                    if self.cursor.data_pages_seen {
                         // The format puts it first; batches rely on it (their buffer 0).
                         return Err("the dictionary page comes after data pages".into());
                     }
@@ -95,7 +83,6 @@ impl ViewDecoder {
                     });
                 }
                 Some(NextPage::Plain { values, count }) => {
-                    self.data_pages_seen = true;
                     self.page = PageValues::Plain {
                         page: values,
                         next: 0,
@@ -103,12 +90,7 @@ impl ViewDecoder {
                     };
                     return Ok(true);
                 }
-                Some(NextPage::Indexed { indices, count }) => {
-                    if self.dictionary.is_none() {
-                        return Err("a dictionary-encoded page comes before any dictionary".into());
-                    }
-                    self.data_pages_seen = true;
-                    HybridIndices::open(&mut self.indices, indices)?;
+                Some(NextPage::Indexed { count }) => {
                     self.page = PageValues::Indexed { left: count };
                     return Ok(true);
                 }
@@ -156,7 +138,7 @@ impl FlatDecoder for ViewDecoder {
                 }
                 PageValues::Indexed { left } => {
                     let dictionary = self.dictionary.as_ref().expect("checked at open");
-                    let indices = self.indices.as_mut().expect("set at open");
+                    let indices = self.cursor.indices();
                     let read = gather(indices, &dictionary.views, want, left, &mut views, |v| v)?;
                     if *left == 0 {
                         self.page = PageValues::None;
@@ -189,18 +171,18 @@ impl FlatDecoder for ViewDecoder {
     }
 
     fn finish(&mut self) -> Result<(), String> {
+        // Pages of no values may follow the last value; any value is one too many.
         loop {
-            match self.page {
-                PageValues::Plain { left, .. } if left > 0 => {}
-                PageValues::Indexed { left } if left > 0 => {}
-                _ => {
-                    if self.open_page()? {
-                        continue;
-                    }
-                    return Ok(());
-                }
+            let values_left = matches!(
+                self.page,
+                PageValues::Plain { left, .. } | PageValues::Indexed { left } if left > 0
+            );
+            if values_left {
+                return Err("the chunk's pages hold more values than the row group's rows".into());
             }
-            return Err("the chunk's pages hold more values than the row group's rows".into());
+            if !self.open_page()? {
+                return Ok(());
+            }
         }
     }
 }

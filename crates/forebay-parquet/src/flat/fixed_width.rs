@@ -114,12 +114,11 @@ enum PageValues {
 
 /// Decodes a chunk of physical type `P` into arrays of `A`.
 struct ChunkDecoder<P: PlainValue, A: ArrowPrimitiveType> {
-    pages: FetchedPages,
+    cursor: PageCursor,
     data_type: DataType,
     /// The dictionary page's values, already converted to the output type.
     dictionary: Option<Vec<A::Native>>,
     page: PageValues,
-    indices: Option<HybridIndices>,
     _physical: std::marker::PhantomData<P>,
 }
 
@@ -131,11 +130,10 @@ where
 {
     fn new(pages: FetchedPages, data_type: DataType) -> Self {
         Self {
-            pages,
+            cursor: PageCursor::new(pages),
             data_type,
             dictionary: None,
             page: PageValues::None,
-            indices: None,
             _physical: std::marker::PhantomData,
         }
     }
@@ -143,18 +141,11 @@ where
     /// Open the next data page (reading a dictionary page first if one comes); `false` when
     /// the chunk has no more pages.
     fn open_page(&mut self) -> Result<bool, String> {
-        // The previous page is read: let go of it, so that its buffer can be reused.
         self.page = PageValues::None;
-        if let Some(indices) = &mut self.indices {
-            indices.release();
-        }
         loop {
-            match next_page(&mut self.pages)? {
+            match self.cursor.next(self.dictionary.is_some())? {
                 None => return Ok(false),
                 Some(NextPage::Dictionary { values, count }) => {
-                    if self.dictionary.is_some() {
-                        return Err("the chunk has a second dictionary page".into());
-                    }
                     let bytes = values.get(..count * P::WIDTH).ok_or_else(|| {
                         format!(
                             "a dictionary page of {count} values holds {} bytes",
@@ -176,11 +167,7 @@ where
                     self.page = PageValues::Plain(values.slice(..bytes));
                     return Ok(true);
                 }
-                Some(NextPage::Indexed { indices, count }) => {
-                    if self.dictionary.is_none() {
-                        return Err("a dictionary-encoded page comes before any dictionary".into());
-                    }
-                    HybridIndices::open(&mut self.indices, indices)?;
+                Some(NextPage::Indexed { count }) => {
                     self.page = PageValues::Indexed { left: count };
                     return Ok(true);
                 }
@@ -203,7 +190,7 @@ where
             }
             PageValues::Indexed { left } => {
                 let dictionary = self.dictionary.as_deref().expect("checked at open");
-                let indices = self.indices.as_mut().expect("set at open");
+                let indices = self.cursor.indices();
                 let read = gather(indices, dictionary, want, left, out, |v| v)?;
                 if *left == 0 {
                     self.page = PageValues::None;
@@ -237,18 +224,19 @@ where
     }
 
     fn finish(&mut self) -> Result<(), String> {
+        // Pages of no values may follow the last value; any value is one too many.
         loop {
-            match self.page {
-                PageValues::Plain(ref bytes) if !bytes.is_empty() => {}
-                PageValues::Indexed { left } if left > 0 => {}
-                _ => {
-                    if self.open_page()? {
-                        continue;
-                    }
-                    return Ok(());
-                }
+            let values_left = match &self.page {
+                PageValues::None => false,
+                PageValues::Plain(bytes) => !bytes.is_empty(),
+                PageValues::Indexed { left } => *left > 0,
+            };
+            if values_left {
+                return Err("the chunk's pages hold more values than the row group's rows".into());
             }
-            return Err("the chunk's pages hold more values than the row group's rows".into());
+            if !self.open_page()? {
+                return Ok(());
+            }
         }
     }
 }

@@ -128,7 +128,69 @@ enum NextPage {
     Dictionary { values: Bytes, count: usize },
     /// `count` PLAIN values.
     Plain { values: Bytes, count: usize },
-    /// `count` indices into the dictionary.
+    /// `count` indices into the dictionary, read with [`PageCursor::indices`].
+    Indexed { count: usize },
+}
+
+/// A chunk's pages as both decoders walk them, with the reader of the open page's indices
+/// (kept, with its buffer, from page to page).
+struct PageCursor {
+    pages: FetchedPages,
+    indices: Option<HybridIndices>,
+    /// A data page was opened.
+    data_pages_seen: bool,
+}
+
+impl PageCursor {
+    fn new(pages: FetchedPages) -> Self {
+        Self {
+            pages,
+            indices: None,
+            data_pages_seen: false,
+        }
+    }
+
+    /// The next page, or `None` after the last. The previous page's bytes are let go of
+    /// first (so that their buffer can be reused). `has_dictionary`: the decoder holds the
+    /// chunk's dictionary (a second one, or indices without one, are errors).
+    fn next(&mut self, has_dictionary: bool) -> Result<Option<NextPage>, String> {
+        if let Some(indices) = &mut self.indices {
+            indices.release();
+        }
+        let next = match read_page(&mut self.pages)? {
+            None => None,
+            Some(RawPage::Dictionary { .. }) if has_dictionary => {
+                return Err("the chunk has a second dictionary page".into())
+            }
+            Some(RawPage::Dictionary { values, count }) => {
+                Some(NextPage::Dictionary { values, count })
+            }
+            Some(RawPage::Plain { values, count }) => {
+                self.data_pages_seen = true;
+                Some(NextPage::Plain { values, count })
+            }
+            Some(RawPage::Indexed { .. }) if !has_dictionary => {
+                return Err("a dictionary-encoded page comes before any dictionary".into())
+            }
+            Some(RawPage::Indexed { indices, count }) => {
+                self.data_pages_seen = true;
+                HybridIndices::open(&mut self.indices, indices)?;
+                Some(NextPage::Indexed { count })
+            }
+        };
+        Ok(next)
+    }
+
+    /// The open indexed page's indices.
+    fn indices(&mut self) -> &mut HybridIndices {
+        self.indices.as_mut().expect("an indexed page is open")
+    }
+}
+
+/// A page as read from the chunk.
+enum RawPage {
+    Dictionary { values: Bytes, count: usize },
+    Plain { values: Bytes, count: usize },
     Indexed { indices: IndexedPage, count: usize },
 }
 
@@ -140,7 +202,7 @@ struct IndexedPage {
 
 /// The chunk's next page (data pages of either version, without their levels: a required
 /// flat column has none), or `None` after the last.
-fn next_page(pages: &mut FetchedPages) -> Result<Option<NextPage>, String> {
+fn read_page(pages: &mut FetchedPages) -> Result<Option<RawPage>, String> {
     loop {
         let Some(page) = pages.get_next_page().map_err(|e| e.to_string())? else {
             return Ok(None);
@@ -155,7 +217,7 @@ fn next_page(pages: &mut FetchedPages) -> Result<Option<NextPage>, String> {
                 if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
                     return Err(format!("a dictionary page is encoded as {encoding}"));
                 }
-                return Ok(Some(NextPage::Dictionary {
+                return Ok(Some(RawPage::Dictionary {
                     values: buf,
                     count: num_values as usize,
                 }));
@@ -194,7 +256,7 @@ fn next_page(pages: &mut FetchedPages) -> Result<Option<NextPage>, String> {
         let values = buf.slice(levels..);
         let count = num_values as usize;
         return match encoding {
-            Encoding::PLAIN => Ok(Some(NextPage::Plain { values, count })),
+            Encoding::PLAIN => Ok(Some(RawPage::Plain { values, count })),
             Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
                 let Some(&width) = values.first() else {
                     if count == 0 {
@@ -202,7 +264,7 @@ fn next_page(pages: &mut FetchedPages) -> Result<Option<NextPage>, String> {
                     }
                     return Err("a dictionary-encoded page is empty".into());
                 };
-                Ok(Some(NextPage::Indexed {
+                Ok(Some(RawPage::Indexed {
                     indices: IndexedPage {
                         width,
                         runs: values.slice(1..),
