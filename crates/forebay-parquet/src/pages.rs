@@ -9,7 +9,7 @@
 //!                            │                              (back to the pool when the
 //!                            │                               last array using it is dropped)
 //!                            ▼
-//!        forebay's fixed-width decoder  /  the parquet crate's decoders (via FetchedRowGroup)
+//!        forebay's own decoders (`flat`)  /  the parquet crate's decoders (via FetchedRowGroup)
 //! ```
 //!
 //! Why: the parquet crate decompresses each page into a new buffer that it first fills
