@@ -1,6 +1,6 @@
-//! Integers, dates, floats and decimals (INT32/INT64/FLOAT/DOUBLE): the dictionary is
-//! converted to the output type once (a decimal's i64 → i128 too) and values are gathered
-//! or converted straight into the output buffer.
+//! Integers, dates, floats and decimals (INT32/INT64/FLOAT/DOUBLE): values are gathered
+//! from the dictionary page as it stores them, or read from a PLAIN page, and converted to
+//! the output type (a decimal's i64 → i128 too) straight into the output buffer.
 
 use arrow::array::{ArrowPrimitiveType, PrimitiveArray};
 use arrow::datatypes::{
@@ -83,19 +83,34 @@ pub(super) fn decoder(ty: &FixedWidthType, pages: FetchedPages) -> Box<dyn FlatD
 
 /// A Parquet physical value stored PLAIN as little-endian bytes.
 trait PlainValue: Copy {
+    /// Its stored bytes.
+    type Le: Copy;
+    const WIDTH: usize;
+    /// `bytes` (a multiple of the width long) as stored values.
+    fn stored(bytes: &[u8]) -> &[Self::Le];
+    fn from_le(le: Self::Le) -> Self;
+
     /// The values `bytes` holds (`bytes.len()` a multiple of the width), converted and
     /// appended to `out`.
-    fn extend_converted<T: From<Self>>(bytes: &[u8], out: &mut Vec<T>);
-    const WIDTH: usize;
+    fn extend_converted<T: From<Self>>(bytes: &[u8], out: &mut Vec<T>) {
+        out.extend(
+            Self::stored(bytes)
+                .iter()
+                .map(|&le| T::from(Self::from_le(le))),
+        );
+    }
 }
 
 macro_rules! plain_value {
     ($($t:ty),*) => {$(
         impl PlainValue for $t {
+            type Le = [u8; std::mem::size_of::<$t>()];
             const WIDTH: usize = std::mem::size_of::<$t>();
-            fn extend_converted<T: From<Self>>(bytes: &[u8], out: &mut Vec<T>) {
-                let (values, _) = bytes.as_chunks::<{ std::mem::size_of::<$t>() }>();
-                out.extend(values.iter().map(|le| T::from(<$t>::from_le_bytes(*le))));
+            fn stored(bytes: &[u8]) -> &[Self::Le] {
+                bytes.as_chunks().0
+            }
+            fn from_le(le: Self::Le) -> Self {
+                <$t>::from_le_bytes(le)
             }
         }
     )*};
@@ -116,10 +131,12 @@ enum PageValues {
 struct ChunkDecoder<P: PlainValue, A: ArrowPrimitiveType> {
     cursor: PageCursor,
     data_type: DataType,
-    /// The dictionary page's values, already converted to the output type.
-    dictionary: Option<Vec<A::Native>>,
+    /// The dictionary page's values, as stored: a value is converted (a decimal's i64
+    /// widened to i128 too) as it is gathered, so the dictionary is never copied and, for a
+    /// decimal, is read at half the width.
+    dictionary: Option<Bytes>,
     page: PageValues,
-    _physical: std::marker::PhantomData<P>,
+    _types: std::marker::PhantomData<fn() -> (P, A)>,
 }
 
 impl<P, A> ChunkDecoder<P, A>
@@ -134,7 +151,7 @@ where
             data_type,
             dictionary: None,
             page: PageValues::None,
-            _physical: std::marker::PhantomData,
+            _types: std::marker::PhantomData,
         }
     }
 
@@ -146,15 +163,14 @@ where
             match self.cursor.next(self.dictionary.is_some())? {
                 None => return Ok(false),
                 Some(NextPage::Dictionary { values, count }) => {
-                    let bytes = values.get(..count * P::WIDTH).ok_or_else(|| {
-                        format!(
+                    let bytes = count * P::WIDTH;
+                    if values.len() < bytes {
+                        return Err(format!(
                             "a dictionary page of {count} values holds {} bytes",
                             values.len()
-                        )
-                    })?;
-                    let mut dictionary = Vec::with_capacity(count);
-                    P::extend_converted(bytes, &mut dictionary);
-                    self.dictionary = Some(dictionary);
+                        ));
+                    }
+                    self.dictionary = Some(values.slice(..bytes));
                 }
                 Some(NextPage::Plain { values, count }) => {
                     let bytes = count * P::WIDTH;
@@ -189,9 +205,11 @@ where
                 Ok(n)
             }
             PageValues::Indexed { left } => {
-                let dictionary = self.dictionary.as_deref().expect("checked at open");
+                let dictionary = P::stored(self.dictionary.as_deref().expect("checked at open"));
                 let indices = self.cursor.indices();
-                let read = gather(indices, dictionary, want, left, out, |v| v)?;
+                let read = gather(indices, dictionary, want, left, out, |le| {
+                    A::Native::from(P::from_le(le))
+                })?;
                 if *left == 0 {
                     self.page = PageValues::None;
                 }

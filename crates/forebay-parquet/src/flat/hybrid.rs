@@ -99,6 +99,11 @@ impl HybridIndices {
         Ok(())
     }
 
+    /// The indices' bit width.
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
     /// Let go of the page's bytes (so that their buffer can be reused).
     pub(crate) fn release(&mut self) {
         self.data = bytes::Bytes::new();

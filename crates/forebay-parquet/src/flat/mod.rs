@@ -9,8 +9,8 @@
 //!                         next_page: dictionary page │ PLAIN values │ dictionary indices
 //!                             │                                         (hybrid.rs)
 //!                             ▼
-//!      fixed_width: dictionary converted once to the output type; values gathered
-//!                   straight into a new buffer ──► PrimitiveArray
+//!      fixed_width: values gathered from the dictionary page as stored, each converted
+//!                   (a decimal widened) straight into a new buffer ──► PrimitiveArray
 //!      byte_view:   dictionary as views over its page; views gathered, or made over a
 //!                   PLAIN page ──► StringViewArray / BinaryViewArray
 //! ```
@@ -19,7 +19,8 @@
 //! buffer and dictionary before writing it, and for a decimal it gathers 64-bit values and
 //! then widens each one to 128 bits. Polars does neither, and on TPC-H lineitem those costs
 //! were most of its lead over forebay's scan (BENCHMARKS.md, sessions 21-22). Here a
-//! dictionary is converted once and values are written once, into uninitialised capacity.
+//! dictionary is read where its page holds it and values are written once, into
+//! uninitialised capacity.
 //!
 //! Only what this reads with certainty is taken ([`FlatType::of`], [`chunk_is_supported`]);
 //! anything else (nulls, nesting, other encodings, row selections) stays with the parquet
@@ -280,15 +281,21 @@ fn read_page(pages: &mut FetchedPages) -> Result<Option<RawPage>, String> {
 }
 
 /// Append up to `want` values of a dictionary-encoded page (`left` indices not yet read)
-/// to `out`: `dictionary[index]`, passed through `adjust`. Returns how many.
-fn gather<T: Copy>(
+/// to `out`: `dictionary[index]`, passed through `convert`. Returns how many.
+///
+/// Indices are range-checked a block at a time (by their largest), and not at all when
+/// their bit width cannot reach past the dictionary's end.
+fn gather<D: Copy, T: Copy>(
     indices: &mut HybridIndices,
-    dictionary: &[T],
+    dictionary: &[D],
     want: usize,
     left: &mut usize,
     out: &mut Vec<T>,
-    adjust: impl Fn(T) -> T,
+    convert: impl Fn(D) -> T,
 ) -> Result<usize, String> {
+    let always_in_range = 1u64
+        .checked_shl(indices.width() as u32)
+        .is_some_and(|reach| reach <= dictionary.len() as u64);
     let mut read = 0;
     while read < want && *left > 0 {
         let max = (want - read).min(*left).min(BLOCK);
@@ -297,20 +304,23 @@ fn gather<T: Copy>(
                 let value = *dictionary
                     .get(index as usize)
                     .ok_or_else(|| out_of_range(index, dictionary.len()))?;
-                out.extend(std::iter::repeat_n(adjust(value), count));
+                out.extend(std::iter::repeat_n(convert(value), count));
                 count
             }
             Indices::Listed(listed) => {
-                let largest = listed.iter().copied().max().unwrap_or(0);
-                if largest as usize >= dictionary.len() {
-                    return Err(out_of_range(largest, dictionary.len()));
+                if !always_in_range {
+                    let largest = listed.iter().copied().max().unwrap_or(0);
+                    if largest as usize >= dictionary.len() {
+                        return Err(out_of_range(largest, dictionary.len()));
+                    }
                 }
-                // SAFETY: every index is at most `largest`, checked above to be within the
-                // dictionary.
+                // SAFETY: every index is below the dictionary's length: either its bit width
+                // cannot express a larger one (`always_in_range`), or the block's largest was
+                // checked above.
                 out.extend(
                     listed
                         .iter()
-                        .map(|&i| adjust(unsafe { *dictionary.get_unchecked(i as usize) })),
+                        .map(|&i| convert(unsafe { *dictionary.get_unchecked(i as usize) })),
                 );
                 listed.len()
             }

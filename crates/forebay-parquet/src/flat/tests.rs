@@ -362,3 +362,22 @@ fn a_value_cut_by_the_page_end_is_an_error() {
     let err = byte_view::plain_views(&page[..5], 0, 2, 0, true, &mut views).unwrap_err();
     assert!(err.contains("beyond its page"), "{err}");
 }
+
+#[test]
+fn an_index_past_the_dictionary_is_an_error_unless_its_width_cannot_reach_past() {
+    // One bit-packed run of 8 two-bit indices: 0 1 2 3 0 1 2 3.
+    let run = Bytes::from_static(&[0b11, 0xE4, 0xE4]);
+    let gather_all = |dictionary: &[i64]| {
+        let mut indices = HybridIndices::new(2, run.clone()).unwrap();
+        let (mut left, mut out) = (8, Vec::new());
+        gather(&mut indices, dictionary, 8, &mut left, &mut out, |v| v).map(|_| out)
+    };
+    // Four entries: two bits cannot name a fifth, so no index is checked, and none need be.
+    assert_eq!(
+        gather_all(&[10, 11, 12, 13]).unwrap(),
+        [10, 11, 12, 13, 10, 11, 12, 13]
+    );
+    // Three entries: index 3 is past the end.
+    let err = gather_all(&[10, 11, 12]).unwrap_err();
+    assert!(err.contains("index 3 is out of range"), "{err}");
+}
