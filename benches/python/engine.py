@@ -18,8 +18,9 @@ Scenarios:
   overcap  stream data 10x the memory limit through a map step to a consumer slower than
            the source; system-wide used memory must stay within the limit + 10 %.
 
-Every measurement runs in a fresh subprocess (engines alternate: A B C, A B C, ...); the
-child imports its libraries first, then samples system-wide used memory (MemTotal -
+Every measurement runs in a fresh subprocess (engines alternate, rotating which goes first:
+A B C, B C A, ...), after the parent read the input files once so that every run finds them
+in the page cache (see measure.warm_page_cache); the child imports its libraries first, then samples system-wide used memory (MemTotal -
 MemAvailable less the kernel's per-CPU free lists, every 10 ms, so helper processes such as
 Ray's count) and reports its rise over the run, with the run's time. Medians over rounds. Data comes from tpchgen-cli.
 """
@@ -42,6 +43,7 @@ from measure import (
     process_cpu_seconds,
     run_child,
     wait_for_ray_exit,
+    warm_page_cache,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -310,11 +312,17 @@ def child_overcap(files: list[str], limit: str, consumer_ms: float) -> dict:
 # ---------------------------------------------------------------- parent
 
 
-def alternate(engines: list[str], rounds: int, kind: str, *args: str) -> dict[str, list[dict]]:
+def alternate(
+    engines: list[str], rounds: int, files: list[str], kind: str, *args: str
+) -> dict[str, list[dict]]:
+    """Run each engine `rounds` times, rotating which goes first (A B C, B C A, ...), each
+    run after the input `files` were read once (`warm_page_cache`)."""
     results: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
-        for e in engines:
+        first = r % len(engines)
+        for e in engines[first:] + engines[:first]:
             wait_for_ray_exit()
+            warm_page_cache(files)
             res = run_child(__file__, kind, e, *args)
             results[e].append(res)
             print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
@@ -355,7 +363,7 @@ def main() -> None:
     if args.scenario == "iter":
         engines = (args.engines or "forebay,polars,pyarrow,ray").split(",")
         columns = args.columns.split(",") if args.columns else None
-        res = alternate(engines, args.rounds, "iter", json.dumps(files), json.dumps(columns))
+        res = alternate(engines, args.rounds, files, "iter", json.dumps(files), json.dumps(columns))
         base = median_of(res["forebay"], "seconds")
         batch_mb = median_of(res["forebay"], "batch_mb")
         print(
@@ -376,7 +384,7 @@ def main() -> None:
             )
     elif args.scenario == "gil":
         engines = (args.engines or "forebay-threads,forebay-processes,ray").split(",")
-        res = alternate(engines, args.rounds, "gil", json.dumps(files), str(args.rows))
+        res = alternate(engines, args.rounds, files, "gil", json.dumps(files), str(args.rows))
         base = median_of(res["forebay-threads"], "seconds")
         print(
             f"\nGIL-holding map_batches (Python over l_comment), {args.rows} rows, concurrency 2, "
@@ -388,7 +396,7 @@ def main() -> None:
             print(f"{e:<20}{s:>9.3f}{base / s:>20.2f}x{median_of(res[e], 'rise_mb'):>13.0f}")
     elif args.scenario == "sleep":
         engines = (args.engines or "forebay,ray").split(",")
-        res = alternate(engines, args.rounds, "sleep", json.dumps(files), str(args.rows))
+        res = alternate(engines, args.rounds, files, "sleep", json.dumps(files), str(args.rows))
         print(
             f"\nsleep-bound map_batches ({SLEEP_S * 1000:.0f} ms per 10,000 rows), {args.rows} rows, "
             f"one worker; medians of {args.rounds} ({today})"
@@ -401,6 +409,7 @@ def main() -> None:
         res = alternate(
             ["forebay"],
             args.rounds,
+            files,
             "overcap",
             json.dumps(files),
             args.memory_limit,

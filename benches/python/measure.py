@@ -143,6 +143,19 @@ def wait_for_ray_exit(timeout: float = 120.0) -> None:
         previous = now
 
 
+def warm_page_cache(paths: list[str]) -> None:
+    """Read every file once, so that the next run finds it all in the page cache.
+
+    This VM drops a few % of the page cache within seconds even with memory free (measured:
+    2 % of lineitem SF5 gone 20 s after reading it). Without this, whichever engine ran
+    first after a pause (a slower peer, a round boundary) read those pages back from disk,
+    and the iter benchmark's runs took ~20 % longer for it."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(8 << 20):
+                pass
+
+
 def run_child(script: str, *args: str) -> dict:
     """Run ``script --child *args`` in a fresh interpreter (so each measurement starts with
     nothing cached in the process) and return the JSON object its last stdout line holds."""
