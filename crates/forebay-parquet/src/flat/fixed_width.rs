@@ -163,24 +163,10 @@ where
             match self.cursor.next(self.dictionary.is_some())? {
                 None => return Ok(false),
                 Some(NextPage::Dictionary { values, count }) => {
-                    let bytes = count * P::WIDTH;
-                    if values.len() < bytes {
-                        return Err(format!(
-                            "a dictionary page of {count} values holds {} bytes",
-                            values.len()
-                        ));
-                    }
-                    self.dictionary = Some(values.slice(..bytes));
+                    self.dictionary = Some(Self::values_of("a dictionary page", values, count)?);
                 }
                 Some(NextPage::Plain { values, count }) => {
-                    let bytes = count * P::WIDTH;
-                    if values.len() < bytes {
-                        return Err(format!(
-                            "a PLAIN page of {count} values holds {} bytes",
-                            values.len()
-                        ));
-                    }
-                    self.page = PageValues::Plain(values.slice(..bytes));
+                    self.page = PageValues::Plain(Self::values_of("a PLAIN page", values, count)?);
                     return Ok(true);
                 }
                 Some(NextPage::Indexed { count }) => {
@@ -189,6 +175,18 @@ where
                 }
             }
         }
+    }
+
+    /// The bytes of `page`'s `count` stored values; an error when it holds fewer.
+    fn values_of(page: &str, values: Bytes, count: usize) -> Result<Bytes, String> {
+        let bytes = count * P::WIDTH;
+        if values.len() < bytes {
+            return Err(format!(
+                "{page} of {count} values holds {} bytes",
+                values.len()
+            ));
+        }
+        Ok(values.slice(..bytes))
     }
 
     /// Append up to `want` values of the open page to `out`; how many.
