@@ -6,6 +6,7 @@ import logging
 import os
 from typing import Any
 
+from ._args import integer
 from ._store import parse_size
 
 log = logging.getLogger("forebay")
@@ -53,9 +54,7 @@ def configure(
     if memory_limit is not None:
         _config["memory_limit"] = parse_size(memory_limit)
     if num_threads is not None:
-        if num_threads < 1:
-            raise ValueError("num_threads must be at least 1")
-        _config["num_threads"] = int(num_threads)
+        _config["num_threads"] = integer("num_threads", num_threads, minimum=1)
     if spill_dir is not None:
         _config["spill_dir"] = os.fspath(spill_dir)
     if progress is not None:

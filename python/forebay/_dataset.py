@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import _config, _forebay, _runs
+from ._args import integer, optional_integer
 from ._checkpointing import Checkpoint
 from ._filters import normalize_filter
 from ._udf import ITER_FORMATS, MAP_FORMATS, FunctionSpec, check_format, make_worker, to_format
@@ -117,8 +118,8 @@ class Dataset:
             ``fn`` releases the GIL: numpy, torch, I/O); ``"processes"``: worker processes
             that receive and return batches through a shared-memory object store, never
             pickled (best when ``fn`` holds the GIL). Functions and classes of your script
-            work in processes when ``cloudpickle`` is installed; without it your script must
-            guard its pipeline with ``if __name__ == "__main__":``.
+            are shipped to the workers by value (cloudpickle); the workers never run your
+            script, so it needs no ``if __name__ == "__main__":`` guard.
         concurrency: workers (threads or processes) calling ``fn`` at once; default
             ``forebay.configure(num_threads=...)``, the number of cores.
         fn_args, fn_kwargs: extra arguments of every call.
@@ -134,15 +135,12 @@ class Dataset:
             raise TypeError(
                 f"map_batches: fn must be a function or a class, not {type(fn).__name__}"
             )
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        batch_size = optional_integer("batch_size", batch_size, minimum=1)
         fmt = check_format(batch_format, MAP_FORMATS)
         if compute not in ("threads", "processes"):
             raise ValueError(f"compute must be 'threads' or 'processes', not {compute!r}")
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
-        if max_retries < 0:
-            raise ValueError("max_retries must be 0 or more")
+        concurrency = optional_integer("concurrency", concurrency, minimum=1)
+        max_retries = integer("max_retries", max_retries, minimum=0)
         name = getattr(fn, "__name__", None) or type(fn).__name__
         spec = FunctionSpec(
             fn=fn,
@@ -159,9 +157,7 @@ class Dataset:
     def limit(self, n: int) -> Dataset:
         """The first ``n`` rows (in the order steps produce them); reading stops once they
         are through."""
-        if n < 0:
-            raise ValueError("limit must be 0 or more")
-        return self._with(_LimitStep(int(n)))
+        return self._with(_LimitStep(integer("limit", n, minimum=0)))
 
     # ------------------------------------------------------------------ running
 
@@ -194,7 +190,8 @@ class Dataset:
         batch_size: rows per batch, re-chunked across batches (the last may be smaller);
             ``None``: batches as produced.
         prefetch_batches: batches prepared ahead of the consumer (default 4), counted in the
-            memory limit like everything else in flight.
+            memory limit like everything else in flight; 0 and 1 both keep one batch ready
+            (the one being handed over).
         batch_format: ``"pyarrow"`` (a ``pyarrow.Table`` over the data, no copy: a batch
             whose rows span two source batches has two chunks), ``"numpy"`` (dict of
             ndarrays, zero-copy for numeric columns without nulls that lie in one source
@@ -212,10 +209,8 @@ class Dataset:
         Stopping early (``break``, an exception, Ctrl-C) stops the run within a second and
         leaves no worker process behind.
         """
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        if prefetch_batches < 1:
-            raise ValueError("prefetch_batches must be at least 1")
+        batch_size = optional_integer("batch_size", batch_size, minimum=1)
+        prefetch_batches = integer("prefetch_batches", prefetch_batches, minimum=0)
         fmt = check_format(batch_format, ITER_FORMATS)
         if fmt == "torch":
             try:
@@ -224,8 +219,10 @@ class Dataset:
                 raise ImportError(
                     "iter_batches(batch_format='torch') needs PyTorch: pip install forebay[torch]"
                 ) from None
-        if local_shuffle_buffer_size is not None and local_shuffle_buffer_size < 1:
-            raise ValueError("local_shuffle_buffer_size must be at least 1")
+        local_shuffle_buffer_size = optional_integer(
+            "local_shuffle_buffer_size", local_shuffle_buffer_size, minimum=1
+        )
+        local_shuffle_seed = optional_integer("local_shuffle_seed", local_shuffle_seed, minimum=0)
         stream = self._pipeline(preserve_order).iter(
             batch_size,
             prefetch_batches,
@@ -306,12 +303,10 @@ class Dataset:
         Each file appears atomically: locally under a hidden temporary name, then renamed;
         on object stores when its upload completes. An error or Ctrl-C leaves no partial file.
         """
-        if rows_per_file is not None and rows_per_file < 1:
-            raise ValueError("rows_per_file must be at least 1")
+        rows_per_file = optional_integer("rows_per_file", rows_per_file, minimum=1)
         if concurrency is None:
             concurrency = 1 if preserve_order else _config.settings()["num_threads"]
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        concurrency = integer("concurrency", concurrency, minimum=1)
         if on_changed_input not in ("error", "reprocess"):
             raise ValueError(
                 f"on_changed_input must be 'error' or 'reprocess', not {on_changed_input!r}"
@@ -493,8 +488,9 @@ def read_parquet(
         raise ValueError("read_parquet: no paths given")
     if isinstance(columns, str):
         raise TypeError("columns must be a list of names, not a single string")
-    if batch_size < 1:
-        raise ValueError("batch_size must be at least 1")
+    batch_size = integer("batch_size", batch_size, minimum=1)
+    prefetch = optional_integer("prefetch", prefetch, minimum=1)
+    num_threads = optional_integer("num_threads", num_threads, minimum=1)
     inner = _forebay.RsDataset(
         path_list,
         list(columns) if columns is not None else None,

@@ -23,6 +23,7 @@ from typing import Any, Literal, Self
 import pyarrow as pa
 
 from . import _forebay
+from ._args import integer
 from ._forebay import ObjectNotFoundError, StoreError, StoreFullError
 
 # First byte of an object's metadata: the Python type it was put as.
@@ -49,7 +50,7 @@ _UNITS = {
 
 def parse_size(size: int | str) -> int:
     """``1048576``, ``"512MiB"``, ``"2 GB"`` -> bytes."""
-    if isinstance(size, int):
+    if isinstance(size, int) and not isinstance(size, bool):
         if size <= 0:
             raise ValueError(f"size must be positive, got {size}")
         return size
@@ -278,7 +279,8 @@ class ObjectStore:
 
     def create(self, size: int) -> ObjectWriter:
         """Allocate ``size`` bytes to fill in place, then ``seal()`` (no copy at all)."""
-        return ObjectWriter(self._store().create(int(size), _BYTES), self._path)
+        size = integer("size", size, minimum=0)
+        return ObjectWriter(self._store().create(size, _BYTES), self._path)
 
     def get(self, ref: ObjectRef) -> Any:
         """The value ``ref`` refers to, without copying; it keeps the object pinned in memory

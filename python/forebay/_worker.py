@@ -6,10 +6,9 @@ the engine's protocol (``forebay-engine``'s ``process`` module): it receives the
 once (INIT), then task after task: the input batch's object id, to which it answers with the
 ids of its output batches, put into the same store. Arrow data never crosses the socket.
 
-The function is shipped with cloudpickle when it is installed (so functions and classes
-defined in the user's script work, as in Ray); otherwise with pickle, and the worker imports
-the user's script as ``__mp_main__`` first, as ``multiprocessing`` does (the script must then
-guard its own pipeline with ``if __name__ == "__main__":``).
+The function is shipped with cloudpickle (a dependency), so functions and classes defined
+in the user's script travel by value, as in Ray: the worker never runs the user's script, and
+a script works as written, with or without ``if __name__ == "__main__":``.
 """
 
 from __future__ import annotations
@@ -63,23 +62,15 @@ def _error_payload(exc: BaseException) -> bytes:
 
 
 def _dumps(obj: Any) -> bytes:
-    """cloudpickle when available (functions of the user's script travel by value)."""
-    if _has_cloudpickle():
-        import cloudpickle
+    """cloudpickle: functions and classes of the user's script travel by value."""
+    import cloudpickle
 
-        return bytes(cloudpickle.dumps(obj))
-    return pickle.dumps(obj)
+    return bytes(cloudpickle.dumps(obj))
 
 
 def encode_init(spec: Any) -> bytes:
     """The INIT message for ``spec`` (called in the parent)."""
-    main = sys.modules.get("__main__")
-    envelope = {
-        "spec": _dumps(spec),
-        "sys_path": list(sys.path),
-        "main_path": getattr(main, "__file__", None),
-        "cloudpickle": _has_cloudpickle(),
-    }
+    envelope = {"spec": _dumps(spec), "sys_path": list(sys.path)}
     return pickle.dumps(envelope)
 
 
@@ -99,32 +90,11 @@ def native_threads_env(concurrency: int) -> dict[str, str]:
     return {name: share for name in NATIVE_THREAD_VARIABLES if name not in os.environ}
 
 
-def _has_cloudpickle() -> bool:
-    if os.environ.get("FOREBAY_NO_CLOUDPICKLE"):
-        return False
-    try:
-        import cloudpickle  # noqa: F401
-
-        return True
-    except ImportError:
-        return False
-
-
 def _load_spec(payload: bytes) -> Any:
     envelope = pickle.loads(payload)
     for entry in envelope["sys_path"]:
         if entry not in sys.path:
             sys.path.append(entry)
-    main_path = envelope["main_path"]
-    if not envelope["cloudpickle"] and main_path and os.path.exists(main_path):
-        # As multiprocessing's spawn: run the user's script as __mp_main__ so that pickled
-        # references to its functions resolve.
-        import runpy
-
-        module = runpy.run_path(main_path, run_name="__mp_main__")
-        main = type(sys)("__mp_main__")
-        main.__dict__.update(module)
-        sys.modules["__mp_main__"] = sys.modules["__main__"] = main
     return pickle.loads(envelope["spec"])
 
 

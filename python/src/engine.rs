@@ -303,6 +303,7 @@ impl EventLog {
                     "debug",
                     format!("wrote {path} ({rows} rows, {bytes} bytes)"),
                 ),
+                PipelineEvent::Warning { message } => ("warning", message.clone()),
                 PipelineEvent::Finished {
                     rows,
                     seconds,

@@ -326,26 +326,39 @@ def run_script(tmp_path, body: str, env=None, timeout=120) -> subprocess.Complet
     )
 
 
-@pytest.mark.parametrize("cloudpickle", [True, False])
-def test_processes_run_functions_defined_in_the_users_script(data, tmp_path, cloudpickle):
-    """With cloudpickle, as in Ray; without it, as multiprocessing (a guarded script)."""
-    result = run_script(
-        tmp_path,
-        f"""
+@pytest.mark.parametrize("guarded", [True, False])
+def test_processes_run_functions_and_classes_of_the_users_script(data, tmp_path, guarded):
+    """As the README's first snippet: a class and a function of the script itself, with or
+    without an ``if __name__ == "__main__":`` guard. The workers must not run the script
+    (it would print again, and spawn workers of its own)."""
+    body = f"""
         import forebay, pyarrow.compute as pc
 
-        def shout(batch):
-            return batch.set_column(1, "text", pc.utf8_upper(batch["text"]))
+        class Embed:
+            def __init__(self):
+                self.suffix = "!"
 
-        if __name__ == "__main__":
-            t = forebay.read_parquet({str(data)!r}).map_batches(
-                shout, compute="processes", concurrency=2).to_arrow()
-            print(t.num_rows, sorted(t.column("text").to_pylist())[0])
-        """,
-        env={} if cloudpickle else {"FOREBAY_NO_CLOUDPICKLE": "1"},
-    )
+            def __call__(self, batch):
+                return batch.set_column(1, "text", pc.utf8_upper(batch["text"]))
+
+        def mark(batch):
+            return batch
+
+        def job():
+            t = (
+                forebay.read_parquet({str(data)!r})
+                .map_batches(Embed, compute="processes", concurrency=2)
+                .map_batches(mark, compute="processes", concurrency=2)
+                .to_arrow()
+            )
+            print("result", t.num_rows, sorted(t.column("text").to_pylist())[0])
+        """
+    pad = " " * 8  # the body's indentation, which run_script removes
+    tail = f'if __name__ == "__main__":\n{pad}    job()' if guarded else "job()"
+    body += f"\n{pad}{tail}\n"
+    result = run_script(tmp_path, body)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(ROWS), "ROW-0"]
+    assert result.stdout.split() == ["result", str(ROWS), "ROW-0"], result.stdout
 
 
 def test_a_worker_killed_by_sigkill_fails_naming_the_batch(data):

@@ -379,3 +379,91 @@ def test_twenty_random_sigkills_on_s3(job, s3):
             body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
             ids.extend(pq.read_table(pa.BufferReader(body), columns=["id"])["id"].to_pylist())
         assert len(ids) == len(set(ids)) and set(ids) == IDS, f"trial {trial}"
+
+
+# ---------------------------------------------------------------- concurrent runs
+
+#: Seeded trials of each concurrency test; `FOREBAY_STRESS_TRIALS=20` for the full check
+#: (BENCHMARKS.md records such runs), a few in `make test`.
+TRIALS = int(os.environ.get("FOREBAY_STRESS_TRIALS", "2"))
+REFUSED = ("another run is using this checkpoint", "took over this checkpoint")
+
+
+def run_at_once(job, config: dict, runs: int, rng: random.Random) -> list[int]:
+    """Start `runs` copies of the job, each 0-0.5 s after the previous; every one must end
+    in success or in the clear refusal of a checkpoint in use. Returns the exit codes."""
+    procs = []
+    for _ in range(runs):
+        procs.append(job(config))
+        time.sleep(rng.uniform(0.0, 0.5))
+    codes = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0 or any(r in err for r in REFUSED), err
+        codes.append(proc.returncode)
+    return codes
+
+
+def s3_config(job, client, endpoint: str, bucket: str) -> dict:
+    client.create_bucket(Bucket=bucket)
+    for f in (job.tmp / "in").iterdir():
+        client.upload_file(str(f), bucket, f"in/{f.name}")
+    return {
+        "input": f"s3://{bucket}/in/",
+        "output": f"s3://{bucket}/out",
+        "checkpoint": f"s3://{bucket}/ckpt",
+        "storage_options": {**S3_CREDENTIALS, "aws_endpoint": endpoint},
+    }
+
+
+def s3_output_ids(client, bucket: str) -> list[str]:
+    keys = [
+        o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/").get("Contents", [])
+    ]
+    ids: list[str] = []
+    for key in keys:
+        if "/_" in key or "/." in key:
+            continue
+        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        ids.extend(pq.read_table(pa.BufferReader(body), columns=["id"])["id"].to_pylist())
+    return ids
+
+
+@pytest.mark.parametrize("runs", [2, 3])
+def test_concurrent_runs_on_one_local_checkpoint_write_each_row_once(job, runs):
+    rng = random.Random(100 + runs)
+    for _trial in range(TRIALS):
+        codes = run_at_once(job, {}, runs, rng)
+        assert 0 in codes, codes
+        assert_exactly_once(job.tmp / "out")
+        assert job.run()["rows"] == 0
+        reset(job.tmp)
+
+
+@pytest.mark.parametrize("runs", [2, 3])
+def test_concurrent_runs_on_one_s3_checkpoint_write_each_row_once(job, s3, runs):
+    client, endpoint = s3
+    rng = random.Random(200 + runs)
+    for trial in range(TRIALS):
+        bucket = f"concurrent-{runs}-{trial}"
+        config = s3_config(job, client, endpoint, bucket)
+        codes = run_at_once(job, config, runs, rng)
+        assert 0 in codes, codes
+        ids = s3_output_ids(client, bucket)
+        assert len(ids) == len(set(ids)) and set(ids) == IDS, f"trial {trial}: {codes}"
+        assert job.run(config)["rows"] == 0
+
+
+def test_a_run_after_the_s3_lease_holder_was_sigkilled_takes_over_at_once(job, s3):
+    client, endpoint = s3
+    rng = random.Random(300)
+    for trial in range(TRIALS):
+        bucket = f"lease-killed-{trial}"
+        config = s3_config(job, client, endpoint, bucket)
+        kill_at_random(job, rng, config)
+        started = time.monotonic()
+        stats = job.run(config)  # no waiting out the dead holder's lease: its pid is gone
+        assert time.monotonic() - started < 25
+        assert stats["rows"] <= len(IDS)
+        ids = s3_output_ids(client, bucket)
+        assert len(ids) == len(set(ids)) and set(ids) == IDS, f"trial {trial}"

@@ -1,6 +1,7 @@
 //! Small pieces of durable writing on local file systems, shared with the engine's commit
 //! protocol: creating directories whose entries the caller syncs later, and running work
-//! that waits on the device (syncs, unlinks) on several threads at once.
+//! that waits on the device (syncs, unlinks) on several threads at once; and telling
+//! whether the process that left a file behind is still alive.
 //!
 //! ```text
 //!  write files ─► sync files ─┐   each sync is a device cache flush: one after another
@@ -67,4 +68,15 @@ pub fn in_parallel<T: Sync, E: Send>(
             .into_iter()
             .try_for_each(|w| w.join().expect("file system worker panicked"))
     })
+}
+
+/// Whether process `pid` of this machine (and pid namespace) is alive. Where that cannot be
+/// told (not Linux), every process counts as alive: nothing of another process is ever
+/// taken for abandoned.
+pub fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
 }

@@ -520,14 +520,6 @@ fn temp_writer_pid(name: &str) -> Option<u32> {
     inner.rsplit_once('.')?.1.parse().ok()
 }
 
-fn process_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") {
-        FsPath::new("/proc").join(pid.to_string()).exists()
-    } else {
-        true // cannot tell: never delete another process's temp file
-    }
-}
-
 /// Write `bytes` to `path` with the commit protocol (temp file, fsync, rename, fsync dir).
 fn commit_local_file(path: &FsPath, bytes: &[u8]) -> Result<()> {
     commit_local_file_with(path, |file| file.write_all(bytes).map_err(io_err(path)))
@@ -583,7 +575,8 @@ pub fn clean_stale_temp_files(root: &FsPath) -> usize {
             let Some(pid) = name.to_str().and_then(temp_writer_pid) else {
                 continue;
             };
-            if pid != me && !process_alive(pid) && fs::remove_file(e.path()).is_ok() {
+            if pid != me && !crate::durable::process_alive(pid) && fs::remove_file(e.path()).is_ok()
+            {
                 removed += 1;
             }
         }

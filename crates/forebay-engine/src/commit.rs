@@ -66,12 +66,15 @@
 //! `on_changed_input="reprocess"` reads them again, and the next fold drops the old
 //! completions. Inputs finished with no filter stay finished under any filter.
 //!
-//! One run at a time may use a checkpoint (a lock file guards local checkpoints).
+//! One run at a time may use a checkpoint: a lock guards local checkpoints, a lease with a
+//! heartbeat those on object stores, and every decision checks it (the `lease` module).
 //!
 //! `delete_on_success` folds the records into `_forebay_inputs.json` as recovery does, then
-//! deletes the id parts, records and staging, and the inputs snapshot and manifest last: a
-//! run killed while deleting leaves a checkpoint in which every input is finished, so a
-//! rerun reads nothing and writes nothing again.
+//! deletes the id parts (the bulk of a checkpoint: ~10 bytes an id), records, staging and
+//! manifest. It keeps the inputs snapshot (a few hundred bytes per input file): a rerun of a
+//! finished job, or of one killed while deleting, finds every input finished and writes
+//! nothing again (it warns that it found the job done). Input files added since are read
+//! and written; only their ids are no longer checked against the deleted ones.
 //!
 //! ## Testing the protocol
 //!
@@ -86,11 +89,12 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::ArrayRef;
 use arrow::datatypes::DataType;
-use forebay_checkpoint::{CheckpointIndex, IdPartsWriter, SharedCheckpointIndex};
+use forebay_checkpoint::{CheckpointIndex, IdFamily, IdPartsWriter, SharedCheckpointIndex};
 use forebay_parquet::{FileEntry, ParquetDataset, ScanSkip, StorageOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::lease::{RunLock, DEFAULT_LEASE_TTL};
 use crate::lineage::{Completed, LineageBook, UnitTicket};
 use crate::storage::{Dir, StorageError};
 
@@ -99,7 +103,6 @@ pub(crate) const STAGING: &str = "_forebay_staging";
 const IDS: &str = "ids";
 const COMMITS: &str = "_forebay_commits";
 const INPUTS: &str = "_forebay_inputs.json";
-const LOCK: &str = "_forebay_lock";
 const FORMAT: u32 = 1;
 
 /// What to do when an input file changed since a checkpoint recorded it.
@@ -120,6 +123,7 @@ pub struct Checkpoint {
     pub(crate) delete_on_success: bool,
     pub(crate) on_changed_input: OnChangedInput,
     pub(crate) storage_options: StorageOptions,
+    pub(crate) lease_ttl: std::time::Duration,
 }
 
 impl Checkpoint {
@@ -135,7 +139,16 @@ impl Checkpoint {
             delete_on_success: false,
             on_changed_input: OnChangedInput::Error,
             storage_options: StorageOptions::new(),
+            lease_ttl: DEFAULT_LEASE_TTL,
         }
+    }
+
+    /// How long a checkpoint on an object store stays leased to a run that stopped renewing
+    /// it (its machine died) before another run may take it over (default 30 s; a dead run
+    /// on the same machine is noticed at once). The run renews it every third of that.
+    pub fn with_lease_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.lease_ttl = ttl.max(std::time::Duration::from_millis(30));
+        self
     }
 
     /// Hash shards of the id files (default: the checkpoint's own, else 16).
@@ -285,6 +298,8 @@ pub(crate) struct CommitLog {
     state: Dir,
     storage_options: StorageOptions,
     id_column: String,
+    /// The kind of ids the checkpoint holds: every output batch's id column must be one.
+    id_family: IdFamily,
     num_shards: usize,
     book: Arc<LineageBook>,
     files: Vec<(String, Identity)>,
@@ -297,7 +312,9 @@ pub(crate) struct CommitLog {
     published: Mutex<BTreeSet<String>>,
     run_id: String,
     next: AtomicU64,
-    _lock: Option<std::fs::File>,
+    /// This run's hold on the checkpoint, checked before every decision; `None` once
+    /// released.
+    lock: Mutex<Option<RunLock>>,
 }
 
 /// Everything a checkpointed run needs, prepared before it starts.
@@ -378,7 +395,8 @@ struct OpenedState {
     state_uri: String,
     /// The checkpoint path is a single id file; forebay's state lives in `<file>.forebay`.
     single_file: bool,
-    lock: Option<std::fs::File>,
+    run_id: String,
+    lock: RunLock,
     finished: FinishedInputs,
     report: ResumeReport,
     /// The id column's value type in the input.
@@ -403,7 +421,8 @@ impl OpenedState {
         let state = Dir::open(&state_uri, options).map_err(storage_err)?;
         state.create().map_err(storage_err)?;
         output.create().map_err(storage_err)?;
-        let lock = lock_local(&state)?;
+        let run_id = run_id();
+        let lock = RunLock::acquire(&state, &run_id, checkpoint.lease_ttl)?;
 
         let recovered = recover(&state, output)?;
         let mut snapshot = load_inputs(&state)?;
@@ -497,6 +516,7 @@ impl OpenedState {
             state,
             state_uri,
             single_file,
+            run_id,
             lock,
             finished: FinishedInputs(snapshot.files.into_iter().collect()),
             report,
@@ -557,7 +577,8 @@ impl CommitLog {
         let mut report = opened.report.clone();
         report.ids_done = index.len() as u64;
         let skip = Arc::new(opened.finished.clone());
-        let log = CommitLog::new(checkpoint, output, opened, index.num_shards(), book);
+        let family = id_family_of(index.id_type())?;
+        let log = CommitLog::new(checkpoint, output, opened, index.num_shards(), family, book);
         Ok(Prepared {
             dataset: dataset.with_skip(skip),
             index: Arc::new(std::sync::RwLock::new(index)),
@@ -607,11 +628,13 @@ impl CommitLog {
         .map_err(checkpoint_err)?;
         let finished = opened.finished.clone();
         let report = opened.report.clone();
+        let family = id_family_of(&opened.id_type)?;
         let log = CommitLog::new(
             checkpoint,
             output,
             opened,
             num_shards,
+            family,
             Arc::new(LineageBook::default()),
         );
         Ok((log, finished, report))
@@ -622,9 +645,11 @@ impl CommitLog {
         output: Dir,
         opened: OpenedState,
         num_shards: usize,
+        id_family: IdFamily,
         book: Arc<LineageBook>,
     ) -> CommitLog {
         CommitLog {
+            id_family,
             output,
             state: opened.state,
             storage_options: checkpoint.storage_options.clone(),
@@ -635,14 +660,20 @@ impl CommitLog {
             scan_filter: opened.scan_filter,
             deciding: Mutex::new(()),
             published: Mutex::new(BTreeSet::new()),
-            run_id: run_id(),
+            run_id: opened.run_id,
             next: AtomicU64::new(0),
-            _lock: opened.lock,
+            lock: Mutex::new(Some(opened.lock)),
         }
     }
 
     pub(crate) fn num_shards(&self) -> usize {
         self.num_shards
+    }
+
+    /// Let the next run have the checkpoint (its lock or lease): the run is over, though
+    /// handles of it may live on. Nothing is committed through this log afterwards.
+    pub(crate) fn release(&self) {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     pub(crate) fn run_id(&self) -> &str {
@@ -663,6 +694,10 @@ impl CommitLog {
 
     pub(crate) fn id_column(&self) -> &str {
         &self.id_column
+    }
+
+    pub(crate) fn id_family(&self) -> IdFamily {
+        self.id_family
     }
 
     pub(crate) fn output(&self) -> &Dir {
@@ -737,6 +772,11 @@ impl CommitLog {
                 return Ok(());
             }
             crash_point("staged");
+            // Only while this run holds the checkpoint (a lease can be lost).
+            match &*self.lock.lock().unwrap_or_else(|p| p.into_inner()) {
+                Some(lock) => lock.check()?,
+                None => return Err(EngineError::Cancelled),
+            }
             let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
             self.state
                 .put_atomic(&format!("{COMMITS}/{commit}.json"), bytes)
@@ -787,9 +827,8 @@ impl CommitLog {
             std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));
         recover_skipping(&self.state, &self.output, &published)?;
         if delete {
-            // The ids first, the inputs snapshot (every input finished) last: a run killed
-            // in between finds every input finished and reads none of them, where the
-            // other order would leave some ids gone and their rows written again.
+            // The ids go; the inputs snapshot (every input finished) stays, so that a rerun
+            // reads none of them instead of writing every row again.
             // Id files of commits (and the shard directories of ids written before them).
             let trees: Vec<String> = (0..self.num_shards)
                 .map(|k| format!("shard={k}"))
@@ -797,9 +836,9 @@ impl CommitLog {
                 .collect();
             self.state.delete_trees(&trees).map_err(storage_err)?;
             crash_point("deleting");
-            for name in [INPUTS, forebay_checkpoint::MANIFEST_FILE] {
-                self.state.delete(name).map_err(storage_err)?;
-            }
+            self.state
+                .delete(forebay_checkpoint::MANIFEST_FILE)
+                .map_err(storage_err)?;
         }
         Ok(())
     }
@@ -861,6 +900,33 @@ fn id_file_name(commit: &str) -> String {
     format!("{IDS}/part-{commit}.parquet")
 }
 
+fn id_family_of(id_type: &DataType) -> Result<IdFamily> {
+    IdFamily::of(id_type).ok_or_else(|| {
+        EngineError::InvalidArgument(format!("{id_type} is not a type of ids a checkpoint holds"))
+    })
+}
+
+/// Why ids of `got` cannot go into a checkpoint of `expected` ids, if they cannot: ids of
+/// another kind would hash differently, so the checkpoint could never find them again (and
+/// every later run would fail on its files). Checked before anything of them is staged.
+pub(crate) fn wrong_id_type(id_column: &str, expected: IdFamily, got: &DataType) -> Option<String> {
+    let family = IdFamily::of(got);
+    let kind = family.map_or("not an id type".to_string(), |f| {
+        format!("{} ids", f.name())
+    });
+    match family {
+        Some(family) if family == expected => None,
+        _ => Some(format!(
+            "the output's id column '{id_column}' is {got} ({kind}), and this checkpoint holds \
+             {} ids: \
+             a step changed the id's type; keep the id column as it was read (cast it back in \
+             your function). Nothing of this batch was committed, and the checkpoint stays \
+             usable",
+            expected.name()
+        )),
+    }
+}
+
 fn checkpoint_err(e: forebay_checkpoint::CheckpointError) -> EngineError {
     EngineError::Checkpoint {
         stage: "checkpoint".into(),
@@ -889,33 +955,6 @@ fn run_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{:x}-{:x}", nanos as u64, std::process::id())
-}
-
-/// One run at a time: an exclusive lock on a local checkpoint (released if the process dies).
-fn lock_local(state: &Dir) -> Result<Option<std::fs::File>> {
-    let Dir::Local(root) = state else {
-        return Ok(None);
-    };
-    let path = root.join(LOCK);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| EngineError::write("checkpoint", path.display().to_string(), e))?;
-    // SAFETY: flock on a file descriptor we own; no memory is involved.
-    let rc = unsafe {
-        use std::os::fd::AsRawFd;
-        libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB)
-    };
-    if rc != 0 {
-        return Err(EngineError::Write {
-            stage: "checkpoint".into(),
-            path: root.display().to_string(),
-            reason: "another run is using this checkpoint right now (one run at a time)".into(),
-        });
-    }
-    Ok(Some(file))
 }
 
 /// Roll every recorded commit forward, fold the records into the inputs snapshot, delete

@@ -26,12 +26,13 @@
 use std::sync::Mutex;
 
 use arrow::array::{ArrayRef, RecordBatch};
+use forebay_checkpoint::IdFamily;
 use forebay_parquet::{ParquetDataset, StorageOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::commit::{
-    stage_id_parts, Checkpoint, CommitLog, DataFileRecord, FinishedInputs, IdPartsRecord,
-    ResumeReport,
+    stage_id_parts, wrong_id_type, Checkpoint, CommitLog, DataFileRecord, FinishedInputs,
+    IdPartsRecord, ResumeReport,
 };
 use crate::error::{EngineError, Result};
 use crate::lineage::Completed;
@@ -51,6 +52,9 @@ pub struct StagerSpec {
     state: String,
     state_options: StorageOptions,
     id_column: String,
+    /// The kind of ids the checkpoint holds (`IdFamily::name`); staged ids must be one.
+    #[serde(default)]
+    id_family: Option<String>,
     num_shards: usize,
     run_id: String,
 }
@@ -144,6 +148,12 @@ impl CommitStager {
                     ),
                 )
             })?;
+            let expected = self.spec.id_family.as_deref().and_then(IdFamily::from_name);
+            if let Some(reason) =
+                expected.and_then(|f| wrong_id_type(id_column, f, column.data_type()))
+            {
+                return Err(EngineError::write(STAGE, self.output_shown(), reason));
+            }
             ids.push(column.clone());
         }
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
@@ -215,6 +225,12 @@ impl CommitCoordinator {
         sink: &ParquetSink,
         dataset: &ParquetDataset,
     ) -> Result<CommitCoordinator> {
+        crate::locations::check_write_locations(
+            dataset,
+            &sink.root,
+            Some(&checkpoint.path),
+            false,
+        )?;
         let output = Dir::open(&sink.root, &sink.storage_options)
             .map_err(|e| EngineError::write(STAGE, e.path, e.reason))?;
         let (log, finished, report) = CommitLog::prepare_without_ids(checkpoint, output, dataset)?;
@@ -226,6 +242,7 @@ impl CommitCoordinator {
             state: log.state().root_uri(),
             state_options: log.storage_options().clone(),
             id_column: checkpoint.id_column.clone(),
+            id_family: Some(log.id_family().name().to_string()),
             num_shards: log.num_shards(),
             run_id: log.run_id().to_string(),
         };

@@ -23,6 +23,8 @@ pub enum PipelineEvent {
     Spilled { stage: String, bytes: u64 },
     /// An output file was published under its final name.
     FileWritten { path: String, rows: u64, bytes: u64 },
+    /// Something the user should know, though the run goes on (shown as a warning).
+    Warning { message: String },
     /// The run ended (successfully or not).
     Finished {
         rows: u64,

@@ -25,6 +25,7 @@ use crate::commit::{Checkpoint, CommitLog, ResumeReport};
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
 use crate::lineage::LineageBook;
+use crate::locations::check_write_locations;
 use crate::memory::{CancelToken, MemoryPool};
 use crate::progress::Progress;
 use crate::queue::BatchQueue;
@@ -249,6 +250,10 @@ impl Pipeline {
     /// Start writing; the caller waits with [`RunningWrite::wait_timeout`] (to stay
     /// responsive, e.g. to Ctrl-C) or [`RunningWrite::wait`].
     pub fn start_write(self, sink: ParquetSink) -> Result<RunningWrite> {
+        if let Source::Parquet(dataset) = &self.source {
+            let deletes = sink.mode == crate::writer::WriteMode::Overwrite;
+            check_write_locations(dataset, &sink.root, None, deletes)?;
+        }
         self.start_write_inner(sink, None)
     }
 
@@ -276,10 +281,24 @@ impl Pipeline {
                 "checkpointed writes read Parquet (a source with file provenance)".into(),
             ));
         };
+        check_write_locations(dataset, &sink.root, Some(&checkpoint.path), false)?;
         let book = Arc::new(LineageBook::default());
         let output = crate::storage::Dir::open(&sink.root, &sink.storage_options)
             .map_err(|e| EngineError::write("write_parquet", e.path, e.reason))?;
         let prepared = CommitLog::prepare(&checkpoint, output, dataset, book.clone())?;
+        let inputs = dataset.files().len();
+        if inputs > 0 && prepared.report.files_done == inputs {
+            if let Some(events) = &self.options.events {
+                events(&PipelineEvent::Warning {
+                    message: format!(
+                        "the checkpoint {} records every one of the {inputs} input file(s) as \
+                         finished: this job is done, and this run writes nothing (delete the \
+                         checkpoint directory to run it again from the start)",
+                        checkpoint.path
+                    ),
+                });
+            }
+        }
         let id_column = checkpoint.id_column.clone();
         // Finished rows are dropped inside the scan, as their ids are decoded: they go no
         // further, and the rest of their columns is never decoded.
@@ -881,12 +900,22 @@ impl RunningWrite {
         let (error, stats) = run.finish();
         if let Some(e) = error {
             self.last_stats = Some(stats);
+            // The checkpoint is free for the next run at once (the caller may keep this
+            // handle alive, e.g. in a traceback).
+            self.release_checkpoint();
             return Err(e);
         }
         let mut written = write_stats(&self.target, started);
+        // The last completions, folded into the checkpoint (or the checkpoint deleted).
+        let finished = self
+            .commits
+            .as_ref()
+            .map(|c| c.log.finish(c.delete_on_success));
+        if let Some(Err(e)) = finished {
+            self.release_checkpoint();
+            return Err(e);
+        }
         if let Some(c) = &self.commits {
-            // The last completions, folded into the checkpoint (or the checkpoint deleted).
-            c.log.finish(c.delete_on_success)?;
             let m = c.dataset.metrics();
             written.resume = Some(ResumeStats {
                 report: c.report.clone(),
@@ -901,6 +930,15 @@ impl RunningWrite {
         // run's largest allocation (~10 bytes an id); returning it to the system takes
         // milliseconds nobody needs to wait for. The commit log goes here and now: it holds
         // the checkpoint's lock, which a run started right after this one must find free.
+        self.release_checkpoint();
+        written.seconds = started.elapsed().as_secs_f64();
+        self.last_stats = Some(stats);
+        Ok(written)
+    }
+
+    /// Drop the commit log (it holds the checkpoint's lock or lease, which a run started
+    /// right after this one must find free) and free the index in the background.
+    fn release_checkpoint(&mut self) {
         if let Some(CheckpointRun {
             log,
             dataset,
@@ -908,12 +946,10 @@ impl RunningWrite {
             ..
         }) = self.commits.take()
         {
+            log.release();
             drop(log);
             free_in_background((dataset, resume_filter));
         }
-        written.seconds = started.elapsed().as_secs_f64();
-        self.last_stats = Some(stats);
-        Ok(written)
     }
 
     /// Stop the write: files not yet published are removed.
@@ -923,6 +959,7 @@ impl RunningWrite {
             let (_, stats) = run.finish();
             self.last_stats = Some(stats);
         }
+        self.release_checkpoint();
     }
 
     /// Statistics: live while running, final after the end.

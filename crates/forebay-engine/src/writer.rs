@@ -31,7 +31,7 @@ use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
-use crate::commit::{stage_ids, CommitLog, StagedData};
+use crate::commit::{stage_ids, wrong_id_type, CommitLog, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::lineage::UnitTicket;
@@ -673,6 +673,13 @@ fn write_checkpointed(
                     batch.batch.schema().fields().iter().map(|f| f.name()).collect::<Vec<_>>()
                 ),
                 })?;
+        if let Some(reason) = wrong_id_type(&id_column, log.id_family(), ids.data_type()) {
+            return Err(EngineError::BadOutput {
+                stage: STAGE.into(),
+                batch: batch.label(),
+                reason,
+            });
+        }
         let mut tickets = batch.take_tickets();
         let rows = batch.batch.num_rows();
         let mut offset = 0;

@@ -434,6 +434,11 @@ impl ParquetDataset {
         }
     }
 
+    /// Where the dataset's files were found (the paths, directories, globs or store given).
+    pub fn source(&self) -> &DatasetSource {
+        &self.inner.options.source
+    }
+
     /// The files of the dataset, in scan order.
     pub fn files(&self) -> &[FileEntry] {
         &self.inner.files

@@ -569,8 +569,50 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Remove the default-placed stores (`<base>/forebay-store-<pid>-<nonce>`) of this user
+/// whose owner is dead: a process killed with SIGKILL (or SIGTERM without a handler) cannot
+/// remove its own, and each holds a sparse arena file in `/dev/shm` (memory, once written).
+/// A store counts as dead only when its owner's pid is gone and its socket accepts no
+/// connection; anything unexpected is left alone.
+fn reclaim_dead_stores(base: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("forebay-store-"))
+            .and_then(|rest| rest.split_once('-'))
+            .filter(|(_, nonce)| nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = entry.path();
+        let ours =
+            fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == server::euid());
+        let owner_alive = owner == std::process::id()
+            || !cfg!(target_os = "linux")
+            || Path::new("/proc").join(owner.to_string()).exists();
+        if !ours || owner_alive {
+            continue;
+        }
+        if std::os::unix::net::UnixStream::connect(dir.join(SOCKET_FILE)).is_ok() {
+            continue; // served after all (another pid namespace)
+        }
+        for file in [SOCKET_FILE, ARENA_FILE] {
+            let _ = fs::remove_file(dir.join(file));
+        }
+        let _ = fs::remove_dir(&dir);
+    }
+}
+
 impl ObjectStore {
-    /// Create a store and start serving attached processes.
+    /// Create a store and start serving attached processes. A store placed by default
+    /// (under `/dev/shm`) first removes the stores that dead processes of this user left
+    /// there.
     pub fn new(config: StoreConfig) -> Result<ObjectStore> {
         let nonce = random_nonce();
         let dir = match &config.dir {
@@ -582,6 +624,7 @@ impl ObjectStore {
                 } else {
                     std::env::temp_dir()
                 };
+                reclaim_dead_stores(&base);
                 base.join(format!("forebay-store-{}-{nonce:016x}", std::process::id()))
             }
         };

@@ -1,0 +1,241 @@
+"""Trust at the edges: what a new user does in the first week must end in a correct result or
+a clear error, never in lost input, duplicated rows or a checkpoint that no later run can use.
+(Concurrent runs and kills of whole jobs are in test_resume.py.)"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import forebay
+
+ROWS = 3000
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    """Three files of 1,000 rows (int64 ids), row groups of 250."""
+    d = tmp_path / "data"
+    d.mkdir()
+    for part in range(3):
+        ids = np.arange(part * 1000, (part + 1) * 1000)
+        table = pa.table({"id": ids, "text": [f"row {i}" for i in ids]})
+        pq.write_table(table, d / f"part-{part}.parquet", row_group_size=250)
+    return d
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def output_ids(out: Path) -> list[int]:
+    ids: list[int] = []
+    for f in sorted(out.glob("*.parquet")):
+        ids.extend(pq.read_table(f, columns=["id"])["id"].to_pylist())
+    return ids
+
+
+# ---------------------------------------------------------------- where a write may go
+
+
+@pytest.mark.parametrize("mode", ["overwrite", "append", "error"])
+def test_writing_over_its_own_input_is_refused_and_the_input_kept(data, mode):
+    before = snapshot(data)
+    ds = forebay.read_parquet(str(data)).map_batches(lambda b: b)
+    with pytest.raises(forebay.WriteError) as raised:
+        ds.write_parquet(str(data), mode=mode)
+    message = str(raised.value)
+    assert "input file" in message and "part-0.parquet" in message, message
+    if mode == "overwrite":
+        assert "delete" in message, message
+    assert snapshot(data) == before, "the input is untouched"
+    assert forebay.read_parquet(str(data)).count_rows() == ROWS
+
+
+def test_an_output_inside_the_input_directory_is_refused(data, tmp_path):
+    ds = forebay.read_parquet(str(data))
+    with pytest.raises(forebay.WriteError, match="inside the input directory"):
+        ds.write_parquet(str(data / "out"))
+    # The same place through a symlink is the same place.
+    link = tmp_path / "link"
+    link.symlink_to(data)
+    with pytest.raises(forebay.WriteError, match="input"):
+        ds.write_parquet(str(link / "out"), mode="overwrite")
+    assert not (data / "out").exists()
+    # A plain glob lists only its own directory: a subdirectory of it is fine.
+    stats = forebay.read_parquet(str(data / "*.parquet")).write_parquet(str(data / "out"))
+    assert stats["rows"] == ROWS and sorted(output_ids(data / "out")) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("where", ["same", "inside-output", "around-output", "inside-input"])
+def test_a_checkpoint_overlapping_the_output_or_input_is_refused(data, tmp_path, where):
+    out = tmp_path / "out"
+    checkpoint = {
+        "same": out,
+        "inside-output": out / "ckpt",
+        "around-output": tmp_path,
+        "inside-input": data / "ckpt",
+    }[where]
+    ds = forebay.read_parquet(str(data))
+    with pytest.raises(forebay.WriteError) as raised:
+        ds.write_parquet(str(out), checkpoint=forebay.Checkpoint("id", str(checkpoint)))
+    message = str(raised.value)
+    assert str(checkpoint) in message, message
+    assert not out.exists() or not list(out.rglob("*.parquet")), "nothing written"
+    assert not (data / "ckpt").exists()
+
+
+# ---------------------------------------------------------------- the checkpoint stays usable
+
+
+def test_a_step_that_changes_the_ids_type_fails_before_committing(data, tmp_path):
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def as_text(batch):
+        return batch.set_column(0, "id", pc.cast(batch["id"], pa.string()))
+
+    with pytest.raises(forebay.ForebayError) as raised:
+        forebay.read_parquet(str(data)).map_batches(as_text).write_parquet(
+            str(out), checkpoint=forebay.Checkpoint("id", str(ckpt))
+        )
+    message = str(raised.value)
+    assert "'id'" in message and "integer" in message and "string" in message.lower(), message
+    assert output_ids(out) == [], "nothing committed"
+    # The checkpoint is still usable: the fixed job runs, exactly once.
+    stats = (
+        forebay.read_parquet(str(data))
+        .map_batches(lambda b: b)
+        .write_parquet(str(out), checkpoint=forebay.Checkpoint("id", str(ckpt)))
+    )
+    assert stats["rows"] == ROWS and sorted(output_ids(out)) == list(range(ROWS))
+
+
+def test_a_rerun_after_delete_on_success_writes_nothing_again_and_says_so(data, tmp_path, caplog):
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def run() -> dict:
+        return forebay.read_parquet(str(data)).write_parquet(
+            str(out), checkpoint=forebay.Checkpoint("id", str(ckpt), delete_on_success=True)
+        )
+
+    assert run()["rows"] == ROWS
+    assert not (ckpt / "ids").exists(), "the ids were deleted"
+    with caplog.at_level(logging.WARNING, logger="forebay"):
+        again = run()
+    assert again["rows"] == 0, "a finished job's rerun writes nothing"
+    assert sorted(output_ids(out)) == list(range(ROWS))
+    assert any("this job is done" in r.getMessage() for r in caplog.records), caplog.text
+    # A file added later is read and written (its ids are no longer checked against the
+    # deleted ones: that is what delete_on_success gives up).
+    pq.write_table(pa.table({"id": [5000, 5001], "text": ["a", "b"]}), data / "part-9.parquet")
+    assert run()["rows"] == 2
+
+
+# ---------------------------------------------------------------- shared memory of dead runs
+
+PROCESS_JOB = textwrap.dedent(
+    """
+    import sys, time, forebay
+
+    def slow(batch):
+        time.sleep(0.05)
+        return batch
+
+    forebay.configure(progress=False)
+    ds = forebay.read_parquet(sys.argv[1], batch_size=100).map_batches(
+        slow, compute="processes", concurrency=2
+    )
+    print("started", flush=True)
+    ds.write_parquet(sys.argv[2], checkpoint=forebay.Checkpoint("id", sys.argv[3]))
+    print("finished", flush=True)
+    """
+)
+
+
+def stores_of(pid: int) -> list[Path]:
+    shm = Path("/dev/shm")
+    return [p for p in shm.glob(f"forebay-store-{pid}-*")] if shm.is_dir() else []
+
+
+def start_process_job(tmp_path: Path, data: Path) -> subprocess.Popen:
+    script = tmp_path / "job.py"
+    script.write_text(PROCESS_JOB)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(data), str(tmp_path / "out"), str(tmp_path / "ckpt")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_store(proc: subprocess.Popen) -> None:
+    assert proc.stdout.readline().strip() == "started"
+    deadline = time.monotonic() + 60
+    while not stores_of(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stores_of(proc.pid), "the run made its object store"
+
+
+def test_sigterm_stops_a_run_cleanly_and_removes_its_store(data, tmp_path):
+    proc = start_process_job(tmp_path, data)
+    wait_for_store(proc)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert stores_of(proc.pid) == [], "the store was removed"
+    staged = [p for p in (tmp_path / "out").rglob("*") if "_forebay_staging" in p.parts]
+    assert not [p for p in staged if p.is_file()], staged
+    # What was committed stays committed; the rerun finishes the job exactly once.
+    rerun = start_process_job(tmp_path, data)
+    _out, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    ids = output_ids(tmp_path / "out")
+    assert sorted(ids) == list(range(ROWS))
+
+
+def test_the_store_of_a_sigkilled_run_is_reclaimed_by_the_next_run(data, tmp_path):
+    proc = start_process_job(tmp_path, data)
+    wait_for_store(proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    left = stores_of(proc.pid)
+    assert left, "a SIGKILLed run cannot remove its own store"
+    rerun = start_process_job(tmp_path, data)
+    wait_for_store(rerun)
+    assert stores_of(proc.pid) == [], "the next run removed the dead run's store"
+    _, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    assert sorted(output_ids(tmp_path / "out")) == list(range(ROWS))
+
+
+def test_an_object_store_whose_owner_was_killed_is_reclaimed(tmp_path):
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import forebay, time\n"
+        "s = forebay.ObjectStore(capacity='64MiB')\n"
+        "print(s.path, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    path = Path(proc.stdout.readline().strip())
+    assert path.is_dir()
+    proc.kill()
+    proc.wait(timeout=10)
+    assert path.is_dir(), "left behind by SIGKILL"
+    store = forebay.ObjectStore(capacity="64MiB")
+    try:
+        assert not path.exists(), "reclaimed when the next store was made"
+    finally:
+        del store
