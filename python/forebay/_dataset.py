@@ -20,7 +20,15 @@ from . import _config, _forebay, _runs
 from ._args import integer, optional_integer
 from ._checkpointing import Checkpoint
 from ._filters import normalize_filter
-from ._udf import ITER_FORMATS, MAP_FORMATS, FunctionSpec, check_format, make_worker, to_format
+from ._udf import (
+    ITER_FORMATS,
+    MAP_FORMATS,
+    FunctionSpec,
+    check_format,
+    is_callable_class,
+    make_worker,
+    to_format,
+)
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,12 @@ class Dataset:
         if not callable(fn):
             raise TypeError(
                 f"map_batches: fn must be a function or a class, not {type(fn).__name__}"
+            )
+        if isinstance(fn, type) and not is_callable_class(fn):
+            raise TypeError(
+                f"map_batches: instances of the class {fn.__name__} must be callable (define "
+                f"__call__(self, batch)): it is constructed once per worker, then called on "
+                f"every batch"
             )
         batch_size = optional_integer("batch_size", batch_size, minimum=1)
         fmt = check_format(batch_format, MAP_FORMATS)
@@ -458,12 +472,14 @@ def read_parquet(
     dictionary_columns: Sequence[str] | None = None,
     storage_options: Mapping[str, str] | None = None,
     int96_timestamp_unit: str = "ns",
+    file_extensions: Sequence[str] | None = ("parquet", "parq", "pq"),
 ) -> Dataset:
     """Open Parquet files lazily.
 
     paths: a file, directory, glob (``data/*.parquet``, ``data/**/*.parquet``) or URI
         (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``, ``memory://``), or a list.
-        Directories are read recursively; names starting with ``_`` or ``.`` are skipped.
+        Directories are read recursively; names starting with ``_`` or ``.`` are skipped, and
+        so are names without one of ``file_extensions``.
     columns: column names to read; ``"a.b"`` selects part of a nested column. Only the
         selected column chunks are fetched. Output follows this order.
     filter: pyarrow-style tuples: ``[("x", ">", 5), ("y", "in", [1, 2])]`` (a list is AND, a
@@ -481,6 +497,10 @@ def read_parquet(
         default, as pyarrow), ``"us"``, ``"ms"`` or ``"s"``. INT96 can hold dates beyond the
         ±292 years of 64-bit nanoseconds; such values wrap in ``"ns"`` (as in pyarrow), so read
         Spark/Impala files with dates like 9999-12-31 with ``"us"``.
+    file_extensions: which files of a directory are read (as Ray's ``file_extensions``):
+        names ending in one of these (default ``parquet``, ``parq``, ``pq``), so that a stray
+        ``README`` or ``.csv`` beside the data is not read as Parquet; ``None`` reads every
+        file. Files and globs named explicitly are read whatever their name.
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in items]
@@ -488,6 +508,11 @@ def read_parquet(
         raise ValueError("read_parquet: no paths given")
     if isinstance(columns, str):
         raise TypeError("columns must be a list of names, not a single string")
+    if columns is not None and len(columns) == 0:
+        raise ValueError(
+            "columns=[] selects no column; name at least one column (or pass None for all; "
+            "count_rows() counts rows without reading any)"
+        )
     batch_size = integer("batch_size", batch_size, minimum=1)
     prefetch = optional_integer("prefetch", prefetch, minimum=1)
     num_threads = optional_integer("num_threads", num_threads, minimum=1)
@@ -501,5 +526,12 @@ def read_parquet(
         list(dictionary_columns) if dictionary_columns is not None else None,
         {str(k): str(v) for k, v in storage_options.items()} if storage_options else None,
         int96_timestamp_unit,
+        None if file_extensions is None else _extensions(file_extensions),
     )
     return Dataset(inner)
+
+
+def _extensions(file_extensions: Sequence[str]) -> list[str]:
+    if isinstance(file_extensions, str):
+        raise TypeError("file_extensions must be a list of endings, not a single string")
+    return [str(e) for e in file_extensions]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from . import _forebay
 from ._forebay import StageError
 
 MAP_FORMATS = ("pyarrow", "numpy", "pandas")
@@ -171,7 +172,14 @@ def normalize_output(out: Any, stage: str) -> list[pa.RecordBatch]:
         return list(pa.Table.from_pandas(out, preserve_index=False).to_batches())
     if isinstance(out, types.GeneratorType | Iterable) and not isinstance(out, str | bytes):
         batches: list[pa.RecordBatch] = []
-        for item in out:
+        for i, item in enumerate(out):
+            if not _is_batch(item):
+                raise StageError(
+                    f"the function returned a {type(out).__name__} whose item {i} is "
+                    f"{type(item).__name__}, not a batch; return a pyarrow.Table or "
+                    f"RecordBatch, a dict of numpy arrays (a column each), a "
+                    f"pandas.DataFrame, or a generator of them"
+                )
             batches.extend(normalize_output(item, stage))
         return batches
     raise StageError(
@@ -181,11 +189,35 @@ def normalize_output(out: Any, stage: str) -> list[pa.RecordBatch]:
     )
 
 
+def _is_batch(value: Any) -> bool:
+    return isinstance(value, pa.RecordBatch | pa.Table | Mapping) or (
+        type(value).__name__ == "DataFrame" and hasattr(value, "to_numpy")
+    )
+
+
+def is_callable_class(cls: type) -> bool:
+    """Whether instances of ``cls`` can be called (a ``__call__`` of its own or inherited)."""
+    return any("__call__" in vars(k) for k in cls.__mro__ if k is not object)
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised in a worker process."""
 
     def __str__(self) -> str:
         return "\n\n" + str(self.args[0]).rstrip()
+
+
+def _from_last_line(line: str) -> BaseException:
+    """A traceback's last line (``module.Type: message``) as an exception: forebay's own
+    types rebuilt as themselves (they do not pickle by reference), anything else as a
+    ``StageError`` carrying the line."""
+    name, sep, message = line.partition(": ")
+    module, _, type_name = name.rpartition(".")
+    if sep and module in ("_forebay", "forebay._forebay", "forebay"):
+        kind = getattr(_forebay, type_name, None)
+        if isinstance(kind, type) and issubclass(kind, BaseException):
+            return kind(message)
+    return StageError(line)
 
 
 def remote_exception(text: str, payload: bytes, note: str) -> BaseException:
@@ -197,7 +229,7 @@ def remote_exception(text: str, payload: bytes, note: str) -> BaseException:
         if not isinstance(exc, BaseException):
             raise TypeError("not an exception")
     except Exception:  # noqa: BLE001 - an unpicklable error still reaches the user as text
-        exc = StageError(text.strip().splitlines()[-1] if text.strip() else "worker error")
+        exc = _from_last_line(text.strip().splitlines()[-1] if text.strip() else "worker error")
     exc.__cause__ = RemoteTraceback(text)
     exc.add_note(note)
     return exc

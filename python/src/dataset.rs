@@ -112,7 +112,7 @@ pub(crate) struct RsDataset {
 #[pymethods]
 impl RsDataset {
     #[new]
-    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns"))]
+    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -125,6 +125,7 @@ impl RsDataset {
         dictionary_columns: Option<Vec<String>>,
         storage_options: Option<HashMap<String, String>>,
         int96_timestamp_unit: &str,
+        file_extensions: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let int96_unit = match int96_timestamp_unit {
             "s" => TimeUnit::Second,
@@ -143,7 +144,8 @@ impl RsDataset {
         };
         let mut builder = ParquetDataset::builder(source)
             .with_batch_size(batch_size)
-            .with_int96_timestamp_unit(int96_unit);
+            .with_int96_timestamp_unit(int96_unit)
+            .with_file_extensions(file_extensions);
         if let Some(columns) = columns {
             builder = builder.with_columns(columns);
         }

@@ -7,87 +7,90 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use forebay_checkpoint::CheckpointError as RsCheckpointError;
 use forebay_parquet::{ErrorKind, ParquetError as RsParquetError};
 use forebay_store::{ErrorKind as StoreErrorKind, StoreError as RsStoreError};
+// The exceptions live in module `forebay` (their `__module__`), which re-exports every one:
+// tracebacks name them as users import them, and they pickle by reference (a worker
+// process's error reaches the parent as its own type).
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
 create_exception!(
-    _forebay,
+    forebay,
     ForebayError,
     PyException,
     "Base class of every forebay error."
 );
 create_exception!(
-    _forebay,
+    forebay,
     ParquetError,
     ForebayError,
     "Reading a Parquet dataset failed."
 );
 create_exception!(
-    _forebay,
+    forebay,
     DatasetNotFoundError,
     ParquetError,
     "A path, URI or glob matched no file."
 );
 create_exception!(
-    _forebay,
+    forebay,
     CorruptFileError,
     ParquetError,
     "Not a Parquet file, or corrupt/truncated data."
 );
 create_exception!(
-    _forebay,
+    forebay,
     ColumnNotFoundError,
     ParquetError,
     "A requested or filtered column does not exist."
 );
 create_exception!(
-    _forebay,
+    forebay,
     InvalidFilterError,
     ParquetError,
     "A filter is malformed or its value has the wrong type."
 );
 create_exception!(
-    _forebay,
+    forebay,
     SchemaMismatchError,
     ParquetError,
     "Files of one dataset have different schemas."
 );
 create_exception!(
-    _forebay,
+    forebay,
     StorageError,
     ParquetError,
     "An object store or file system request failed."
 );
 
 create_exception!(
-    _forebay,
+    forebay,
     CheckpointError,
     ForebayError,
     "Loading, probing or writing a checkpoint failed."
 );
 
 create_exception!(
-    _forebay,
+    forebay,
     SpillError,
     ForebayError,
     "Writing or restoring spilled objects failed (I/O error, corruption, truncation)."
 );
 
 create_exception!(
-    _forebay,
+    forebay,
     StoreError,
     ForebayError,
     "An object store operation failed."
 );
 create_exception!(
-    _forebay,
+    forebay,
     ObjectNotFoundError,
     StoreError,
     "No such object in the store (never put, deleted, or from another store)."
 );
 create_exception!(
-    _forebay,
+    forebay,
     StoreFullError,
     StoreError,
     "The store has no room: everything resident is pinned, or the object exceeds the capacity."
@@ -103,25 +106,25 @@ pub(crate) fn store_err(e: RsStoreError) -> PyErr {
 }
 
 create_exception!(
-    _forebay,
+    forebay,
     StageError,
     ForebayError,
     "A pipeline stage failed: its function returned something unusable, its worker could not start, or the object store failed."
 );
 create_exception!(
-    _forebay,
+    forebay,
     WorkerDiedError,
     StageError,
     "A worker process died while running a batch (SIGKILL, a crash in native code), with no retry left."
 );
 create_exception!(
-    _forebay,
+    forebay,
     WriteError,
     ForebayError,
     "Writing output failed (an unusable path, a full disk, a failed upload); no partial file is left."
 );
 create_exception!(
-    _forebay,
+    forebay,
     MemoryLimitExceeded,
     ForebayError,
     "Something that must be held in memory does not fit under the memory limit."

@@ -239,3 +239,134 @@ def test_an_object_store_whose_owner_was_killed_is_reclaimed(tmp_path):
         assert not path.exists(), "reclaimed when the next store was made"
     finally:
         del store
+
+
+# ---------------------------------------------------------------- errors that say what to do
+
+
+def test_no_columns_is_a_clear_error(data):
+    with pytest.raises(ValueError, match=r"columns=\[\] selects no column"):
+        forebay.read_parquet(str(data), columns=[])
+
+
+def test_a_later_batch_with_other_types_names_the_column(data, tmp_path):
+    def nulls_make_floats(batch):
+        frame = batch.to_pandas()
+        if frame["id"].iloc[0] >= 1000:
+            frame.loc[frame.index[0], "id"] = None  # pandas: int64 becomes float64
+        return frame
+
+    ds = forebay.read_parquet(str(data)).map_batches(
+        nulls_make_floats, concurrency=1, batch_size=1000
+    )
+    with pytest.raises(forebay.ForebayError) as raised:
+        ds.write_parquet(str(tmp_path / "out"), preserve_order=True)
+    message = str(raised.value)
+    assert "'id' is Float64 (first batch: Int64)" in message, message
+    assert "Schema {" not in message and "Field {" not in message, message
+
+
+def test_checkpoint_filter_writes_to_a_relative_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    done = forebay.CheckpointFilter(pa.int64(), id_column="id")
+    done.insert(pa.array([1, 2, 3]))
+    done.write("relative/dir")
+    again = forebay.CheckpointFilter.load(str(tmp_path / "relative" / "dir"), "id")
+    assert again.contains(pa.array([1, 4])).to_pylist() == [True, False]
+
+
+@pytest.mark.parametrize("compute", ["threads", "processes"])
+def test_a_function_returning_a_list_gets_a_message_naming_what_it_returned(data, compute):
+    ds = forebay.read_parquet(str(data)).map_batches(
+        lambda b: [1, 2], compute=compute, concurrency=1
+    )
+    with pytest.raises(forebay.StageError) as raised:
+        ds.to_arrow()
+    message = str(raised.value)
+    assert "returned a list whose item 0 is int" in message, message
+    assert "StageError" not in message, "the type is not repeated inside the message"
+
+
+class NotCallable:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "text"),
+    [
+        (lambda ds: ds.map_batches(lambda b: b, batch_size="10"), TypeError, "batch_size"),
+        (lambda ds: ds.map_batches(lambda b: b, concurrency="2"), TypeError, "concurrency"),
+        (lambda ds: ds.map_batches(lambda b: b, concurrency=2.5), TypeError, "concurrency"),
+        (lambda ds: ds.map_batches(NotCallable), TypeError, "__call__"),
+        (lambda ds: ds.limit("5"), TypeError, "limit"),
+        (lambda ds: ds.limit(-1), ValueError, "limit"),
+        (lambda ds: ds.write_parquet("x", rows_per_file=0), ValueError, "rows_per_file"),
+        (lambda ds: next(ds.iter_batches(prefetch_batches=-1)), ValueError, "prefetch"),
+        (lambda ds: next(ds.iter_batches(local_shuffle_seed="1")), TypeError, "seed"),
+    ],
+)
+def test_wrong_arguments_are_named(data, call, error, text):
+    with pytest.raises(error, match=text):
+        call(forebay.read_parquet(str(data)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"prefetch": -1}, ValueError, "prefetch"),
+        ({"num_threads": 0}, ValueError, "num_threads"),
+        ({"batch_size": "10"}, TypeError, "batch_size"),
+        ({"file_extensions": "parquet"}, TypeError, "file_extensions"),
+    ],
+)
+def test_wrong_read_arguments_are_named(data, kwargs, error, text):
+    with pytest.raises(error, match=text):
+        forebay.read_parquet(str(data), **kwargs)
+
+
+def test_negative_sizes_are_named():
+    store = forebay.ObjectStore(capacity="16MiB")
+    with pytest.raises(ValueError, match="size"):
+        store.create(-1)
+    with pytest.raises(TypeError, match="num_threads"):
+        forebay.configure(num_threads="4")
+
+
+def test_iter_batches_accepts_no_prefetch_as_ray_does(data):
+    rows = sum(len(b) for b in forebay.read_parquet(str(data)).iter_batches(prefetch_batches=0))
+    assert rows == ROWS
+
+
+def test_stray_files_beside_the_data_are_not_read(data):
+    (data / "README").write_text("what these files are")
+    (data / "notes.csv").write_text("a,b\n1,2\n")
+    assert forebay.read_parquet(str(data)).count_rows() == ROWS
+    # Named explicitly, a file is read whatever its name: an error naming it.
+    with pytest.raises(forebay.ForebayError, match="README"):
+        forebay.read_parquet(str(data / "README"))
+    # Every file, if asked.
+    with pytest.raises(forebay.ForebayError, match=r"README|notes\.csv"):
+        forebay.read_parquet(str(data), file_extensions=None).count_rows()
+
+
+def test_a_directory_without_parquet_names_says_so(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(forebay.DatasetNotFoundError, match="an empty directory"):
+        forebay.read_parquet(str(empty))
+    other = tmp_path / "other"
+    other.mkdir()
+    pq.write_table(pa.table({"id": [1]}), other / "000000_0")
+    with pytest.raises(forebay.DatasetNotFoundError, match="file_extensions=None") as raised:
+        forebay.read_parquet(str(other))
+    assert "000000_0" in str(raised.value)
+    assert forebay.read_parquet(str(other), file_extensions=None).count_rows() == 1
+
+
+def test_a_file_with_an_extra_column_is_named_with_the_column(data):
+    pq.write_table(pa.table({"id": [9000], "text": ["x"], "score": [0.5]}), data / "part-3.parquet")
+    with pytest.raises(forebay.SchemaMismatchError) as raised:
+        forebay.read_parquet(str(data)).to_arrow()
+    message = str(raised.value)
+    assert "part-3.parquet" in message and '["score"]' in message, message
+    assert forebay.read_parquet(str(data), columns=["id", "text"]).count_rows() == ROWS + 1

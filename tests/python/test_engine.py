@@ -647,7 +647,9 @@ def test_bad_outputs_name_the_stage(data, tmp_path):
     def drop_a_column_sometimes(batch):
         return batch.drop_columns(["text"]) if batch["id"][0].as_py() >= 10_000 else batch
 
-    with pytest.raises(forebay.StageError, match=r"write_parquet.*schema"):
+    with pytest.raises(
+        forebay.StageError, match=r"write_parquet.*columns differ.*'text' is missing"
+    ):
         forebay.read_parquet(str(data)).map_batches(drop_a_column_sometimes).write_parquet(
             tmp_path / "o", concurrency=1, preserve_order=True
         )

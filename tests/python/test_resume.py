@@ -169,7 +169,11 @@ def test_killed_while_deleting_on_success_then_rerun_writes_nothing_again(job):
     stats = job.run({"delete_on_success": True})
     assert stats["rows"] == 0
     assert_exactly_once(job.tmp / "out")
-    assert not (job.tmp / "ckpt" / "_forebay_inputs.json").exists()
+    # What stays is the record of finished inputs (what keeps a rerun from writing again).
+    assert sorted(p.name for p in (job.tmp / "ckpt").iterdir() if p.is_file()) == [
+        "_forebay_inputs.json",
+        "_forebay_lock",
+    ]
 
 
 def kill_at_random(job, rng: random.Random, config: dict) -> None:

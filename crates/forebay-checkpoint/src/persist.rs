@@ -148,11 +148,15 @@ pub(crate) enum Target {
 
 impl Target {
     pub(crate) fn parse(path: &str, options: &StorageOptions) -> Result<Target> {
-        if let Some(rest) = path.strip_prefix("file://") {
-            return Ok(Target::Local(PathBuf::from(rest)));
-        }
-        if !path.contains("://") {
-            return Ok(Target::Local(PathBuf::from(path)));
+        if !path.contains("://") || path.starts_with("file://") {
+            // Absolute, so that every directory written has a parent to sync (a relative
+            // "dir" has the empty path as its parent).
+            let local = path.strip_prefix("file://").unwrap_or(path);
+            let absolute = std::path::absolute(local).map_err(|e| CheckpointError::Io {
+                path: local.to_string(),
+                source: e,
+            })?;
+            return Ok(Target::Local(absolute));
         }
         let (store, prefix, shown) =
             forebay_parquet::open_location(path, options).map_err(|source| {

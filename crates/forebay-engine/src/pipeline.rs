@@ -352,8 +352,7 @@ impl Pipeline {
             );
             let counters = counters.clone();
             run.spawn("write_parquet", move || {
-                let written = run_writer(target, worker, last, resources, holder, rows)?;
-                counters.record_out(written as usize);
+                run_writer(target, worker, last, resources, holder, rows, &counters)?;
                 Ok(())
             });
         }

@@ -31,6 +31,7 @@ use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
+use crate::batch::EngineBatch;
 use crate::commit::{stage_ids, wrong_id_type, CommitLog, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
@@ -38,6 +39,7 @@ use crate::lineage::UnitTicket;
 use crate::memory::{arrays_memory, Admission, MemoryConsumer, Reservation};
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
+use crate::stats::StageCounters;
 use crate::storage::{create_dir_all_durable, sync_dir, Dir, StorageError};
 
 const STAGE: &str = "write_parquet";
@@ -550,25 +552,45 @@ pub(crate) fn run_writer(
     resources: RunResources,
     holder: MemoryConsumer,
     rows_written: Arc<AtomicU64>,
+    counters: &StageCounters,
 ) -> Result<u64> {
+    let io = WriterIo {
+        input: &input,
+        resources: &resources,
+        holder: &holder,
+        rows_written: &rows_written,
+        counters,
+    };
     match target.commits.clone() {
-        None => write_plain(&target, worker, &input, &resources, &holder, &rows_written),
-        Some(log) => write_checkpointed(&target, &log, &input, &resources, &holder, &rows_written),
+        None => write_plain(&target, worker, &io),
+        Some(log) => write_checkpointed(&target, &log, &io),
     }
 }
 
-fn check_schema(first: &mut Option<SchemaRef>, batch: &RecordBatch) -> Result<()> {
+/// What a writer worker reads from and reports to.
+struct WriterIo<'a> {
+    input: &'a BatchQueue,
+    resources: &'a RunResources,
+    holder: &'a MemoryConsumer,
+    /// Rows written by every worker, live (the progress bar's count).
+    rows_written: &'a AtomicU64,
+    /// The write stage's statistics: rows and batches in and out, time spent encoding.
+    counters: &'a StageCounters,
+}
+
+fn check_schema(first: &mut Option<SchemaRef>, batch: &EngineBatch) -> Result<()> {
+    let schema = batch.batch.schema();
     match first {
-        None => *first = Some(batch.schema()),
-        Some(s) if s.fields() != batch.schema().fields() => {
+        None => *first = Some(schema),
+        Some(s) if s.fields() != schema.fields() => {
             return Err(EngineError::BadOutput {
                 stage: STAGE.into(),
-                batch: Default::default(),
+                batch: batch.label(),
                 reason: format!(
-                    "a batch's schema differs from the first batch's: {:?} vs {:?}; every \
-                     batch written to one dataset needs the same columns and types",
-                    batch.schema(),
-                    s
+                    "a batch's columns differ from the first batch's: {}; every batch written \
+                     to one dataset needs the same columns and types (a pandas int column \
+                     with a missing value becomes float64: cast it back, or fill the gaps)",
+                    schema_difference(s, &schema)
                 ),
             })
         }
@@ -577,15 +599,57 @@ fn check_schema(first: &mut Option<SchemaRef>, batch: &RecordBatch) -> Result<()
     Ok(())
 }
 
+/// What differs between the first batch's schema and a later one's, column by column.
+fn schema_difference(first: &arrow::datatypes::Schema, later: &arrow::datatypes::Schema) -> String {
+    let mut differences = Vec::new();
+    for field in first.fields() {
+        match later.field_with_name(field.name()) {
+            Err(_) => differences.push(format!("'{}' is missing", field.name())),
+            Ok(other) if other.data_type() != field.data_type() => differences.push(format!(
+                "'{}' is {} (first batch: {})",
+                field.name(),
+                other.data_type(),
+                field.data_type()
+            )),
+            Ok(other) if other.is_nullable() != field.is_nullable() => differences.push(format!(
+                "'{}' is {}nullable (first batch: {}nullable)",
+                field.name(),
+                if other.is_nullable() { "" } else { "not " },
+                if field.is_nullable() { "" } else { "not " }
+            )),
+            Ok(_) => {}
+        }
+    }
+    for field in later.fields() {
+        if first.field_with_name(field.name()).is_err() {
+            differences.push(format!("'{}' is new", field.name()));
+        }
+    }
+    if differences.is_empty() {
+        let names = |s: &arrow::datatypes::Schema| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        };
+        differences.push(format!(
+            "the columns come in another order: {:?} (first batch: {:?})",
+            names(later),
+            names(first)
+        ));
+    }
+    differences.join(", ")
+}
+
 /// Without a checkpoint: files of exactly `rows_per_file` rows (a batch may span two).
-fn write_plain(
-    target: &OutputTarget,
-    worker: usize,
-    input: &BatchQueue,
-    resources: &RunResources,
-    holder: &MemoryConsumer,
-    rows_written: &AtomicU64,
-) -> Result<u64> {
+fn write_plain(target: &OutputTarget, worker: usize, io: &WriterIo<'_>) -> Result<u64> {
+    let WriterIo {
+        input,
+        resources,
+        holder,
+        rows_written,
+        counters,
+    } = *io;
     let mut written = 0;
     let cancel = resources.cancel_token().clone();
     let mut file: Option<OpenFile> = None;
@@ -593,8 +657,10 @@ fn write_plain(
     let mut schema: Option<SchemaRef> = None;
     while let Some(batch) = input.pop(&cancel)? {
         batch.move_to(holder);
-        let batch = batch.batch;
         check_schema(&mut schema, &batch)?;
+        let batch = batch.batch;
+        counters.record_in(batch.num_rows());
+        let started = Instant::now();
         let mut offset = 0;
         while offset < batch.num_rows() {
             if file.is_none() {
@@ -618,6 +684,8 @@ fn write_plain(
             }
             cancel.check()?;
         }
+        counters.record_busy(started.elapsed());
+        counters.record_out(batch.num_rows());
     }
     drop(buffered);
     if let Some(open) = file.take() {
@@ -643,14 +711,14 @@ struct Pending {
 /// each committed with its ids and lineage. Every file that gets rows of a batch holds its
 /// own references to the batch's input units, so a unit completes only when the last of
 /// those files commits (see `lineage`).
-fn write_checkpointed(
-    target: &OutputTarget,
-    log: &CommitLog,
-    input: &BatchQueue,
-    resources: &RunResources,
-    holder: &MemoryConsumer,
-    rows_written: &AtomicU64,
-) -> Result<u64> {
+fn write_checkpointed(target: &OutputTarget, log: &CommitLog, io: &WriterIo<'_>) -> Result<u64> {
+    let WriterIo {
+        input,
+        resources,
+        holder,
+        rows_written,
+        counters,
+    } = *io;
     let mut written = 0;
     let cancel = resources.cancel_token().clone();
     let mut pending: Option<Pending> = None;
@@ -658,7 +726,9 @@ fn write_checkpointed(
     let id_column = log.id_column().to_string();
     while let Some(mut batch) = input.pop(&cancel)? {
         batch.move_to(holder);
-        check_schema(&mut schema, &batch.batch)?;
+        counters.record_in(batch.batch.num_rows());
+        let started = Instant::now();
+        check_schema(&mut schema, &batch)?;
         let ids =
             batch
                 .batch
@@ -730,6 +800,8 @@ fn write_checkpointed(
                 break;
             }
         }
+        counters.record_busy(started.elapsed());
+        counters.record_out(rows);
         drop(batch);
         cancel.check()?;
     }

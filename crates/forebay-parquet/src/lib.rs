@@ -58,4 +58,6 @@ pub use scan::{
     block_on, runtime, BatchProvenance, ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch,
     RecordBatchIter, ScanMetricsSnapshot, ScanSkip, ScanStream,
 };
-pub use source::{global_memory_store, open_location, DatasetSource, StorageOptions};
+pub use source::{
+    global_memory_store, open_location, DatasetSource, StorageOptions, DEFAULT_FILE_EXTENSIONS,
+};

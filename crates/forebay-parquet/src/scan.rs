@@ -49,7 +49,7 @@ use crate::pages::{FetchedRowGroup, PageBuffers};
 use crate::predicate::{BoundPredicate, ContainerStats, Predicate};
 use crate::repair;
 use crate::row_filter::{RowFilterHook, RowGroupDecision, ScanRowFilter};
-use crate::source::{resolve, DatasetSource};
+use crate::source::{resolve, DatasetSource, DEFAULT_FILE_EXTENSIONS};
 
 /// Bytes fetched from the end of a file in the first footer request. Most footers (and often
 /// the page index just before them) fit, so one request per file is the common case.
@@ -139,6 +139,8 @@ pub struct ParquetDatasetBuilder {
     coalesce_gap: Option<u64>,
     use_page_index: bool,
     flat_decoder: bool,
+    /// Endings of the names a directory listing keeps (None: every name).
+    file_extensions: Option<Vec<String>>,
 }
 
 impl ParquetDatasetBuilder {
@@ -236,6 +238,27 @@ impl ParquetDatasetBuilder {
         self
     }
 
+    /// Which files of a listed directory (or prefix) are read: those whose name ends with
+    /// one of `extensions` (case-insensitive; `"parquet"` and `".parquet"` alike), or every
+    /// file with `None`. Default [`DEFAULT_FILE_EXTENSIONS`], so that a stray `README` or
+    /// `.csv` beside the data does not fail the read. Files named explicitly, and glob
+    /// matches, are read whatever their name.
+    pub fn with_file_extensions<I, S>(mut self, extensions: Option<I>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.file_extensions = extensions.map(|e| {
+            e.into_iter()
+                .map(|x| {
+                    let x: String = x.into();
+                    format!(".{}", x.trim_start_matches('.').to_ascii_lowercase())
+                })
+                .collect()
+        });
+        self
+    }
+
     /// Resolve the files and read the first file's footer (for the schema).
     pub fn build(self) -> Result<ParquetDataset> {
         block_on(self.build_async())
@@ -248,13 +271,20 @@ impl ParquetDatasetBuilder {
                 "batch_size must be at least 1".into(),
             ));
         }
+        if self.columns.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err(ParquetError::InvalidArgument(
+                "columns=[] selects no column; name at least one column (or pass None for all; \
+                 count_rows() counts rows without reading any)"
+                    .into(),
+            ));
+        }
         if self.prefetch == Some(0) || self.num_threads == Some(0) {
             return Err(ParquetError::InvalidArgument(
                 "prefetch and num_threads must be at least 1".into(),
             ));
         }
         let io = Arc::new(IoMetrics::default());
-        let files = resolve(&self.source, &io).await?;
+        let files = resolve(&self.source, self.file_extensions.as_deref(), &io).await?;
         let threads = self
             .num_threads
             .unwrap_or_else(default_threads)
@@ -372,6 +402,12 @@ impl ParquetDataset {
             coalesce_gap: None,
             use_page_index: true,
             flat_decoder: true,
+            file_extensions: Some(
+                DEFAULT_FILE_EXTENSIONS
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect(),
+            ),
         }
     }
 
@@ -1239,10 +1275,25 @@ fn check_same_schema(first: &Schema, this: &Schema, path: &str, first_path: &str
         reason,
     };
     if first.fields().len() != this.fields().len() {
+        let names = |s: &Schema| -> Vec<String> {
+            s.fields().iter().map(|f| f.name().to_string()).collect()
+        };
+        let (here, there) = (names(this), names(first));
+        let extra: Vec<&String> = here.iter().filter(|n| !there.contains(n)).collect();
+        let missing: Vec<&String> = there.iter().filter(|n| !here.contains(n)).collect();
+        let mut differences = Vec::new();
+        if !extra.is_empty() {
+            differences.push(format!("has {extra:?}, which the first file has not"));
+        }
+        if !missing.is_empty() {
+            differences.push(format!("lacks {missing:?}, which the first file has"));
+        }
         return Err(mismatch(format!(
-            "{} selected columns here, {} in the first file",
-            this.fields().len(),
-            first.fields().len()
+            "{} selected columns here, {} in the first file: this file {}; pass columns=[...] \
+             to read the columns every file has",
+            here.len(),
+            there.len(),
+            differences.join(" and ")
         )));
     }
     for (a, b) in first.fields().iter().zip(this.fields()) {

@@ -126,8 +126,17 @@ struct StoreRoot {
     display_prefix: String,
 }
 
-/// Resolve a [`DatasetSource`] into the ordered list of its files.
-pub(crate) async fn resolve(source: &DatasetSource, metrics: &IoMetrics) -> Result<Vec<FileEntry>> {
+/// The name endings a directory listing keeps by default (see
+/// `ParquetDatasetBuilder::with_file_extensions`).
+pub const DEFAULT_FILE_EXTENSIONS: &[&str] = &[".parquet", ".parq", ".pq"];
+
+/// Resolve a [`DatasetSource`] into the ordered list of its files. A listed directory keeps
+/// the names ending in one of `extensions` (all names with `None`).
+pub(crate) async fn resolve(
+    source: &DatasetSource,
+    extensions: Option<&[String]>,
+    metrics: &IoMetrics,
+) -> Result<Vec<FileEntry>> {
     let mut files = Vec::new();
     match source {
         DatasetSource::Uris {
@@ -140,7 +149,7 @@ pub(crate) async fn resolve(source: &DatasetSource, metrics: &IoMetrics) -> Resu
             let mut stores: HashMap<String, StoreRoot> = HashMap::new();
             for uri in uris {
                 let (root, path) = store_for(uri, storage_options, &mut stores)?;
-                files.extend(expand(&root, uri, &path, metrics).await?);
+                files.extend(expand(&root, uri, &path, extensions, metrics).await?);
             }
         }
         DatasetSource::Store {
@@ -157,7 +166,7 @@ pub(crate) async fn resolve(source: &DatasetSource, metrics: &IoMetrics) -> Resu
                 let path = Path::parse(p.trim_start_matches('/')).map_err(|e| {
                     ParquetError::InvalidArgument(format!("{p}: not a valid object path: {e}"))
                 })?;
-                files.extend(expand(&root, p, path.as_ref(), metrics).await?);
+                files.extend(expand(&root, p, path.as_ref(), extensions, metrics).await?);
             }
         }
     }
@@ -287,6 +296,7 @@ async fn expand(
     root: &StoreRoot,
     shown: &str,
     path: &str,
+    extensions: Option<&[String]>,
     metrics: &IoMetrics,
 ) -> Result<Vec<FileEntry>> {
     let entry = |meta: object_store::ObjectMeta| FileEntry {
@@ -339,9 +349,33 @@ async fn expand(
     let mut found = list(root, shown, &location, metrics).await?;
     found.retain(|m| !is_hidden(&relative_to(&location, &m.location)));
     if found.is_empty() {
-        return Err(not_found(
-            "no such file, and no files under it as a directory",
-        ));
+        let empty_dir =
+            root.local.is_some() && std::path::Path::new(&format!("/{location}")).is_dir();
+        return Err(not_found(if empty_dir {
+            "an empty directory: no files under it (names starting with '_' or '.' are not read)"
+        } else {
+            "no such file, and no files under it as a directory"
+        }));
+    }
+    if let Some(extensions) = extensions {
+        let listed = found.len();
+        let example = found[0].location.filename().unwrap_or_default().to_string();
+        found.retain(|m| {
+            let name = m
+                .location
+                .filename()
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            extensions.iter().any(|e| name.ends_with(e.as_str()))
+        });
+        if found.is_empty() {
+            return Err(not_found(&format!(
+                "the directory holds {listed} file(s), none named *{} (e.g. {example}); name \
+                 the Parquet files so, pass file_extensions=None to read every file, or name \
+                 the files (or a glob) explicitly",
+                extensions.join(", *")
+            )));
+        }
     }
     found.sort_by(|a, b| a.location.cmp(&b.location));
     Ok(found.into_iter().map(entry).collect())
