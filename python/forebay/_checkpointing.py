@@ -23,14 +23,20 @@ class Checkpoint:
         beside them (for a single file, in ``<file>.forebay/``).
     num_shards: hash shards of the id files (a power of two; default the checkpoint's own,
         else 16).
-    delete_on_success: delete forebay's checkpoint files once a run finishes successfully.
+    delete_on_success: once a run finishes successfully, delete the ids (the bulk of the
+        checkpoint, ~10 bytes an id) but keep the small record of finished input files, so
+        that running the finished job again writes nothing (it warns that the job is done).
+        Input files added later are written; their ids are no longer checked against the
+        deleted ones.
     storage_options: object_store options for a URI ``path`` (as in ``read_parquet``).
 
     Each output file is committed together with the ids of its rows and the input it
     finishes: a commit record written atomically is the decision; files are staged under
     ``_forebay_staging/`` (invisible to readers) until then, and published after. The next
     run rolls an interrupted commit forward or back before it reads anything. One run at a
-    time may use a checkpoint.
+    time may use a checkpoint: a lock on local disks, a lease on object stores (a second run
+    is refused, naming the run that holds it). The checkpoint must not lie inside the output
+    or the input, nor hold either.
     """
 
     id_column: str

@@ -98,6 +98,21 @@ def _load_spec(payload: bytes) -> Any:
     return pickle.loads(envelope["spec"])
 
 
+def _put_output(store: Any, batch: Any) -> int:
+    """Put an output batch into the run's store; a full store is the memory limit's doing."""
+    from forebay._forebay import MemoryLimitExceeded, StoreFullError
+
+    try:
+        return int(store.put(batch)._id)
+    except StoreFullError as e:
+        raise MemoryLimitExceeded(
+            f"a worker's output batch did not fit the run's shared-memory object store, "
+            f"which gets a quarter of the memory limit ({e}); raise "
+            f"forebay.configure(memory_limit=...), use smaller batches (batch_size) or fewer "
+            f"workers (concurrency)"
+        ) from None
+
+
 def main() -> None:
     # Ctrl-C is the parent's to handle: it stops this worker itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -131,7 +146,7 @@ def main() -> None:
             for batch in table.to_batches():
                 outputs.extend(run(batch))
             del table
-            ids = [store.put(out)._id for out in outputs]
+            ids = [_put_output(store, out) for out in outputs]
             reply = task + struct.pack("<I", len(ids))
             reply += b"".join(i.to_bytes(16, "little") for i in ids)
             _send(sock, DONE, reply)

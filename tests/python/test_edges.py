@@ -370,3 +370,102 @@ def test_a_file_with_an_extra_column_is_named_with_the_column(data):
     message = str(raised.value)
     assert "part-3.parquet" in message and '["score"]' in message, message
     assert forebay.read_parquet(str(data), columns=["id", "text"]).count_rows() == ROWS + 1
+
+
+# ---------------------------------------------------------------- tight memory caps
+
+SWEEP = textwrap.dedent(
+    """
+    import shutil, sys, time, forebay
+
+    cap, path, scratch = sys.argv[1], sys.argv[2], sys.argv[3]
+    forebay.configure(memory_limit=cap, progress=False)
+
+    def identity(batch):
+        return batch
+
+    def run(shape):
+        ds = forebay.read_parquet(path)
+        if shape == "iter":
+            return sum(len(b) for b in ds.iter_batches(batch_size=256))
+        if shape == "shuffle":
+            batches = ds.iter_batches(
+                batch_size=256, local_shuffle_buffer_size=5000, local_shuffle_seed=1
+            )
+            return sum(len(b) for b in batches)
+        if shape in ("threads", "processes"):
+            mapped = ds.map_batches(identity, batch_size=2000, compute=shape, concurrency=2)
+            return sum(len(b) for b in mapped.iter_batches(batch_size=None))
+        shutil.rmtree(scratch, ignore_errors=True)
+        checkpoint = forebay.Checkpoint("id", scratch + "/ckpt")
+        out = ds.map_batches(identity, batch_size=2000)
+        return out.write_parquet(scratch + "/out", checkpoint=checkpoint)["rows"]
+
+    for shape in ("iter", "shuffle", "threads", "processes", "write"):
+        started = time.monotonic()
+        try:
+            outcome = f"rows {run(shape)}"
+        except forebay.ForebayError as e:
+            outcome = f"error {type(e).__name__}: {e}"
+        print(shape, round(time.monotonic() - started, 1), outcome, flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sweep_inputs(tmp_path_factory) -> dict[str, tuple[Path, int]]:
+    """One file of four large row groups (~5 MB decoded each), and 40 small files."""
+    root = tmp_path_factory.mktemp("sweep")
+    n = 4 * 150_000
+    rng = np.random.default_rng(0)
+    table = pa.table(
+        {
+            "id": np.arange(n),
+            "x": rng.random(n),
+            "s": pa.array([f"row-{i}-payload" for i in range(n)]),
+        }
+    )
+    pq.write_table(table, root / "big.parquet", row_group_size=150_000)
+    small = root / "small"
+    small.mkdir()
+    for f in range(40):
+        part = table.slice(f * 2500, 2500)
+        pq.write_table(part, small / f"part-{f:02}.parquet", row_group_size=1000)
+    return {"big": (root / "big.parquet", n), "small": (small, 40 * 2500)}
+
+
+@pytest.mark.parametrize("cap", ["1MiB", "8MiB", "64MiB", "1GiB"])
+@pytest.mark.parametrize("dataset", ["big", "small"])
+def test_every_pipeline_finishes_or_says_which_cap_would_do(sweep_inputs, tmp_path, cap, dataset):
+    """Iterate, shuffle, map on threads and in processes, and write with a checkpoint under
+    caps from 1 MiB to 1 GiB: each ends with every row or a clear error within its deadline
+    (a tight cap degrades to a batch at a time; it never waits forever)."""
+    path, rows = sweep_inputs[dataset]
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP)
+    try:
+        result = subprocess.run(
+            [sys.executable, str(script), cap, str(path), str(tmp_path / "scratch")],
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"cap {cap}: a pipeline hung; finished before it: {e.stdout!r}")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "iter",
+        "shuffle",
+        "threads",
+        "processes",
+        "write",
+    ], result.stdout
+    for line in lines:
+        shape, _seconds, outcome = line.split(maxsplit=2)
+        if outcome.startswith("error"):
+            # Only a cap too small for the worker processes' exchange may fail, and its
+            # message says what to set.
+            assert shape == "processes" and "memory_limit" in outcome, line
+        else:
+            assert outcome == f"rows {rows}", line

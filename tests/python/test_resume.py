@@ -436,26 +436,32 @@ def s3_output_ids(client, bucket: str) -> list[str]:
 @pytest.mark.parametrize("runs", [2, 3])
 def test_concurrent_runs_on_one_local_checkpoint_write_each_row_once(job, runs):
     rng = random.Random(100 + runs)
+    refused = 0
     for _trial in range(TRIALS):
         codes = run_at_once(job, {}, runs, rng)
         assert 0 in codes, codes
+        refused += sum(1 for c in codes if c != 0)
         assert_exactly_once(job.tmp / "out")
         assert job.run()["rows"] == 0
         reset(job.tmp)
+    assert refused, "the runs overlapped (the test would prove nothing otherwise)"
 
 
 @pytest.mark.parametrize("runs", [2, 3])
 def test_concurrent_runs_on_one_s3_checkpoint_write_each_row_once(job, s3, runs):
     client, endpoint = s3
     rng = random.Random(200 + runs)
+    refused = 0
     for trial in range(TRIALS):
         bucket = f"concurrent-{runs}-{trial}"
         config = s3_config(job, client, endpoint, bucket)
         codes = run_at_once(job, config, runs, rng)
         assert 0 in codes, codes
+        refused += sum(1 for c in codes if c != 0)
         ids = s3_output_ids(client, bucket)
         assert len(ids) == len(set(ids)) and set(ids) == IDS, f"trial {trial}: {codes}"
         assert job.run(config)["rows"] == 0
+    assert refused, "the runs overlapped (the test would prove nothing otherwise)"
 
 
 def test_a_run_after_the_s3_lease_holder_was_sigkilled_takes_over_at_once(job, s3):

@@ -114,6 +114,37 @@ fn concat_views<T: ByteViewType + ?Sized>(
 }
 
 /// The concatenation as Arrow's own `concat` builds it (for tests).
+/// A copy of `batch` that shares no buffer with it: only its rows' values, the bytes of its
+/// strings included (a string view array's data buffers are compacted). For rows kept while
+/// waiting for more input, which would otherwise pin the whole input batch they were sliced
+/// from. Dictionary columns keep their dictionary.
+pub(crate) fn compact_batch(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    let rows = u32::try_from(batch.num_rows())
+        .map_err(|_| ArrowError::ComputeError("too many rows to compact".into()))?;
+    take_compact(batch, &arrow::array::UInt32Array::from_iter_values(0..rows))
+}
+
+/// `batch`'s rows at `indices`, in buffers of their own (as [`compact_batch`]).
+pub(crate) fn take_compact(
+    batch: &RecordBatch,
+    indices: &arrow::array::UInt32Array,
+) -> Result<RecordBatch, ArrowError> {
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|column| {
+            let taken = arrow::compute::take(column.as_ref(), indices, None)?;
+            Ok(match taken.data_type() {
+                DataType::Utf8View => Arc::new(taken.as_string_view().gc()) as ArrayRef,
+                DataType::BinaryView => Arc::new(taken.as_binary_view().gc()) as ArrayRef,
+                _ => taken,
+            })
+        })
+        .collect::<Result<Vec<_>, ArrowError>>()?;
+    let rows = RecordBatchOptions::new().with_row_count(Some(indices.len()));
+    RecordBatch::try_new_with_options(batch.schema(), columns, &rows)
+}
+
 #[cfg(test)]
 fn reference(arrays: &[&dyn Array]) -> ArrayRef {
     arrow::compute::concat(arrays).unwrap()

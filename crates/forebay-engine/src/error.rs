@@ -121,7 +121,33 @@ impl EngineError {
         }
     }
 
+    /// An error of the run's object store. A full store under a small memory limit is the
+    /// limit's doing: it says which limit would do (the store gets a quarter of it).
     pub(crate) fn store(stage: &str, source: forebay_store::StoreError) -> Self {
+        if let forebay_store::StoreError::Full {
+            requested,
+            free,
+            capacity,
+            ..
+        } = &source
+        {
+            let needed = capacity.saturating_sub(*free) + requested;
+            // Twice what was in use at once, as the store's quarter of the limit, in MiB.
+            let suggested_mib = (needed * 2 * 4).div_ceil(1 << 20).max(1);
+            return EngineError::MemoryLimit {
+                what: format!(
+                    "stage '{stage}': the run's shared-memory object store (worker processes \
+                     exchange batches through it; it gets a quarter of the memory limit, \
+                     {capacity} bytes here)"
+                ),
+                needed,
+                limit: capacity * 4,
+                advice: format!(
+                    "raise forebay.configure(memory_limit=...) to about {suggested_mib} MiB or \
+                     more, use smaller batches (batch_size), or fewer workers (concurrency)"
+                ),
+            };
+        }
         EngineError::Store {
             stage: stage.to_string(),
             source: Box::new(source),

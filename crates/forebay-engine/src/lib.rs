@@ -36,6 +36,9 @@
 //!   drops done ids inside the scan (module `resume_filter`: only the id column of a done
 //!   row is ever decoded, and only the dictionary page of a row group whose ids are all
 //!   done). The module docs draw the files, the order of a commit and the recovery rules.
+//! * **Edges.** Before a write touches anything it checks where it goes (module
+//!   `locations`: never over its own input, never mixed with its checkpoint) and takes the
+//!   checkpoint for itself (module `lease`: a lock locally, a renewed lease on object stores).
 //! * **Commits across processes** ([`coordinator`]): the same protocol with the files
 //!   staged in other processes (Ray tasks) and decided by one coordinator.
 //! * **Worker processes** ([`process`]): batches travel through a forebay-store by object id;

@@ -21,7 +21,11 @@
 //! downstream and the scan's decoders will allocate next); every other holder is charged at
 //! once ([`Admission::Now`]). Holders downstream of the source always make progress (the
 //! sink drains), so waiting at the source alone cannot deadlock, and the pool returns under
-//! its limit as they drain.
+//! its limit as they drain, except for rows that wait for more input: a re-chunker's rows
+//! short of a full batch, a shuffle buffer's rows. Their holders
+//! ([`MemoryPool::consumer_awaiting_input`]) never keep the source waiting for them to drain
+//! (they cannot, until the source sends more), and they hold compact copies of their rows,
+//! not the input batches those rows were sliced from.
 //! A run's pool ([`MemoryPool::for_process`]) also counts memory the process holds beyond
 //! the books: when it is what keeps the source waiting, the allocator is asked to return its
 //! free pages first (retention of freed batches); what no trim returns (the decoder's working
@@ -141,6 +145,8 @@ struct ConsumerState {
     name: String,
     held: usize,
     peak: usize,
+    /// Holds rows that wait for more input (see [`MemoryPool::consumer_awaiting_input`]).
+    awaits_input: bool,
 }
 
 /// What one consumer holds, in a [`PoolSnapshot`].
@@ -205,11 +211,24 @@ impl MemoryPool {
 
     /// Register a holder of batches (a stage, a queue, a buffer) under a display name.
     pub fn consumer(&self, name: impl Into<String>) -> MemoryConsumer {
+        self.register(name.into(), false)
+    }
+
+    /// Register a holder of rows that wait for more input before they can go on (a
+    /// re-chunker's rows short of a batch, a shuffle buffer). The source never waits for
+    /// what it holds to drain: that would wait forever. Keep what it holds small and
+    /// compact (copies of the rows, not slices pinning whole input batches).
+    pub fn consumer_awaiting_input(&self, name: impl Into<String>) -> MemoryConsumer {
+        self.register(name.into(), true)
+    }
+
+    fn register(&self, name: String, awaits_input: bool) -> MemoryConsumer {
         let mut state = self.shared.lock();
         state.consumers.push(ConsumerState {
-            name: name.into(),
+            name,
             held: 0,
             peak: 0,
+            awaits_input,
         });
         MemoryConsumer {
             pool: self.clone(),
@@ -288,13 +307,22 @@ impl MemoryConsumer {
                 cancel.check()?;
                 let new = new_bytes(&state, &extents) + plain;
                 let batches_held = state.used - state.plain;
+                // Batches that drain without the source's help (rows waiting for more input
+                // do not).
+                let awaiting: usize = state
+                    .consumers
+                    .iter()
+                    .filter(|c| c.awaits_input)
+                    .map(|c| c.held)
+                    .sum();
+                let draining = batches_held.saturating_sub(awaiting);
                 let charged = state.used + new + headroom;
                 let used = state.used;
                 let untracked = state.process.as_mut().map_or(0, |p| p.untracked(used));
                 let books_fit = charged <= shared.limit;
                 let process_fits = charged + untracked <= shared.limit;
                 let within_batch_share = batches_held + new <= shared.limit / BATCHES_ALWAYS_GET;
-                let trim = if batches_held == 0 || process_fits || !books_fit {
+                let trim = if draining == 0 || process_fits || !books_fit {
                     None
                 } else {
                     state.process.as_mut().and_then(ProcessMemory::due_trim)
@@ -308,7 +336,7 @@ impl MemoryConsumer {
                     state = shared.lock();
                     continue;
                 }
-                if batches_held == 0 || process_fits || (books_fit && within_batch_share) {
+                if draining == 0 || process_fits || (books_fit && within_batch_share) {
                     if let Some(process) = state.process.as_mut() {
                         process.admitted();
                     }
@@ -628,6 +656,42 @@ mod tests {
         drop(r2);
         assert_eq!(pool.used(), 0);
         assert_eq!(pool.peak(), whole);
+    }
+
+    #[test]
+    fn rows_waiting_for_input_never_keep_the_source_waiting() {
+        let size = batch_memory(&batch(10_000));
+        // A limit smaller than one batch: only a batch alone gets through.
+        let pool = MemoryPool::new(size / 2);
+        let cancel = CancelToken::new();
+        let wait = Admission::Wait {
+            headroom: 0,
+            cancel: &cancel,
+        };
+        let source = pool.consumer("source");
+        let leftover = pool.consumer_awaiting_input("rows short of a batch");
+        // Rows held until the next batch arrives: the next batch must get in.
+        let _waiting = leftover.reserve_batch(&batch(100), Admission::Now).unwrap();
+        let next = source.reserve_batch(&batch(10_000), wait).unwrap();
+        // Held by an ordinary holder (it drains by itself), a batch keeps the source waiting.
+        let pool2 = pool.clone();
+        let blocked = std::thread::spawn(move || {
+            let cancel = CancelToken::new();
+            pool2.consumer("late").reserve_batch(
+                &batch(10_000),
+                Admission::Wait {
+                    headroom: 0,
+                    cancel: &cancel,
+                },
+            )
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !blocked.is_finished(),
+            "waits while a draining batch is held"
+        );
+        drop(next);
+        assert!(blocked.join().unwrap().is_ok());
     }
 
     #[test]

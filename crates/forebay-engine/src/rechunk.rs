@@ -12,6 +12,13 @@
 //! the slices that make it up (iter_batches gives those to Python as one multi-chunk
 //! `pyarrow.Table`; with batch sizes that do not divide the row groups, nearly every chunk
 //! spans two input batches, so concatenating would copy almost all the data).
+//!
+//! The rows left over after the last full chunk wait for the next input batch. Kept as a
+//! slice, they would pin the whole input batch they came from (its buffers are shared),
+//! and under a tight memory cap the source could not admit that next batch: a deadlock.
+//! So the leftover rows (fewer than `batch_size`) are copied into compact buffers of their
+//! own, held by a consumer that the source never waits on
+//! ([`MemoryPool::consumer_awaiting_input`](crate::memory::MemoryPool::consumer_awaiting_input)).
 
 use std::collections::VecDeque;
 
@@ -26,21 +33,59 @@ pub(crate) struct Rechunker {
     target: usize,
     pending: VecDeque<EngineBatch>,
     rows: usize,
+    /// Charged for the chunks handed out.
     holder: MemoryConsumer,
+    /// Charged for the rows waiting to complete a chunk.
+    waiting: MemoryConsumer,
+    /// The front of `pending` is the rest of a sliced batch (it pins that whole batch).
+    front_is_sliced: bool,
     next_seq: u64,
 }
 
 impl Rechunker {
-    /// `holder` is charged for the rows waiting to complete a chunk.
+    /// `holder` is charged for the chunks handed out; the rows waiting to complete a chunk
+    /// are charged to a consumer of the same pool that waits for input.
     pub(crate) fn new(stage: &str, target: usize, holder: MemoryConsumer) -> Rechunker {
+        let waiting = holder
+            .pool()
+            .consumer_awaiting_input(format!("{stage} (rows short of a batch)"));
         Rechunker {
             stage: stage.to_string(),
             target: target.max(1),
             pending: VecDeque::new(),
             rows: 0,
             holder,
+            waiting,
+            front_is_sliced: false,
             next_seq: 0,
         }
+    }
+
+    /// Copy the leftover rows of a sliced batch into buffers of their own (see the module
+    /// docs); called when every full chunk has been handed out.
+    fn compact_leftover(&mut self) -> Result<()> {
+        if !self.front_is_sliced || self.rows == 0 {
+            return Ok(());
+        }
+        self.front_is_sliced = false;
+        let head = self
+            .pending
+            .pop_front()
+            .expect("rows > 0 means a pending batch");
+        let compact =
+            crate::concat::compact_batch(&head.batch).map_err(|e| EngineError::BadOutput {
+                stage: self.stage.clone(),
+                batch: head.label(),
+                reason: format!("cannot copy the rows that wait for the next batch: {e}"),
+            })?;
+        let reservation = self.waiting.reserve_batch(&compact, Admission::Now)?;
+        self.pending.push_front(EngineBatch {
+            batch: compact,
+            seq: head.seq,
+            origin: head.origin.clone(),
+            reservation,
+        });
+        Ok(())
     }
 
     /// Add a batch; returns the chunks it completes.
@@ -48,13 +93,14 @@ impl Rechunker {
         if batch.batch.num_rows() == 0 {
             return Ok(Vec::new());
         }
-        batch.move_to(&self.holder);
+        batch.move_to(&self.waiting);
         self.rows += batch.batch.num_rows();
         self.pending.push_back(batch);
         let mut out = Vec::new();
         while self.rows >= self.target {
             out.push(self.take(self.target)?);
         }
+        self.compact_leftover()?;
         Ok(out)
     }
 
@@ -72,13 +118,14 @@ impl Rechunker {
         if batch.batch.num_rows() == 0 {
             return Ok(Vec::new());
         }
-        batch.move_to(&self.holder);
+        batch.move_to(&self.waiting);
         self.rows += batch.batch.num_rows();
         self.pending.push_back(batch);
         let mut out = Vec::new();
         while self.rows >= self.target {
             out.push(self.take_pieces(self.target)?);
         }
+        self.compact_leftover()?;
         Ok(out)
     }
 
@@ -98,13 +145,16 @@ impl Rechunker {
             let rows = head.batch.num_rows();
             if rows <= needed {
                 needed -= rows;
+                head.move_to(&self.holder);
                 pieces.push(head);
+                self.front_is_sliced = false;
             } else {
                 let (front, back) = split_origin(&head.origin, needed);
                 let piece = head.batch.slice(0, needed);
                 let rest = head.batch.slice(needed, rows - needed);
                 let piece_reservation = self.holder.reserve_batch(&piece, Admission::Now)?;
-                let rest_reservation = self.holder.reserve_batch(&rest, Admission::Now)?;
+                let rest_reservation = self.waiting.reserve_batch(&rest, Admission::Now)?;
+                self.front_is_sliced = true;
                 pieces.push(EngineBatch {
                     batch: piece,
                     seq: head.seq,
@@ -139,9 +189,10 @@ impl Rechunker {
             self.rows -= n;
             let (front, back) = split_origin(&head.origin, n);
             let chunk = head.batch.slice(0, n);
+            self.front_is_sliced = head_rows > n;
             if head_rows > n {
                 let rest = head.batch.slice(n, head_rows - n);
-                let reservation = self.holder.reserve_batch(&rest, Admission::Now)?;
+                let reservation = self.waiting.reserve_batch(&rest, Admission::Now)?;
                 self.pending.push_front(EngineBatch {
                     batch: rest,
                     seq: head.seq,
@@ -172,12 +223,14 @@ impl Rechunker {
                 parts.push(head.batch.clone());
                 origin.extend(head.origin.iter().cloned());
                 consumed.push(head);
+                self.front_is_sliced = false;
             } else {
                 let (front, back) = split_origin(&head.origin, needed);
                 parts.push(head.batch.slice(0, needed));
                 origin.extend(front);
                 let rest = head.batch.slice(needed, rows - needed);
-                let reservation = self.holder.reserve_batch(&rest, Admission::Now)?;
+                let reservation = self.waiting.reserve_batch(&rest, Admission::Now)?;
+                self.front_is_sliced = true;
                 self.pending.push_front(EngineBatch {
                     batch: rest,
                     seq: head.seq,
@@ -327,14 +380,40 @@ mod tests {
         assert_eq!(sizes, vec![128, 128, 128, 128, 128, 128, 113]);
         let all: Vec<i64> = groups.iter().flatten().flat_map(values).collect();
         assert_eq!(all, (0..start).collect::<Vec<_>>());
-        for piece in groups.iter().flatten() {
-            let address = piece.batch.column(0).to_data().buffers()[0].data_ptr();
-            assert!(
-                inputs.contains(&address),
-                "every piece is a slice of an input"
-            );
+        for group in &groups {
+            for (i, piece) in group.iter().enumerate() {
+                let address = piece.batch.column(0).to_data().buffers()[0].data_ptr();
+                // A group's first piece may be the compacted leftover of an earlier input
+                // (fewer rows than a chunk); every other piece is a slice of an input.
+                assert!(
+                    inputs.contains(&address) || (i == 0 && piece.batch.num_rows() < 128),
+                    "a piece is a slice of an input, or a leftover's compact copy"
+                );
+            }
         }
         assert_eq!(groups[0].len(), 2);
+    }
+
+    #[test]
+    fn rows_left_short_of_a_chunk_do_not_pin_their_input_batch() {
+        let pool = MemoryPool::new(1 << 30);
+        let stage = pool.consumer("stage");
+        let mut r = Rechunker::new("s", 128, stage.clone());
+        let chunks = r.push_pieces(input(&pool, 0, 0, 10_000)).unwrap();
+        drop(chunks);
+        // 10,000 = 78 * 128 + 16: the 16 rows left are a copy, charged to the consumer that
+        // waits for input; the 80 KB input buffer is no longer held by anyone.
+        let snapshot = pool.snapshot();
+        let waiting = snapshot
+            .consumers
+            .iter()
+            .find(|c| c.name.contains("rows short of a batch"))
+            .unwrap();
+        assert!(waiting.held > 0 && waiting.held < 1024, "{}", waiting.held);
+        assert_eq!(pool.used(), waiting.held, "nothing else holds the input");
+        let rest = r.finish_pieces().unwrap().unwrap();
+        let values: Vec<i64> = rest.iter().flat_map(values).collect();
+        assert_eq!(values, (9_984..10_000).collect::<Vec<_>>());
     }
 
     #[test]

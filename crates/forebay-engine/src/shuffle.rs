@@ -9,6 +9,10 @@
 //! ```
 //!
 //! The permutation comes from a seeded generator, so a seed reproduces the order.
+//!
+//! The buffered rows wait for more input, so they are charged to a consumer the source
+//! never waits on, and they are compact copies (the permutation's `take`, string bytes
+//! included), not slices that pin whole input batches.
 
 use arrow::array::{RecordBatch, UInt32Array};
 use rand::rngs::StdRng;
@@ -23,7 +27,10 @@ pub(crate) struct LocalShuffler {
     min_rows: usize,
     batch_size: usize,
     rng: StdRng,
+    /// Charged for the batches handed out.
     holder: MemoryConsumer,
+    /// Charged for the buffered rows (they wait for more input).
+    waiting: MemoryConsumer,
     /// Permuted rows not handed out yet (`offset..` of the batch).
     shuffled: Option<EngineBatch>,
     offset: usize,
@@ -46,6 +53,9 @@ impl LocalShuffler {
                 Some(seed) => StdRng::seed_from_u64(seed),
                 None => rand::make_rng(),
             },
+            waiting: holder
+                .pool()
+                .consumer_awaiting_input("iter_batches (local shuffle buffer)"),
             holder,
             shuffled: None,
             offset: 0,
@@ -66,7 +76,7 @@ impl LocalShuffler {
         if batch.batch.num_rows() == 0 {
             return;
         }
-        batch.move_to(&self.holder);
+        batch.move_to(&self.waiting);
         self.incoming_rows += batch.batch.num_rows();
         self.incoming.push(batch);
     }
@@ -125,10 +135,10 @@ impl LocalShuffler {
         })?;
         let mut order: Vec<u32> = (0..n32).collect();
         order.shuffle(&mut self.rng);
-        let permuted = arrow::compute::take_record_batch(&all, &UInt32Array::from(order))
-            .map_err(merge_err)?;
+        let permuted =
+            crate::concat::take_compact(&all, &UInt32Array::from(order)).map_err(merge_err)?;
         drop(all);
-        let reservation = self.holder.reserve_batch(&permuted, Admission::Now)?;
+        let reservation = self.waiting.reserve_batch(&permuted, Admission::Now)?;
         self.shuffled = Some(EngineBatch {
             batch: permuted,
             seq: 0,
