@@ -125,23 +125,13 @@ struct LeaseRecord {
 }
 
 impl LeaseRecord {
-    /// Why the holder may be presumed gone, if it may.
-    fn stale_because(&self, now_ms: u64) -> Option<String> {
-        let age = now_ms.saturating_sub(self.renewed_at_ms);
-        if age > self.ttl_ms {
-            return Some(format!(
-                "not renewed for {:.1} s (ttl {:.1} s)",
-                age as f64 / 1e3,
-                self.ttl_ms as f64 / 1e3
-            ));
-        }
-        if self.machine == this_machine()
-            && self.pid != std::process::id()
-            && !forebay_checkpoint::durable::process_alive(self.pid)
-        {
-            return Some(format!("its process {} on this machine is gone", self.pid));
-        }
-        None
+    /// Whether the holder may be presumed gone: not renewed within its ttl, or its process
+    /// is dead on this very machine.
+    fn is_stale(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.renewed_at_ms) > self.ttl_ms
+            || (self.machine == this_machine()
+                && self.pid != std::process::id()
+                && !forebay_checkpoint::durable::process_alive(self.pid))
     }
 }
 
@@ -244,7 +234,7 @@ impl Lease {
                     ),
                 )
             })?;
-            if held.stale_because(now_ms()).is_none() {
+            if !held.is_stale(now_ms()) {
                 let left = (held.renewed_at_ms + held.ttl_ms).saturating_sub(now_ms());
                 return Err(busy(
                     shown.clone(),
@@ -335,12 +325,17 @@ impl LeaseShared {
         let (stopped, wake) = &self.stop;
         let mut guard = lock(stopped);
         loop {
-            let (next, _) = wake
+            // Checked before waiting too: a stop signalled before this thread first waited
+            // would otherwise go unnoticed for a whole period.
+            if *guard {
+                return;
+            }
+            let (next, waited) = wake
                 .wait_timeout(guard, every)
                 .unwrap_or_else(|p| p.into_inner());
             guard = next;
-            if *guard {
-                return;
+            if *guard || !waited.timed_out() {
+                continue;
             }
             drop(guard);
             self.renew();
@@ -519,12 +514,12 @@ mod tests {
             ttl_ms: 3_600_000,
             renewed_at_ms: now_ms(),
         };
-        assert!(record.stale_because(now_ms()).is_some());
+        assert!(record.is_stale(now_ms()));
         let alive = LeaseRecord {
             pid: std::process::id(),
             machine: format!("{}-elsewhere", this_machine()),
             ..record
         };
-        assert!(alive.stale_because(now_ms()).is_none());
+        assert!(!alive.is_stale(now_ms()));
     }
 }

@@ -61,15 +61,27 @@ impl Progress {
 
 fn bar_style() -> ProgressStyle {
     ProgressStyle::with_template(
-        "{prefix} [{bar:30}] {human_pos}/{human_len} rows, {per_sec}, eta {eta} {msg}",
+        "{prefix} [{bar:30}] {human_pos}/{human_len} rows, {rate}, eta {eta} {msg}",
     )
     .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .with_key("rate", rows_per_second)
     .progress_chars("=> ")
 }
 
 fn spinner_style() -> ProgressStyle {
-    ProgressStyle::with_template("{prefix} {spinner} {human_pos} rows, {per_sec} {msg}")
+    ProgressStyle::with_template("{prefix} {spinner} {human_pos} rows, {rate} {msg}")
         .unwrap_or_else(|_| ProgressStyle::default_spinner())
+        .with_key("rate", rows_per_second)
+}
+
+/// `12,345 rows/s`: whole rows (indicatif's `{per_sec}` shows four decimals).
+fn rows_per_second(state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write) {
+    let rate = state.per_sec();
+    let _ = if rate.is_finite() {
+        write!(w, "{} rows/s", indicatif::HumanCount(rate.round() as u64))
+    } else {
+        write!(w, "- rows/s")
+    };
 }
 
 impl Drop for Progress {
