@@ -99,11 +99,13 @@ class ObjectRef:
         return f"ObjectRef({self.id}, store={self._store_path!r})"
 
 
-def _ndarray_meta(arr: Any) -> bytes:
+def _ndarray_meta(arr: Any, scalar: bool = False) -> bytes:
+    """``[descr, shape]``, and ``true`` third for a numpy scalar (stored as a 0-d array)."""
     import numpy as np
 
     descr = np.lib.format.dtype_to_descr(arr.dtype)
-    return _NDARRAY + json.dumps([descr, list(arr.shape)]).encode()
+    fields = [descr, list(arr.shape), True] if scalar else [descr, list(arr.shape)]
+    return _NDARRAY + json.dumps(fields).encode()
 
 
 def _tuplify(descr: Any) -> Any:
@@ -119,12 +121,13 @@ def _tuplify(descr: Any) -> Any:
 def _ndarray_from(meta: bytes, buf: Any) -> Any:
     import numpy as np
 
-    descr, shape = json.loads(meta[1:])
+    descr, shape, *scalar = json.loads(meta[1:])
     dtype = np.lib.format.descr_to_dtype(_tuplify(descr))
     count = 1
     for n in shape:
         count *= n
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+    arr = np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+    return arr[()] if scalar else arr  # a scalar comes back as a (copied) numpy scalar
 
 
 class ObjectWriter:
@@ -237,7 +240,8 @@ class ObjectStore:
 
     def put(self, value: Any) -> ObjectRef:
         """Copy a value into the store once: a pyarrow Table, RecordBatch, Array or
-        ChunkedArray, a numpy ndarray (not of dtype object), or a bytes-like object."""
+        ChunkedArray, a numpy ndarray (not of dtype object) or scalar, or a bytes-like
+        object."""
         inner = self._store()
         if isinstance(value, pa.RecordBatch):
             return self._ref(inner.put_arrow(_BATCH, value.schema, [value]))
@@ -249,6 +253,12 @@ class ObjectStore:
         if isinstance(value, pa.ChunkedArray):
             table = pa.Table.from_arrays([value], names=[""])
             return self._ref(inner.put_arrow(_CHUNKED, table.schema, table.to_batches()))
+        scalar = False
+        if type(value).__module__ == "numpy" and type(value).__name__ != "ndarray":
+            import numpy as np
+
+            if isinstance(value, np.generic):
+                scalar, value = True, np.asarray(value)
         if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray":
             import numpy as np
 
@@ -260,7 +270,9 @@ class ObjectStore:
             # (ascontiguousarray would turn a 0-d array into 1-d: keep the shape from `value`.)
             flat = np.ascontiguousarray(value).reshape(-1)
             return self._ref(
-                inner.put_buffer(_ndarray_meta(value), flat.view(np.uint8) if flat.size else b"")
+                inner.put_buffer(
+                    _ndarray_meta(value, scalar), flat.view(np.uint8) if flat.size else b""
+                )
             )
         try:
             return self._ref(inner.put_buffer(_BYTES, value))

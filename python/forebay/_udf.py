@@ -45,6 +45,9 @@ class FunctionSpec:
     fn_kwargs: Mapping[str, Any] = field(default_factory=dict)
     fn_constructor_args: Sequence[Any] = ()
     fn_constructor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: Hand numpy batches as they convert (read-only views where zero-copy); False: every
+    #: array writable (read-only views copied), as Ray's default.
+    zero_copy_batch: bool = False
 
 
 def check_format(batch_format: str, allowed: Sequence[str]) -> str:
@@ -75,9 +78,14 @@ class Runner:
         self._call = call
         self._args, self._kwargs = tuple(spec.fn_args), dict(spec.fn_kwargs)
         self._format, self._stage = spec.batch_format, spec.stage
+        self._zero_copy = spec.zero_copy_batch
 
     def prepare(self, batch: pa.RecordBatch) -> Any:
-        return to_format(batch, self._format)
+        prepared = to_format(batch, self._format)
+        if self._format == "numpy" and not self._zero_copy:
+            # Writable, as Ray's zero_copy_batch=False: views of Arrow memory are copied.
+            prepared = {k: v if v.flags.writeable else v.copy() for k, v in prepared.items()}
+        return prepared
 
     def run(self, prepared: Any) -> Any:
         return self._call(prepared, *self._args, **self._kwargs)

@@ -469,3 +469,34 @@ def test_every_pipeline_finishes_or_says_which_cap_would_do(sweep_inputs, tmp_pa
             assert shape == "processes" and "memory_limit" in outcome, line
         else:
             assert outcome == f"rows {rows}", line
+
+
+# ---------------------------------------------------------------- what Ray users expect
+
+
+@pytest.mark.parametrize("compute", ["threads", "processes"])
+def test_numpy_batches_are_writable_unless_zero_copy_is_asked_for(data, compute):
+    def double(batch):
+        batch["id"] *= 2  # in place, as Ray users write it
+        return batch
+
+    out = forebay.read_parquet(str(data), columns=["id"]).map_batches(
+        double, batch_format="numpy", compute=compute, concurrency=1
+    )
+    assert sorted(out.to_arrow()["id"].to_pylist()) == [2 * i for i in range(ROWS)]
+
+    def writable(batch):
+        return {"writable": np.array([batch["id"].flags.writeable] * len(batch["id"]))}
+
+    views = forebay.read_parquet(str(data), columns=["id"]).map_batches(
+        writable, batch_format="numpy", zero_copy_batch=True
+    )
+    assert set(views.to_arrow()["writable"].to_pylist()) == {False}
+
+
+def test_numpy_scalars_come_back_as_numpy_scalars():
+    store = forebay.ObjectStore(capacity="16MiB")
+    for value in (np.float64(3.0), np.int32(-7), np.bool_(True)):
+        back = store.get(store.put(value))
+        assert type(back) is type(value) and back == value
+    assert store.get(store.put(np.array(5.0))).shape == ()

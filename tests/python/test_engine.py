@@ -254,7 +254,11 @@ def test_numpy_columns_are_zero_copy_and_2d_outputs_become_fixed_size_lists(data
         assert not batch["id"].flags.owndata, "a view of the Arrow buffer"
         return {"id": batch["id"], "vec": np.stack([batch["id"], batch["id"] * 2], axis=1)}
 
-    out = forebay.read_parquet(str(data)).map_batches(embed, batch_format="numpy").to_arrow()
+    out = (
+        forebay.read_parquet(str(data))
+        .map_batches(embed, batch_format="numpy", zero_copy_batch=True)
+        .to_arrow()
+    )
     assert out.schema.field("vec").type == pa.list_(pa.int64(), 2)
     row = out.sort_by("id").slice(7, 1).to_pylist()[0]
     assert row == {"id": 7, "vec": [7, 14]}
