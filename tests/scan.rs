@@ -328,3 +328,55 @@ fn the_flat_decoders_read_what_the_parquet_crate_reads() {
     assert_eq!(all.slice(0, 20_000), data);
     assert_eq!(all.slice(20_000, 20_000), data);
 }
+
+#[test]
+fn a_column_chunk_that_decompresses_past_the_limit_is_refused_before_it_is_read() {
+    // Highly compressible strings: 4 MB of text in a file of a few KB.
+    let text: Vec<String> = (0..64)
+        .map(|i| format!("{i}{}", "a".repeat(64 * 1024)))
+        .collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("text", DataType::Utf8, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..64)) as ArrayRef,
+            Arc::new(StringArray::from(text)),
+        ],
+    )
+    .unwrap();
+    let props = WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+        .build();
+    let mut file = Vec::new();
+    let mut w = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    assert!(file.len() < 64 * 1024, "{} bytes", file.len());
+    let store = store_with(&[file]);
+    let limited = |columns: &[&str]| {
+        ParquetDataset::builder(source(store.clone()))
+            .with_columns(columns.iter().copied())
+            .with_max_column_chunk_bytes(1 << 20)
+            .build()
+            .unwrap()
+    };
+    let ds = limited(&["id", "text"]);
+    let err = ds.scan().find_map(|b| b.err()).expect("refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("'text'")
+            && message.contains("row group 0")
+            && message.contains("1048576"),
+        "{message}"
+    );
+    assert_eq!(ds.metrics().io.data_bytes, 0, "nothing of it was fetched");
+    // Without the large column the file reads.
+    let rows: usize = read_all(&limited(&["id"]))
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(rows, 64);
+}

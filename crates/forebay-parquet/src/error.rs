@@ -62,6 +62,22 @@ pub enum ParquetError {
         reason: String,
     },
 
+    /// A selected column chunk would decompress past what one chunk may take (its footer
+    /// says how large it is): refused before anything of it is fetched or allocated.
+    #[error(
+        "{path}: column '{column}' of row group {row_group} decompresses to {bytes} bytes (by \
+         the file's footer), more than the {limit} bytes forebay decodes in one column chunk; \
+         the file may be a decompression bomb, or was written with enormous row groups: leave \
+         the column out (columns=[...]) or rewrite the file with smaller row groups"
+    )]
+    TooLarge {
+        path: String,
+        row_group: usize,
+        column: String,
+        bytes: u64,
+        limit: u64,
+    },
+
     /// A configuration value is not usable (bad URI, zero batch size, unknown option...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -179,6 +195,7 @@ impl ParquetError {
             ParquetError::Io { .. } => ErrorKind::Io,
             ParquetError::InvalidArgument(_) => ErrorKind::InvalidArgument,
             ParquetError::RowFilter { .. } => ErrorKind::RowFilter,
+            ParquetError::TooLarge { .. } => ErrorKind::TooLarge,
         }
     }
 }
@@ -194,6 +211,7 @@ pub enum ErrorKind {
     Io,
     InvalidArgument,
     RowFilter,
+    TooLarge,
 }
 
 impl fmt::Display for ErrorKind {

@@ -56,7 +56,7 @@ pub use predicate::{CompareOp, Literal, Predicate};
 pub use row_filter::{RowFilterError, RowGroupDecision, ScanRowFilter};
 pub use scan::{
     block_on, runtime, BatchProvenance, ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch,
-    RecordBatchIter, ScanMetricsSnapshot, ScanSkip, ScanStream,
+    RecordBatchIter, ScanMetricsSnapshot, ScanSkip, ScanStream, DEFAULT_MAX_COLUMN_CHUNK_BYTES,
 };
 pub use source::{
     global_memory_store, open_location, DatasetSource, StorageOptions, DEFAULT_FILE_EXTENSIONS,

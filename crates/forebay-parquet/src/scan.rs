@@ -141,6 +141,8 @@ pub struct ParquetDatasetBuilder {
     flat_decoder: bool,
     /// Endings of the names a directory listing keeps (None: every name).
     file_extensions: Option<Vec<String>>,
+    /// The most one selected column chunk may decompress to (its footer's size).
+    max_column_chunk_bytes: u64,
 }
 
 impl ParquetDatasetBuilder {
@@ -256,6 +258,16 @@ impl ParquetDatasetBuilder {
                 })
                 .collect()
         });
+        self
+    }
+
+    /// The most one selected column chunk may decompress to, by the file's footer (default
+    /// [`DEFAULT_MAX_COLUMN_CHUNK_BYTES`]): a larger one fails the scan with
+    /// [`ParquetError::TooLarge`] before any of it is fetched. Arrow arrays index their
+    /// values with 32-bit offsets, so a chunk past 2 GiB could not be decoded anyway; without
+    /// the check a tiny file of highly compressible strings allocates gigabytes first.
+    pub fn with_max_column_chunk_bytes(mut self, bytes: u64) -> Self {
+        self.max_column_chunk_bytes = bytes.max(1);
         self
     }
 
@@ -408,6 +420,7 @@ impl ParquetDataset {
                     .map(|e| e.to_string())
                     .collect(),
             ),
+            max_column_chunk_bytes: DEFAULT_MAX_COLUMN_CHUNK_BYTES,
         }
     }
 
@@ -1509,6 +1522,29 @@ async fn run_unit(
     }
 }
 
+/// The most a column chunk may decompress to by default (what 32-bit Arrow offsets index).
+pub const DEFAULT_MAX_COLUMN_CHUNK_BYTES: u64 = i32::MAX as u64;
+
+/// Refuse a row group whose selected column chunks decompress past the limit (see
+/// [`ParquetDatasetBuilder::with_max_column_chunk_bytes`]), before anything is fetched.
+fn check_chunk_sizes(inner: &DatasetInner, file: &OpenedFile, path: &str, rg: usize) -> Result<()> {
+    let limit = inner.options.max_column_chunk_bytes;
+    let group = file.reader_meta.metadata().row_group(rg);
+    for (leaf, column) in group.columns().iter().enumerate() {
+        let bytes = column.uncompressed_size().max(0) as u64;
+        if bytes > limit && file.projection.leaf_included(leaf) {
+            return Err(ParquetError::TooLarge {
+                path: path.to_string(),
+                row_group: rg,
+                column: column.column_path().string(),
+                bytes,
+                limit,
+            });
+        }
+    }
+    Ok(())
+}
+
 async fn decode_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
@@ -1520,6 +1556,10 @@ async fn decode_unit(
     let path = unit.file.to_string();
     let rg = unit.row_group;
     let declared_rows = file.reader_meta.metadata().row_group(rg).num_rows().max(0) as u64;
+    if let Err(e) = check_chunk_sizes(&inner, &file, &path, rg) {
+        let _ = tx.send(Err(e)).await;
+        return;
+    }
     let provenance_of = |first_row: Option<u64>, batch_index: usize| BatchProvenance {
         file: unit.file.clone(),
         file_index: unit.file_index,
