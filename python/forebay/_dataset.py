@@ -360,10 +360,13 @@ class Dataset:
 
     def stats(self) -> dict[str, Any] | None:
         """What the last run of this dataset did: ``wall_s``, ``memory_limit``,
-        ``peak_bytes`` (the most memory in flight at once), ``store_spilled_bytes``, and per
+        ``peak_bytes`` (the most memory in flight at once; the shared-memory store that
+        worker processes use is reserved in the limit but not counted here),
+        ``store_spilled_bytes``, and per
         stage (``stages``): ``rows_in``, ``rows_out``, ``batches_in``, ``batches_out``,
-        ``busy_s`` (time inside its function), ``peak_bytes``, ``spilled_bytes``. None before
-        the first run."""
+        ``busy_s`` (time inside its function; for the read stage, time waiting for reads and
+        decoding; for the write stage, time encoding), ``peak_bytes``, ``spilled_bytes``.
+        None before the first run."""
         return self._last_stats
 
     # ------------------------------------------------------------------ reading

@@ -500,3 +500,18 @@ def test_numpy_scalars_come_back_as_numpy_scalars():
         back = store.get(store.put(value))
         assert type(back) is type(value) and back == value
     assert store.get(store.put(np.array(5.0))).shape == ()
+
+
+def test_stats_say_what_the_run_did(data, tmp_path):
+    ds = forebay.read_parquet(str(data)).map_batches(
+        lambda b: b, compute="processes", concurrency=1
+    )
+    ds.write_parquet(str(tmp_path / "out"))
+    stats = ds.stats()
+    stages = {s["name"]: s for s in stats["stages"]}
+    # The worker processes' store reserves a quarter of the limit; it is not data in flight.
+    assert 0 < stats["peak_bytes"] < 64 << 20, stats["peak_bytes"]
+    read, write = stages["read_parquet"], stages["write_parquet"]
+    assert read["busy_s"] > 0 and write["busy_s"] > 0
+    assert write["rows_in"] == write["rows_out"] == ROWS
+    assert write["batches_in"] == write["batches_out"] > 1

@@ -115,6 +115,8 @@ struct State {
     /// waiting source cannot expect to be freed.
     plain: usize,
     peak: usize,
+    /// The most bytes charged at once, leaving out budgets (reserved capacities).
+    peak_in_flight: usize,
     /// Allocation start address → its charge and holders.
     allocations: HashMap<usize, Allocation>,
     reservations: HashMap<u64, ReservationState>,
@@ -147,6 +149,8 @@ struct ConsumerState {
     peak: usize,
     /// Holds rows that wait for more input (see [`MemoryPool::consumer_awaiting_input`]).
     awaits_input: bool,
+    /// Holds a reserved capacity, not data in flight (see [`MemoryPool::consumer_for_budget`]).
+    budget: bool,
 }
 
 /// What one consumer holds, in a [`PoolSnapshot`].
@@ -165,6 +169,9 @@ pub struct PoolSnapshot {
     pub limit: usize,
     pub used: usize,
     pub peak: usize,
+    /// The most bytes charged at once, leaving out reserved capacities (the run's object
+    /// store's arena): the peak of data in flight.
+    pub peak_in_flight: usize,
     pub consumers: Vec<ConsumerSnapshot>,
 }
 
@@ -211,7 +218,13 @@ impl MemoryPool {
 
     /// Register a holder of batches (a stage, a queue, a buffer) under a display name.
     pub fn consumer(&self, name: impl Into<String>) -> MemoryConsumer {
-        self.register(name.into(), false)
+        self.register(name.into(), false, false)
+    }
+
+    /// Register a holder of a reserved capacity (the run's object store arena): charged like
+    /// anything else, but not data in flight, so left out of `peak_in_flight`.
+    pub fn consumer_for_budget(&self, name: impl Into<String>) -> MemoryConsumer {
+        self.register(name.into(), false, true)
     }
 
     /// Register a holder of rows that wait for more input before they can go on (a
@@ -219,16 +232,17 @@ impl MemoryPool {
     /// what it holds to drain: that would wait forever. Keep what it holds small and
     /// compact (copies of the rows, not slices pinning whole input batches).
     pub fn consumer_awaiting_input(&self, name: impl Into<String>) -> MemoryConsumer {
-        self.register(name.into(), true)
+        self.register(name.into(), true, false)
     }
 
-    fn register(&self, name: String, awaits_input: bool) -> MemoryConsumer {
+    fn register(&self, name: String, awaits_input: bool, budget: bool) -> MemoryConsumer {
         let mut state = self.shared.lock();
         state.consumers.push(ConsumerState {
             name,
             held: 0,
             peak: 0,
             awaits_input,
+            budget,
         });
         MemoryConsumer {
             pool: self.clone(),
@@ -242,6 +256,7 @@ impl MemoryPool {
             limit: self.shared.limit,
             used: state.used,
             peak: state.peak,
+            peak_in_flight: state.peak_in_flight,
             consumers: state
                 .consumers
                 .iter()
@@ -394,6 +409,7 @@ impl MemoryConsumer {
         let consumer = &mut state.consumers[self.index];
         consumer.held += owned;
         consumer.peak = consumer.peak.max(consumer.held);
+        note_peak_in_flight(&mut state);
         state.reservations.insert(
             id,
             ReservationState {
@@ -412,6 +428,17 @@ impl MemoryConsumer {
 
 /// Charge `extra` bytes of a grown allocation to its owner (`owned` when the owner is the
 /// reservation being created, which is added to the books afterwards).
+/// Update `peak_in_flight` (after the consumers' holdings are updated).
+fn note_peak_in_flight(state: &mut State) {
+    let budgets: usize = state
+        .consumers
+        .iter()
+        .filter(|c| c.budget)
+        .map(|c| c.held)
+        .sum();
+    state.peak_in_flight = state.peak_in_flight.max(state.used.saturating_sub(budgets));
+}
+
 fn charge(state: &mut State, owner: u64, creating: u64, extra: usize, owned: &mut usize) {
     if owner == creating {
         *owned += extra;
@@ -426,6 +453,7 @@ fn charge(state: &mut State, owner: u64, creating: u64, extra: usize, owned: &mu
         c.held += extra;
         c.peak = c.peak.max(c.held);
     }
+    note_peak_in_flight(state);
 }
 
 fn new_bytes(state: &State, extents: &[Extent]) -> usize {

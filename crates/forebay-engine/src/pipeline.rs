@@ -711,7 +711,7 @@ impl Run {
             stages,
             wall: self.started.elapsed(),
             memory_limit: snapshot.limit as u64,
-            peak_bytes: snapshot.peak as u64,
+            peak_bytes: snapshot.peak_in_flight as u64,
             store_spilled_bytes: self
                 .resources
                 .store_if_created()

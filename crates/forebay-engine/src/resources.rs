@@ -103,7 +103,7 @@ impl RunResources {
             let reservation = self
                 .inner
                 .pool
-                .consumer("object store (worker exchange, held batches)")
+                .consumer_for_budget("object store (worker exchange, held batches)")
                 .reserve_bytes(settings.capacity, Admission::Now)
                 .map_err(|e| e.to_string())?;
             Ok((Arc::new(store), reservation))

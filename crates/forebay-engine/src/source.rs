@@ -148,7 +148,14 @@ pub(crate) fn run_source(
                 file: None,
                 unit: None,
             });
-            while let Some(item) = scan.next_blocking() {
+            loop {
+                // The source's busy time: waiting for the scan (reads and decoding), not for
+                // room in the pool.
+                let started = std::time::Instant::now();
+                let Some(item) = scan.next_blocking() else {
+                    break;
+                };
+                counters.record_busy(started.elapsed());
                 cancel.check()?;
                 let item = item?;
                 let rows = item.batch.num_rows();

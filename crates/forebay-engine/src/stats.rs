@@ -73,7 +73,8 @@ pub struct RunStats {
     pub stages: Vec<StageStats>,
     pub wall: Duration,
     pub memory_limit: u64,
-    /// The most memory the pool held at once.
+    /// The most memory in flight at once (the pool's charges, leaving out the reserved
+    /// arena of the run's object store).
     pub peak_bytes: u64,
     /// Bytes the object store wrote to spill files.
     pub store_spilled_bytes: u64,
