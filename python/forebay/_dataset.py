@@ -223,7 +223,9 @@ class Dataset:
         drop_last: drop the last batch if it has fewer than ``batch_size`` rows.
         local_shuffle_buffer_size: shuffle rows within a buffer of at least this many rows
             (as Ray: batches are drawn at random from the buffer); None: no shuffle.
-        local_shuffle_seed: seed of that shuffle, for a reproducible order.
+        local_shuffle_seed: seed of that shuffle, for a reproducible order: with a seed the
+            shuffle's input keeps the source's order through concurrent steps (as
+            ``preserve_order=True``), so the same seed gives the same order every run.
         preserve_order: keep the source's order through concurrent steps (a bounded reorder
             buffer; held batches beyond its budget are spilled); default: yield whatever is
             ready first.
@@ -245,6 +247,8 @@ class Dataset:
             "local_shuffle_buffer_size", local_shuffle_buffer_size, minimum=1
         )
         local_shuffle_seed = optional_integer("local_shuffle_seed", local_shuffle_seed, minimum=0)
+        if local_shuffle_seed is not None and local_shuffle_buffer_size is not None:
+            preserve_order = True  # the order of arrival must not depend on thread timing
         stream = self._pipeline(preserve_order).iter(
             batch_size,
             prefetch_batches,

@@ -515,3 +515,20 @@ def test_stats_say_what_the_run_did(data, tmp_path):
     assert read["busy_s"] > 0 and write["busy_s"] > 0
     assert write["rows_in"] == write["rows_out"] == ROWS
     assert write["batches_in"] == write["batches_out"] > 1
+
+
+def test_a_seeded_shuffle_after_a_concurrent_step_is_reproducible(data):
+    def jitter(batch):
+        time.sleep(0.001 * (batch["id"][0].as_py() % 7))  # finishes out of order
+        return batch
+
+    def order() -> list[int]:
+        ds = forebay.read_parquet(str(data), batch_size=100).map_batches(jitter, concurrency=2)
+        batches = ds.iter_batches(
+            batch_size=128, local_shuffle_buffer_size=500, local_shuffle_seed=3
+        )
+        return [i for b in batches for i in b["id"].to_pylist()]
+
+    first = order()
+    assert sorted(first) == list(range(ROWS))
+    assert order() == first
