@@ -4,6 +4,7 @@ a clear error, never in lost input, duplicated rows or a checkpoint that no late
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import forebay
+from conftest import REPO
 
 ROWS = 3000
 
@@ -144,23 +146,19 @@ def test_a_rerun_after_delete_on_success_writes_nothing_again_and_says_so(data, 
 
 # ---------------------------------------------------------------- shared memory of dead runs
 
-PROCESS_JOB = textwrap.dedent(
-    """
-    import sys, time, forebay
 
-    def slow(batch):
-        time.sleep(0.05)
-        return batch
+def _kill_stores_bench():
+    """benches/python/kill_stores.py: its job is the one these tests kill (it kills it 40
+    times for BENCHMARKS.md)."""
+    path = REPO / "benches" / "python" / "kill_stores.py"
+    spec = importlib.util.spec_from_file_location("kill_stores", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    forebay.configure(progress=False)
-    ds = forebay.read_parquet(sys.argv[1], batch_size=100).map_batches(
-        slow, compute="processes", concurrency=2
-    )
-    print("started", flush=True)
-    ds.write_parquet(sys.argv[2], checkpoint=forebay.Checkpoint("id", sys.argv[3]))
-    print("finished", flush=True)
-    """
-)
+
+PROCESS_JOB: str = _kill_stores_bench().JOB
 
 
 def stores_of(pid: int) -> list[Path]:

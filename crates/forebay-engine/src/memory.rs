@@ -275,6 +275,17 @@ impl MemoryPool {
     }
 }
 
+impl State {
+    /// Bytes held by the consumers `which` picks.
+    fn held_where(&self, which: impl Fn(&ConsumerState) -> bool) -> usize {
+        self.consumers
+            .iter()
+            .filter(|c| which(c))
+            .map(|c| c.held)
+            .sum()
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the counters half-updated in a way
@@ -324,13 +335,7 @@ impl MemoryConsumer {
                 let batches_held = state.used - state.plain;
                 // Batches that drain without the source's help (rows waiting for more input
                 // do not).
-                let awaiting: usize = state
-                    .consumers
-                    .iter()
-                    .filter(|c| c.awaits_input)
-                    .map(|c| c.held)
-                    .sum();
-                let draining = batches_held.saturating_sub(awaiting);
+                let draining = batches_held.saturating_sub(state.held_where(|c| c.awaits_input));
                 let charged = state.used + new + headroom;
                 let used = state.used;
                 let untracked = state.process.as_mut().map_or(0, |p| p.untracked(used));
@@ -426,19 +431,14 @@ impl MemoryConsumer {
     }
 }
 
-/// Charge `extra` bytes of a grown allocation to its owner (`owned` when the owner is the
-/// reservation being created, which is added to the books afterwards).
 /// Update `peak_in_flight` (after the consumers' holdings are updated).
 fn note_peak_in_flight(state: &mut State) {
-    let budgets: usize = state
-        .consumers
-        .iter()
-        .filter(|c| c.budget)
-        .map(|c| c.held)
-        .sum();
+    let budgets = state.held_where(|c| c.budget);
     state.peak_in_flight = state.peak_in_flight.max(state.used.saturating_sub(budgets));
 }
 
+/// Charge `extra` bytes of a grown allocation to its owner (`owned` when the owner is the
+/// reservation being created, which is added to the books afterwards).
 fn charge(state: &mut State, owner: u64, creating: u64, extra: usize, owned: &mut usize) {
     if owner == creating {
         *owned += extra;

@@ -554,28 +554,26 @@ pub(crate) fn run_writer(
     rows_written: Arc<AtomicU64>,
     counters: &StageCounters,
 ) -> Result<u64> {
-    let io = WriterIo {
-        input: &input,
-        resources: &resources,
-        holder: &holder,
-        rows_written: &rows_written,
-        counters,
-    };
     match target.commits.clone() {
-        None => write_plain(&target, worker, &io),
-        Some(log) => write_checkpointed(&target, &log, &io),
+        None => write_plain(
+            &target,
+            worker,
+            &input,
+            &resources,
+            &holder,
+            &rows_written,
+            counters,
+        ),
+        Some(log) => write_checkpointed(
+            &target,
+            &log,
+            &input,
+            &resources,
+            &holder,
+            &rows_written,
+            counters,
+        ),
     }
-}
-
-/// What a writer worker reads from and reports to.
-struct WriterIo<'a> {
-    input: &'a BatchQueue,
-    resources: &'a RunResources,
-    holder: &'a MemoryConsumer,
-    /// Rows written by every worker, live (the progress bar's count).
-    rows_written: &'a AtomicU64,
-    /// The write stage's statistics: rows and batches in and out, time spent encoding.
-    counters: &'a StageCounters,
 }
 
 fn check_schema(first: &mut Option<SchemaRef>, batch: &EngineBatch) -> Result<()> {
@@ -642,14 +640,15 @@ fn schema_difference(first: &arrow::datatypes::Schema, later: &arrow::datatypes:
 }
 
 /// Without a checkpoint: files of exactly `rows_per_file` rows (a batch may span two).
-fn write_plain(target: &OutputTarget, worker: usize, io: &WriterIo<'_>) -> Result<u64> {
-    let WriterIo {
-        input,
-        resources,
-        holder,
-        rows_written,
-        counters,
-    } = *io;
+fn write_plain(
+    target: &OutputTarget,
+    worker: usize,
+    input: &BatchQueue,
+    resources: &RunResources,
+    holder: &MemoryConsumer,
+    rows_written: &AtomicU64,
+    counters: &StageCounters,
+) -> Result<u64> {
     let mut written = 0;
     let cancel = resources.cancel_token().clone();
     let mut file: Option<OpenFile> = None;
@@ -711,14 +710,15 @@ struct Pending {
 /// each committed with its ids and lineage. Every file that gets rows of a batch holds its
 /// own references to the batch's input units, so a unit completes only when the last of
 /// those files commits (see `lineage`).
-fn write_checkpointed(target: &OutputTarget, log: &CommitLog, io: &WriterIo<'_>) -> Result<u64> {
-    let WriterIo {
-        input,
-        resources,
-        holder,
-        rows_written,
-        counters,
-    } = *io;
+fn write_checkpointed(
+    target: &OutputTarget,
+    log: &CommitLog,
+    input: &BatchQueue,
+    resources: &RunResources,
+    holder: &MemoryConsumer,
+    rows_written: &AtomicU64,
+    counters: &StageCounters,
+) -> Result<u64> {
     let mut written = 0;
     let cancel = resources.cancel_token().clone();
     let mut pending: Option<Pending> = None;
