@@ -51,6 +51,7 @@ pub(crate) const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// The run's hold on its checkpoint; released when dropped.
 pub(crate) enum RunLock {
     /// An exclusive `flock` on a local checkpoint (the kernel drops it with the process).
+    /// The file is only held: closing it releases the lock.
     Local(#[allow(dead_code)] std::fs::File),
     /// A lease object on an object store, renewed by a heartbeat thread.
     Lease(Lease),
@@ -70,7 +71,7 @@ impl RunLock {
     }
 
     /// Fails if this run may no longer decide commits (its lease was lost or could not be
-    /// renewed in time); a local lock holds until the process ends.
+    /// renewed in time); a local lock cannot be lost.
     pub(crate) fn check(&self) -> Result<()> {
         match self {
             RunLock::Local(_) => Ok(()),
