@@ -36,8 +36,9 @@ use crate::commit::{
 };
 use crate::error::{EngineError, Result};
 use crate::lineage::Completed;
+use crate::stats::WrittenFile;
 use crate::storage::Dir;
-use crate::writer::{OutputTarget, ParquetSink, WrittenFile};
+use crate::writer::{OutputTarget, ParquetSink};
 
 const STAGE: &str = "write_parquet";
 

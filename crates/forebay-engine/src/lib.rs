@@ -69,6 +69,7 @@ mod lease;
 mod lineage;
 mod locations;
 pub mod memory;
+mod output_schema;
 mod pipeline;
 pub mod process;
 mod process_memory;
@@ -96,7 +97,5 @@ pub use pipeline::{
 };
 pub use source::{BatchIterator, Source};
 pub use stage::{MapFn, MapStage, MapWorker, PrepareNext, StageFailure, WorkerContext};
-pub use stats::{RunStats, StageStats};
-pub use writer::{
-    ParquetSink, ResumeStats, WriteMode, WriteStats, WrittenFile, DEFAULT_ROWS_PER_FILE,
-};
+pub use stats::{ResumeStats, RunStats, StageStats, WriteStats, WrittenFile};
+pub use writer::{ParquetSink, WriteMode, DEFAULT_ROWS_PER_FILE};

@@ -35,8 +35,9 @@ use crate::resume_filter::ResumeFilter;
 use crate::shuffle::LocalShuffler;
 use crate::source::{run_source, Source};
 use crate::stage::{spawn_stage, MapStage};
+use crate::stats::{ResumeStats, WriteStats};
 use crate::stats::{RunStats, StageCounters, StageStats};
-use crate::writer::{run_writer, write_stats, OutputTarget, ParquetSink, ResumeStats, WriteStats};
+use crate::writer::{run_writer, write_stats, OutputTarget, ParquetSink};
 
 /// Default memory limit of a run: a quarter of the machine's memory, at least 256 MiB.
 pub fn default_memory_limit() -> usize {

@@ -79,3 +79,36 @@ pub struct RunStats {
     /// Bytes the object store wrote to spill files.
     pub store_spilled_bytes: u64,
 }
+
+/// One published file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenFile {
+    pub path: String,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WriteStats {
+    pub rows: u64,
+    pub files: Vec<WrittenFile>,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// For a checkpointed write: what it found done and skipped.
+    pub resume: Option<ResumeStats>,
+}
+
+/// What a checkpointed write skipped of its input.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResumeStats {
+    pub report: crate::commit::ResumeReport,
+    /// Rows read but dropped because their id was done.
+    pub rows_skipped_by_id: u64,
+    /// Input files skipped unread (neither footer nor data fetched).
+    pub files_skipped: u64,
+    /// Row groups skipped unread.
+    pub row_groups_skipped: u64,
+    /// Bytes of input read (footers and column chunks).
+    pub bytes_read: u64,
+}

@@ -31,15 +31,15 @@ use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
-use crate::batch::EngineBatch;
 use crate::commit::{stage_ids, wrong_id_type, CommitLog, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::lineage::UnitTicket;
 use crate::memory::{arrays_memory, Admission, MemoryConsumer, Reservation};
+use crate::output_schema::check_schema;
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
-use crate::stats::StageCounters;
+use crate::stats::{StageCounters, WriteStats, WrittenFile};
 use crate::storage::{create_dir_all_durable, sync_dir, Dir, StorageError};
 
 const STAGE: &str = "write_parquet";
@@ -152,39 +152,6 @@ impl ParquetSink {
         }
         self
     }
-}
-
-/// One published file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WrittenFile {
-    pub path: String,
-    pub rows: u64,
-    pub bytes: u64,
-}
-
-/// What a write did.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct WriteStats {
-    pub rows: u64,
-    pub files: Vec<WrittenFile>,
-    pub bytes: u64,
-    pub seconds: f64,
-    /// For a checkpointed write: what it found done and skipped.
-    pub resume: Option<ResumeStats>,
-}
-
-/// What a checkpointed write skipped of its input.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResumeStats {
-    pub report: crate::commit::ResumeReport,
-    /// Rows read but dropped because their id was done.
-    pub rows_skipped_by_id: u64,
-    /// Input files skipped unread (neither footer nor data fetched).
-    pub files_skipped: u64,
-    /// Row groups skipped unread.
-    pub row_groups_skipped: u64,
-    /// Bytes of input read (footers and column chunks).
-    pub bytes_read: u64,
 }
 
 /// The output directory, opened once for the run.
@@ -574,69 +541,6 @@ pub(crate) fn run_writer(
             counters,
         ),
     }
-}
-
-fn check_schema(first: &mut Option<SchemaRef>, batch: &EngineBatch) -> Result<()> {
-    let schema = batch.batch.schema();
-    match first {
-        None => *first = Some(schema),
-        Some(s) if s.fields() != schema.fields() => {
-            return Err(EngineError::BadOutput {
-                stage: STAGE.into(),
-                batch: batch.label(),
-                reason: format!(
-                    "a batch's columns differ from the first batch's: {}; every batch written \
-                     to one dataset needs the same columns and types (a pandas int column \
-                     with a missing value becomes float64: cast it back, or fill the gaps)",
-                    schema_difference(s, &schema)
-                ),
-            })
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// What differs between the first batch's schema and a later one's, column by column.
-fn schema_difference(first: &arrow::datatypes::Schema, later: &arrow::datatypes::Schema) -> String {
-    let mut differences = Vec::new();
-    for field in first.fields() {
-        match later.field_with_name(field.name()) {
-            Err(_) => differences.push(format!("'{}' is missing", field.name())),
-            Ok(other) if other.data_type() != field.data_type() => differences.push(format!(
-                "'{}' is {} (first batch: {})",
-                field.name(),
-                other.data_type(),
-                field.data_type()
-            )),
-            Ok(other) if other.is_nullable() != field.is_nullable() => differences.push(format!(
-                "'{}' is {}nullable (first batch: {}nullable)",
-                field.name(),
-                if other.is_nullable() { "" } else { "not " },
-                if field.is_nullable() { "" } else { "not " }
-            )),
-            Ok(_) => {}
-        }
-    }
-    for field in later.fields() {
-        if first.field_with_name(field.name()).is_err() {
-            differences.push(format!("'{}' is new", field.name()));
-        }
-    }
-    if differences.is_empty() {
-        let names = |s: &arrow::datatypes::Schema| {
-            s.fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect::<Vec<_>>()
-        };
-        differences.push(format!(
-            "the columns come in another order: {:?} (first batch: {:?})",
-            names(later),
-            names(first)
-        ));
-    }
-    differences.join(", ")
 }
 
 /// Without a checkpoint: files of exactly `rows_per_file` rows (a batch may span two).

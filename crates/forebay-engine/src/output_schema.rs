@@ -1,0 +1,73 @@
+//! Every batch written to one dataset has the first batch's columns and types; when one
+//! does not, the error names the columns that differ (not two schema dumps).
+
+use arrow::datatypes::SchemaRef;
+
+use crate::batch::EngineBatch;
+use crate::error::{EngineError, Result};
+
+const STAGE: &str = "write_parquet";
+
+/// Remember the first batch's schema in `first`; fail on a later batch whose differs.
+pub(crate) fn check_schema(first: &mut Option<SchemaRef>, batch: &EngineBatch) -> Result<()> {
+    let schema = batch.batch.schema();
+    match first {
+        None => *first = Some(schema),
+        Some(s) if s.fields() != schema.fields() => {
+            return Err(EngineError::BadOutput {
+                stage: STAGE.into(),
+                batch: batch.label(),
+                reason: format!(
+                    "a batch's columns differ from the first batch's: {}; every batch written \
+                     to one dataset needs the same columns and types (a pandas int column \
+                     with a missing value becomes float64: cast it back, or fill the gaps)",
+                    schema_difference(s, &schema)
+                ),
+            })
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// What differs between the first batch's schema and a later one's, column by column.
+fn schema_difference(first: &arrow::datatypes::Schema, later: &arrow::datatypes::Schema) -> String {
+    let mut differences = Vec::new();
+    for field in first.fields() {
+        match later.field_with_name(field.name()) {
+            Err(_) => differences.push(format!("'{}' is missing", field.name())),
+            Ok(other) if other.data_type() != field.data_type() => differences.push(format!(
+                "'{}' is {} (first batch: {})",
+                field.name(),
+                other.data_type(),
+                field.data_type()
+            )),
+            Ok(other) if other.is_nullable() != field.is_nullable() => differences.push(format!(
+                "'{}' is {}nullable (first batch: {}nullable)",
+                field.name(),
+                if other.is_nullable() { "" } else { "not " },
+                if field.is_nullable() { "" } else { "not " }
+            )),
+            Ok(_) => {}
+        }
+    }
+    for field in later.fields() {
+        if first.field_with_name(field.name()).is_err() {
+            differences.push(format!("'{}' is new", field.name()));
+        }
+    }
+    if differences.is_empty() {
+        let names = |s: &arrow::datatypes::Schema| {
+            s.fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        };
+        differences.push(format!(
+            "the columns come in another order: {:?} (first batch: {:?})",
+            names(later),
+            names(first)
+        ));
+    }
+    differences.join(", ")
+}
