@@ -197,6 +197,18 @@ impl RsDataset {
         })
     }
 
+    /// The same dataset reading, of each file named in `ranges`, only the row groups whose
+    /// first byte lies in its `(start, end)` range (a read task's share of a split file).
+    fn with_byte_ranges(&self, ranges: HashMap<String, (u64, u64)>) -> RsDataset {
+        let split = ranges.into_iter().fold(
+            forebay_parquet::ByteRangeSplit::new(),
+            |split, (uri, (start, end))| split.with_range(uri, start..end),
+        );
+        RsDataset {
+            dataset: self.dataset.and_skip(std::sync::Arc::new(split)),
+        }
+    }
+
     fn scan(&self) -> RsBatchIter {
         RsBatchIter {
             stream: std::sync::Mutex::new(Some(self.dataset.scan())),

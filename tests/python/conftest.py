@@ -156,3 +156,23 @@ def moto_s3(log_path: Path) -> Iterator[tuple[Any, str]]:
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A local Ray cluster shared by the Ray tests (started on first use)."""
+    import ray
+
+    # More logical CPUs than cores: on 2 cores Ray's actor pools otherwise starve its tasks.
+    ray.init(
+        num_cpus=8,
+        object_store_memory=256 << 20,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        # Workers import the test modules' functions (slow_identity) by name.
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()

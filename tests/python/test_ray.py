@@ -35,24 +35,6 @@ def test_import_forebay_does_not_import_ray() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    # More logical CPUs than cores: on 2 cores Ray's actor pools otherwise starve its tasks.
-    ray.init(
-        num_cpus=8,
-        object_store_memory=256 << 20,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level="ERROR",
-        # Workers import this module's functions (slow_identity) by name.
-        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
-    )
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ray-inputs")
     for f in range(FILES):
@@ -341,7 +323,7 @@ def test_write_parquet_exactly_once_and_a_rerun_reads_nothing(
     table = assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
     assert np.array_equal(table.column("double").to_numpy(), table.column("value").to_numpy() * 2)
     assert first["resume"]["units_finished"] == FILES * ROWS_PER_FILE // 1_000
-    assert first["resume"]["finished_not_recorded"] is None
+    assert first["resume"]["finished_late"] is None
     files_after_first = sorted(p.name for p in out.glob("*.parquet"))
     assert len(files_after_first) == first["files"]
 
@@ -401,20 +383,19 @@ def drop_the_tag(batch: pa.Table) -> pa.Table:
 
 
 def test_write_parquet_a_step_dropping_the_tag_stays_exactly_once(
-    cluster, inputs: Path, tmp_path: Path, caplog
+    cluster, inputs: Path, tmp_path: Path
 ) -> None:
     out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(tmp_path / "ckpt"))
     ds = fray.read_parquet(str(inputs), batch_size=1_000).map_batches(
         drop_the_tag, batch_format="pyarrow"
     )
-    with caplog.at_level("WARNING", logger="forebay.ray"):
+    with pytest.warns(fray.RowCountWarning, match="__forebay_unit"):
         first = fray.write_parquet(ds, out, checkpoint=ckpt)
-    assert first["resume"]["finished_not_recorded"] is not None
-    assert "__forebay_unit" in caplog.text
+    assert "__forebay_unit" in first["resume"]["finished_late"]
     assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
-    # Nothing recorded as finished: the rerun reads everything, and writes nothing.
+    # Finished input was recorded when the run ended: the rerun reads nothing.
     second = fray.write_parquet(ds, out, checkpoint=ckpt)
-    assert second["resume"]["files_done"] == 0
+    assert second["resume"]["files_done"] == FILES
     assert second["rows"] == 0
     assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
 

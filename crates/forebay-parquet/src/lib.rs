@@ -24,6 +24,10 @@
 //!                          ScanStream: ordered RecordBatches + BatchProvenance
 //! ```
 //!
+//! Tasks share a dataset by [`ByteRangeSplit`] (a file's row groups starting in a byte
+//! range, planned from file sizes alone) on top of any [`ScanSkip`] (a resume's finished
+//! input), combined by [`ParquetDataset::and_skip`].
+//!
 //! ```no_run
 //! use forebay_parquet::{DatasetSource, ParquetDataset, Predicate};
 //!
@@ -49,6 +53,7 @@ mod repair;
 pub mod row_filter;
 pub mod scan;
 pub mod source;
+pub mod split;
 
 pub use error::{ErrorKind, ParquetError, Result};
 pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
@@ -61,3 +66,4 @@ pub use scan::{
 pub use source::{
     global_memory_store, open_location, DatasetSource, StorageOptions, DEFAULT_FILE_EXTENSIONS,
 };
+pub use split::{row_group_start, AllSkips, ByteRangeSplit};

@@ -450,6 +450,17 @@ impl ParquetDataset {
         self.with_options(options)
     }
 
+    /// The same dataset (its files and cached footers) skipping what `skip` says on top of
+    /// what it skips already (a task's [`ByteRangeSplit`](crate::ByteRangeSplit) after a
+    /// resume's finished input). Its metrics start from zero.
+    pub fn and_skip(&self, skip: Arc<dyn ScanSkip>) -> ParquetDataset {
+        let skip = match &self.inner.options.skip {
+            Some(Skip(present)) => Arc::new(crate::split::AllSkips(vec![present.clone(), skip])),
+            None => skip,
+        };
+        self.with_skip(skip)
+    }
+
     /// The same dataset (its files and cached footers) dropping rows by `filter` while
     /// decoding (see [`ScanRowFilter`]). Its metrics start from zero.
     pub fn with_row_filter(&self, filter: Arc<dyn ScanRowFilter>) -> ParquetDataset {

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 from ._checkpoint import ShardedCheckpointFilter, checkpoint_config
 from ._datasource import ForebayParquetDatasource, read_parquet
+from ._lineage import RowCountWarning
 from ._write import write_parquet
 
 __all__ = [
     "ForebayParquetDatasource",
+    "RowCountWarning",
     "ShardedCheckpointFilter",
     "checkpoint_config",
     "read_parquet",

@@ -34,9 +34,63 @@ except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("forebay.ray needs Ray Data: pip install 'forebay[ray]'") from e
 
 
+#: The Ray namespace of forebay's named actors.
+ACTOR_NAMESPACE = "forebay"
+
+
 def owned_shards(actor: int, num_actors: int, num_shards: int) -> list[int]:
     """The shards actor ``actor`` of ``num_actors`` owns: ``actor, actor + N, ...``."""
     return list(range(actor, num_shards, num_actors))
+
+
+def default_num_actors(cluster_cpus: int, num_shards: int = DEFAULT_NUM_SHARDS) -> int:
+    """Shard actors by default: one per two CPUs of the cluster, 1-4 (and at most one per
+    shard). Each is a Python process of its own (~100 MB and a second of CPU to start)."""
+    return max(1, min(4, num_shards, cluster_cpus // 2))
+
+
+def _stop_named(prefix: str) -> int:
+    """Stop the actors named ``prefix-<n>`` in forebay's namespace (left by a killed
+    driver); returns how many there were."""
+    stopped = 0
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name, namespace = actor["name"], actor["namespace"]
+        if namespace == ACTOR_NAMESPACE and name.startswith(f"{prefix}-"):
+            try:
+                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+                stopped += 1
+            except ValueError:
+                pass  # gone meanwhile
+    return stopped
+
+
+def forebay_cause(error: BaseException) -> forebay.ForebayError | None:
+    """The forebay error a Ray task raised, found through Ray's wrappers (``RayTaskError``,
+    Ray Data's ``UserCodeException``)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        # Ray's wrapper subclasses the error's type too (``RayTaskError(WriteError)``).
+        if isinstance(e, forebay.ForebayError) and not isinstance(e, ray.exceptions.RayError):
+            return e
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return None
+
+
+def get_raising_forebay_errors(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``, raising a forebay error of the actor or task as itself (not
+    wrapped in Ray's ``RayTaskError``)."""
+    try:
+        return list(ray.get(refs))
+    except ray.exceptions.RayError as e:
+        cause = forebay_cause(e)
+        if cause is None:
+            raise
+        raise cause from None
 
 
 def _missing(path: str, storage_options: dict[str, str] | None) -> bool:
@@ -63,8 +117,12 @@ class _ShardOwner:
         num_threads: int,
     ):
         self.shards = shards
+        # A load error is kept and raised by every call: the actor stays up (a restart
+        # would fail the same way, forever) and callers get the error itself.
+        self.error: forebay.ForebayError | None = None
+        self.index: CheckpointFilter | None = None
         try:
-            self.index: CheckpointFilter | None = CheckpointFilter.load(
+            self.index = CheckpointFilter.load(
                 path,
                 id_column,
                 num_shards=num_shards,
@@ -72,17 +130,23 @@ class _ShardOwner:
                 storage_options=storage_options,
                 num_threads=num_threads,
             )
-        except CheckpointError:
+        except CheckpointError as e:
             if not _missing(path, storage_options):
-                raise
-            self.index = None  # no checkpoint yet: nothing is done
+                self.error = e
+            # else: no checkpoint yet, nothing is done
+        except forebay.ForebayError as e:
+            self.error = e
 
     def contains(self, ids: pa.Array) -> pa.Array:
+        if self.error is not None:
+            raise self.error
         if self.index is None:
             return pa.array(np.zeros(len(ids), dtype=bool))
         return self.index.contains(ids)
 
     def describe(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise self.error
         return {
             "shards": self.shards,
             "ids": len(self.index) if self.index is not None else 0,
@@ -100,7 +164,7 @@ class PendingProbe:
     def answer(self) -> np.ndarray:
         """Whether each id is done (a boolean numpy array)."""
         done = np.zeros(self.rows, dtype=bool)
-        masks = ray.get([request for _, request in self.requests])
+        masks = get_raising_forebay_errors([request for _, request in self.requests])
         for (where, _), mask in zip(self.requests, masks, strict=True):
             values = mask.to_numpy(zero_copy_only=False)
             if where is None:
@@ -119,15 +183,23 @@ class ShardedCheckpointFilter:
         writes). A missing path means nothing is done yet.
     num_shards: hash shards (a power of two; default 16). Give a forebay checkpoint's own
         count so that each actor reads only its directories and row groups.
-    num_actors: actors sharing the shards (1..num_shards; default ``min(num_shards, 4)``).
-        Each holds about 13 bytes per id it owns.
+    num_actors: actors sharing the shards (1..num_shards; default one per two CPUs of the
+        cluster, 1-4). Each holds about 13 bytes per id it owns.
     storage_options: object_store options for URIs (as :func:`forebay.read_parquet`).
-    num_cpus_per_actor, num_threads_per_actor: Ray resources and probing threads of an actor.
+    num_cpus_per_actor: CPUs each actor reserves (default 0: the actors mostly wait, and a
+        reservation takes CPUs from the tasks that feed them; on a 2-CPU cluster 4 actors of
+        0.5 CPU would leave no CPU to any task). The actors and one task must fit the
+        cluster, else ValueError.
+    num_threads_per_actor: probing threads of an actor.
     wait_for_load: wait in the constructor until every actor has loaded its shards (a load
-        error is raised there); False lets the caller start reading meanwhile (the first
-        request then waits, and a load error surfaces with it).
+        error, such as a missing id column, is raised there); False lets the caller start
+        reading meanwhile (the first request then waits, and a load error surfaces with
+        it).
     first_actor_class: the class actor 0 runs (a subclass of the shard owner that also does
         another job of the caller's, saving a Ray worker process; default: a shard owner).
+    name: name the actors ``<name>-<n>`` in the ``"forebay"`` namespace, stopping actors of
+        those names first (left behind by a killed driver). For one user of the name at a
+        time (forebay.ray.write_parquet names them after the checkpoint it holds locked).
 
     Construction starts the actors. Call it on a ``pyarrow.Table`` or ``RecordBatch`` to get the rows
     not done, or use it as a Ray Data step: :meth:`apply` (``ds.map_batches(self,
@@ -142,41 +214,70 @@ class ShardedCheckpointFilter:
         num_shards: int | None = None,
         num_actors: int | None = None,
         storage_options: Mapping[str, str] | None = None,
-        num_cpus_per_actor: float = 0.5,
+        num_cpus_per_actor: float = 0.0,
         num_threads_per_actor: int = 1,
         wait_for_load: bool = True,
         first_actor_class: type[_ShardOwner] = _ShardOwner,
+        name: str | None = None,
     ):
-        num_shards = num_shards or DEFAULT_NUM_SHARDS
+        num_shards = DEFAULT_NUM_SHARDS if num_shards is None else num_shards
         if num_shards < 1 or num_shards & (num_shards - 1):
             raise ValueError(f"num_shards must be a power of two, not {num_shards}")
-        num_actors = num_actors or min(num_shards, 4)
+        if not ray.is_initialized():
+            ray.init()
+        cluster = ray.cluster_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
+        if num_actors is None:
+            num_actors = default_num_actors(int(cluster), num_shards)
         if not 1 <= num_actors <= num_shards:
             raise ValueError(f"num_actors must be 1..{num_shards} (num_shards), not {num_actors}")
+        if num_cpus_per_actor < 0:
+            raise ValueError(f"num_cpus_per_actor must be >= 0, not {num_cpus_per_actor}")
+        if num_actors * num_cpus_per_actor + 1 > cluster:
+            raise ValueError(
+                f"{num_actors} filter actors x {num_cpus_per_actor:g} CPU and a task (1 CPU) "
+                f"need {num_actors * num_cpus_per_actor + 1:g} CPUs and the Ray cluster has "
+                f"{cluster:g}: the tasks feeding the actors would wait forever; lower "
+                "num_cpus_per_actor (0 reserves nothing) or num_actors"
+            )
         self.path = str(path)
         self.id_column = id_column
         self.num_shards = num_shards
         options = dict(storage_options) if storage_options else None
-        self.actors: list[Any] = [
-            ray.remote(first_actor_class if a == 0 else _ShardOwner)
-            .options(num_cpus=num_cpus_per_actor, max_restarts=-1, max_task_retries=-1)
-            .remote(
-                self.path,
-                id_column,
-                num_shards,
-                owned_shards(a, num_actors, num_shards),
-                options,
-                num_threads_per_actor,
+        if name is not None:
+            _stop_named(name)
+        self.actors: list[Any] = []
+        for a in range(num_actors):
+            actor_options: dict[str, Any] = {
+                "num_cpus": num_cpus_per_actor,
+                "max_restarts": -1,
+                "max_task_retries": -1,
+            }
+            if name is not None:
+                actor_options.update(name=f"{name}-{a}", namespace=ACTOR_NAMESPACE)
+            self.actors.append(
+                ray.remote(first_actor_class if a == 0 else _ShardOwner)
+                .options(**actor_options)
+                .remote(
+                    self.path,
+                    id_column,
+                    num_shards,
+                    owned_shards(a, num_actors, num_shards),
+                    options,
+                    num_threads_per_actor,
+                )
             )
-            for a in range(num_actors)
-        ]
         self._routers: dict[pa.DataType, CheckpointFilter] = {}
         if wait_for_load:
-            self.describe()  # waits for every actor's load; raises its error
+            try:
+                self.describe()  # waits for every actor's load; raises its error
+            except BaseException:
+                self.shutdown()
+                raise
 
     def describe(self) -> list[dict[str, Any]]:
-        """Per actor: its shards, ids held and index bytes."""
-        return list(ray.get([a.describe.remote() for a in self.actors]))
+        """Per actor: its shards, ids held and index bytes. An actor's load error (a
+        damaged file, a missing id column) is raised as itself."""
+        return list(get_raising_forebay_errors([a.describe.remote() for a in self.actors]))
 
     def __len__(self) -> int:
         return sum(d["ids"] for d in self.describe())
@@ -293,7 +394,7 @@ def checkpoint_config(
     num_shards: int | None = None,
     num_actors: int | None = None,
     storage_options: Mapping[str, str] | None = None,
-    num_cpus_per_actor: float = 0.5,
+    num_cpus_per_actor: float = 0.0,
     **ray_options: Any,
 ) -> CheckpointConfig:
     """Ray Data's ``CheckpointConfig`` with forebay's sharded index as its filter.

@@ -6,6 +6,7 @@ import copy
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -22,31 +23,85 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("forebay.ray needs Ray Data: pip install 'forebay[ray]'") from e
 
+KiB = 1 << 10
 MiB = 1 << 20
 #: Bounds of a read task's share of the input when Ray's requested parallelism sets it.
 MIN_TASK_BYTES = 64 * MiB
 MAX_TASK_BYTES = 512 * MiB
+#: Read tasks per CPU of the cluster that :func:`read_parquet` plans by default: enough for
+#: every CPU to stay busy while a slow task finishes, and for a run to make progress it can
+#: commit long before its end.
+TASKS_PER_CPU = 2
+#: The smallest share of input a default task gets (smaller inputs make fewer tasks).
+MIN_DEFAULT_TASK_BYTES = 64 * KiB
+#: The smallest byte range a file is cut into (a smaller one would mostly hold no row
+#: group start, and cost its task a footer read for nothing).
+MIN_PIECE_BYTES = 64 * KiB
 
 
-def group_files(sizes: Sequence[int], task_bytes: int) -> list[list[int]]:
-    """Indexes of consecutive files, grouped so that each group holds about ``task_bytes``
-    (a file larger than that is a group of its own). Scan order is kept."""
-    groups: list[list[int]] = []
-    current: list[int] = []
+@dataclass(frozen=True)
+class Piece:
+    """A read task's share of one file: the row groups whose first byte lies in
+    ``[start, end)``, piece ``part`` of the ``parts`` the file is cut into."""
+
+    file: int
+    start: int
+    end: int
+    part: int = 0
+    parts: int = 1
+
+    @property
+    def whole(self) -> bool:
+        return self.parts == 1
+
+
+def plan_tasks(sizes: Sequence[int], task_bytes: int) -> list[list[Piece]]:
+    """Read tasks of about ``task_bytes`` of input each, in scan order: consecutive small
+    files share a task; a file larger than ``task_bytes`` is cut into byte ranges of at
+    least ``MIN_PIECE_BYTES``, one task each (a row group goes to the range holding its first byte, so the pieces of a file
+    read each row group once; a range holding no row group start reads nothing)."""
+    tasks: list[list[Piece]] = []
+    current: list[Piece] = []
     held = 0
     for i, size in enumerate(sizes):
+        parts = max(1, min(-(-size // task_bytes), size // MIN_PIECE_BYTES))
+        if parts > 1:
+            if current:
+                tasks.append(current)
+                current, held = [], 0
+            step = -(-size // parts)
+            tasks.extend(
+                [Piece(i, p * step, min(size, (p + 1) * step), p, parts)] for p in range(parts)
+            )
+            continue
         if current and held + size > task_bytes:
-            groups.append(current)
+            tasks.append(current)
             current, held = [], 0
-        current.append(i)
+        current.append(Piece(i, 0, size))
         held += size
     if current:
-        groups.append(current)
-    return groups
+        tasks.append(current)
+    return tasks
+
+
+def default_task_bytes(total_bytes: int, cpus: int) -> int:
+    """The share of input per task :func:`read_parquet` plans by default: the input over
+    ``TASKS_PER_CPU`` tasks per CPU, within 64 KiB - 512 MiB."""
+    share = total_bytes // (TASKS_PER_CPU * max(cpus, 1))
+    return max(MIN_DEFAULT_TASK_BYTES, min(MAX_TASK_BYTES, share))
+
+
+def cluster_cpus() -> int:
+    """CPUs of the Ray cluster (started here when none is running)."""
+    if not ray.is_initialized():
+        ray.init()
+    return int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
 
 
 def _read_task(
     files: list[str],
+    ranges: dict[str, tuple[int, int]],
+    schema: pa.Schema,
     columns: list[str] | None,
     filter: Any,
     storage_options: dict[str, str] | None,
@@ -54,7 +109,8 @@ def _read_task(
     num_threads: int,
     checkpointed: CheckpointedRead | None = None,
 ) -> Iterator[pa.Table]:
-    """What one read task runs on its worker: forebay's reader over its files."""
+    """What one read task runs on its worker: forebay's reader over its files (of a file
+    cut into pieces, the row groups starting in its byte range)."""
     dataset = forebay.read_parquet(
         files,
         columns=columns,
@@ -62,22 +118,31 @@ def _read_task(
         storage_options=storage_options,
         batch_size=batch_size,
         num_threads=num_threads,
-    )
+    )._inner
     if checkpointed is not None:
-        yield from checkpointed.read(dataset._inner, files)
-        return
-    for batch in dataset:
-        if batch.num_rows:
-            yield pa.Table.from_batches([batch])
+        blocks = checkpointed.read(dataset, ranges)
+    else:
+        if ranges:
+            dataset = dataset.with_byte_ranges(ranges)
+        blocks = (pa.Table.from_batches([b]) for b in dataset.scan() if b.num_rows)
+    empty = True
+    for block in blocks:
+        empty = False
+        yield block
+    if empty:
+        # A task whose range holds no row group (or only done rows) still says its schema:
+        # Ray Data would otherwise count a block without columns.
+        yield schema.empty_table()
 
 
 class ForebayParquetDatasource(Datasource):
     """A Ray Data datasource reading Parquet through forebay.
 
     The driver lists the files and reads one footer (for the schema); each read task gets
-    consecutive files adding up to about ``task_bytes`` and reads their footers and only
-    the selected column chunks, skipping row groups the filter rules out. Blocks are
-    ``pyarrow.Table`` s of up to ``batch_size`` rows.
+    consecutive files adding up to about ``task_bytes`` (or a byte range of a larger file:
+    the row groups starting in it) and reads their footers and only the selected column
+    chunks, skipping row groups the filter rules out. Blocks are ``pyarrow.Table`` s of up
+    to ``batch_size`` rows.
     """
 
     def __init__(
@@ -113,6 +178,7 @@ class ForebayParquetDatasource(Datasource):
         self._batch_size = batch_size
         self._task_bytes = task_bytes
         self._threads = num_threads_per_task
+        self._estimated_rows: int | None = None
         #: Set by forebay.ray.write_parquet for the run it drives (see ``_lineage``).
         self.checkpointed: CheckpointedRead | None = None
 
@@ -144,6 +210,23 @@ class ForebayParquetDatasource(Datasource):
     def estimate_inmemory_data_size(self) -> int | None:
         return sum(self._sizes)
 
+    def estimated_rows(self) -> int:
+        """Rows of the input, estimated from the first file's rows per byte (its footer)
+        without reading every footer."""
+        if self._estimated_rows is None:
+            rows = 0
+            if self._files and self._sizes[0]:
+                first = forebay.read_parquet(self._files[0], storage_options=self._options)
+                rows = int(first.count_rows() * sum(self._sizes) / self._sizes[0])
+            self._estimated_rows = rows
+        return self._estimated_rows
+
+    def estimated_row_bytes(self) -> int:
+        """Bytes a row takes in memory, estimated from the file sizes (Parquet compresses:
+        counted 2x) and :meth:`estimated_rows`."""
+        rows = self.estimated_rows()
+        return max(1, 2 * sum(self._sizes) // rows) if rows else 1
+
     def task_bytes(self, parallelism: int) -> int:
         """The input bytes a read task gets: the caller's ``task_bytes``, else the total
         over Ray's requested parallelism, kept within 64-512 MiB (a task per tiny file
@@ -162,6 +245,10 @@ class ForebayParquetDatasource(Datasource):
         other._task_bytes = task_bytes
         return other
 
+    def tasks(self, parallelism: int) -> list[list[Piece]]:
+        """The read tasks' shares of the input (see :func:`plan_tasks`)."""
+        return plan_tasks(self._sizes, self.task_bytes(parallelism))
+
     def get_read_tasks(
         self,
         parallelism: int,
@@ -169,27 +256,30 @@ class ForebayParquetDatasource(Datasource):
         data_context: Any = None,
     ) -> list[ReadTask]:
         tasks = []
-        for group in group_files(self._sizes, self.task_bytes(parallelism)):
-            files = [self._files[i] for i in group]
+        for pieces in self.tasks(parallelism):
+            files = [self._files[p.file] for p in pieces]
+            ranges = {self._files[p.file]: (p.start, p.end) for p in pieces if not p.whole}
             metadata = BlockMetadata(
                 num_rows=None,
-                size_bytes=sum(self._sizes[i] for i in group),
+                size_bytes=sum(p.end - p.start for p in pieces),
                 input_files=tuple(files),
                 exec_stats=None,
             )
+            schema = self._schema
+            if self.checkpointed is not None:
+                schema = schema.append(pa.field(UNIT_COLUMN, pa.int64(), nullable=False))
             read = functools.partial(
                 _read_task,
                 files,
+                ranges,
+                schema,
                 self._columns,
                 self._filter,
                 self._options,
                 self._batch_size,
                 self._threads,
-                self.checkpointed.for_files(files) if self.checkpointed else None,
+                self.checkpointed.for_pieces(pieces, self._files) if self.checkpointed else None,
             )
-            schema = self._schema
-            if self.checkpointed is not None:
-                schema = schema.append(pa.field(UNIT_COLUMN, pa.int64(), nullable=False))
             tasks.append(
                 ReadTask(read, metadata, schema=schema, per_task_row_limit=per_task_row_limit)
             )
@@ -213,8 +303,10 @@ def read_parquet(
     paths, columns, filter, storage_options, batch_size: as :func:`forebay.read_parquet`
         (only the selected column chunks are fetched; row groups and pages the filter rules
         out are skipped).
-    task_bytes: input bytes per read task (consecutive files grouped up to it); default the
-        total over twice the cluster's CPUs, within 64-512 MiB.
+    task_bytes: input bytes per read task: consecutive files are grouped up to it, and a
+        larger file is cut into byte ranges (a task reads the row groups starting in its
+        range). Default: the input over two tasks per CPU of the cluster, within 64 KiB -
+        512 MiB, so that small inputs run in parallel too.
     num_threads_per_task: decoding threads of each read task (match the task's CPUs).
     override_num_blocks: the parallelism Ray asks the datasource for; default the number of
         read tasks (a larger one would make Ray split every block into small pieces).
@@ -230,10 +322,8 @@ def read_parquet(
         num_threads_per_task=num_threads_per_task,
     )
     if task_bytes is None:
-        if not ray.is_initialized():
-            ray.init()
-        cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
-        source = source.with_task_bytes(source.task_bytes(2 * max(cpus, 1)))
+        total = source.estimate_inmemory_data_size() or 0
+        source = source.with_task_bytes(default_task_bytes(total, cluster_cpus()))
     if override_num_blocks is None:
         # Ray splits each block into pieces when it gets fewer tasks than it asked for.
         override_num_blocks = len(source.get_read_tasks(1))

@@ -18,18 +18,22 @@ forebay tags them instead:
 ```
 
 A unit is recorded finished in the commit record of its last rows (or a later one), so a
-resumed run skips it unread only when every row read from it is in a committed file. The
-rule relies on each output row keeping its input row's tag and id: steps that keep the rows
-they are given (adding columns, as batch inference does) or drop some of them (then the unit
-never counts as finished: it is read again on resume and filtered by id, still exactly
-once). A step that drops the tag column turns skipping off for the run (a warning says so);
-one that emits several rows per input row must not keep the tag.
+resumed run skips it unread only when every row read from it is in a committed file:
+- steps that keep the rows they are given (adding columns, as batch inference does): each
+  unit as soon as its rows are committed;
+- steps that drop rows (filters): their units when the run ends, since dropped rows never
+  arrive to be counted (a run killed before reads them again and drops their done ids);
+- steps that emit several rows per input row, or drop the tag column: every unit when the
+  run ends, with a :class:`RowCountWarning` (multiplied rows are seen when a unit's rows
+  repeat an id or outnumber the rows read).
+Files are cut into byte-range pieces read by different tasks: a file is read through when
+each of its pieces has reported.
 """
 
 from __future__ import annotations
 
 import json
-import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,8 +43,6 @@ import pyarrow as pa
 
 from .._forebay import RsDataset
 from ._checkpoint import _ShardOwner
-
-log = logging.getLogger("forebay.ray")
 
 #: The column that carries each row's input unit from the read to the write step.
 UNIT_COLUMN = "__forebay_unit"
@@ -65,6 +67,9 @@ class CheckpointedRead:
     id_filter: a ``ShardedCheckpointFilter`` (None: nothing is done yet).
     ledger: the actor keeping the :class:`UnitLedger` that hears the rows emitted per unit
         (a :class:`LedgerShardOwner`).
+    pieces: this task's shares of files, ``(file index, part, parts)`` (a file cut into
+        ``parts`` byte ranges is read through when every part has reported).
+    block_rows: rows per block at most (the write's rows per commit).
     """
 
     id_column: str
@@ -72,23 +77,34 @@ class CheckpointedRead:
     file_index: dict[str, int]
     id_filter: Any
     ledger: Any
+    pieces: list[tuple[int, int, int]] = field(default_factory=list)
+    #: Rows per block the task yields at most (None: as read).
+    block_rows: int | None = None
 
-    def for_files(self, files: list[str]) -> CheckpointedRead:
-        """This run's context trimmed to one task's files."""
+    def for_pieces(self, pieces: list[Any], files: list[str]) -> CheckpointedRead:
+        """This run's context trimmed to one task's pieces (``_datasource.Piece`` s of
+        ``files``)."""
+        mine = [files[p.file] for p in pieces]
         return CheckpointedRead(
             self.id_column,
-            {f: self.finished[f] for f in files if f in self.finished},
-            {f: self.file_index[f] for f in files},
+            {f: self.finished[f] for f in mine if f in self.finished},
+            {f: self.file_index[f] for f in mine},
             self.id_filter,
             self.ledger,
+            [(self.file_index[files[p.file]], p.part, p.parts) for p in pieces],
+            self.block_rows,
         )
 
-    def read(self, dataset: RsDataset, files: list[str]) -> Iterator[pa.Table]:
-        """Scan ``dataset`` without finished input, drop done ids, tag rows with their unit,
-        and report the rows emitted per unit once the scan is through."""
+    def read(self, dataset: RsDataset, ranges: dict[str, tuple[int, int]]) -> Iterator[pa.Table]:
+        """Scan ``dataset`` (within ``ranges``) without finished input, drop done ids, tag
+        rows with their unit, and report the rows emitted per unit once the scan is
+        through."""
         import ray
 
-        scan = dataset.with_finished_inputs(json.dumps(self.finished)).scan()
+        dataset = dataset.with_finished_inputs(json.dumps(self.finished))
+        if ranges:
+            dataset = dataset.with_byte_ranges(ranges)
+        scan = dataset.scan()
         emitted: dict[int, int] = {}
         # Batches wait here until FILTER_ROWS of them can be filtered with one request per
         # shard actor (a request per small batch would cost more than the probing), and
@@ -116,7 +132,7 @@ class CheckpointedRead:
         if asked is not None:
             yield from self._tagged(*asked, emitted)
         # Delivered before the task ends: a task that is retried reports the same again.
-        ray.get(self.ledger.report.remote(emitted, [self.file_index[f] for f in files]))
+        ray.get(self.ledger.report.remote(emitted, self.pieces))
 
     def _ask(self, group: list[tuple[pa.RecordBatch, int]]) -> Any:
         if self.id_filter is None:
@@ -139,27 +155,32 @@ class CheckpointedRead:
                 continue
             emitted[unit] += batch.num_rows
             tag = pa.array(np.full(batch.num_rows, unit, dtype=np.int64))
-            yield pa.Table.from_batches([batch]).append_column(
+            table = pa.Table.from_batches([batch]).append_column(
                 pa.field(UNIT_COLUMN, pa.int64(), nullable=False), tag
             )
+            # Blocks of at most a commit's rows: the rows a step's task holds at a time
+            # are then those of a few commits, not of a whole row group (what a kill loses).
+            step = self.block_rows or table.num_rows
+            for first in range(0, table.num_rows, step):
+                yield table.slice(first, step)
 
 
 class UnitLedger:
-    """What read tasks report: rows emitted per unit, files read through."""
+    """What read tasks report: rows emitted per unit, pieces of files read through."""
 
     def __init__(self) -> None:
         self.new_units: dict[int, int] = {}
-        self.new_files: list[int] = []
+        self.new_pieces: list[tuple[int, int, int]] = []
 
-    def report(self, emitted: dict[int, int], files: list[int]) -> None:
+    def report(self, emitted: dict[int, int], pieces: list[tuple[int, int, int]]) -> None:
         self.new_units.update(emitted)
-        self.new_files.extend(files)
+        self.new_pieces.extend(pieces)
 
-    def take_new(self) -> tuple[dict[int, int], list[int]]:
+    def take_new(self) -> tuple[dict[int, int], list[tuple[int, int, int]]]:
         """What was reported since the last call."""
-        units, files = self.new_units, self.new_files
-        self.new_units, self.new_files = {}, []
-        return units, files
+        units, pieces = self.new_units, self.new_pieces
+        self.new_units, self.new_pieces = {}, []
+        return units, pieces
 
 
 class LedgerShardOwner(_ShardOwner):
@@ -176,65 +197,94 @@ class LedgerShardOwner(_ShardOwner):
         super().__init__(*args)
         self.ledger = UnitLedger()
 
-    def report(self, emitted: dict[int, int], files: list[int]) -> None:
-        self.ledger.report(emitted, files)
+    def report(self, emitted: dict[int, int], pieces: list[tuple[int, int, int]]) -> None:
+        self.ledger.report(emitted, pieces)
 
-    def take_new(self) -> tuple[dict[int, int], list[int]]:
+    def take_new(self) -> tuple[dict[int, int], list[tuple[int, int, int]]]:
         return self.ledger.take_new()
+
+
+class RowCountWarning(UserWarning):
+    """The rows reaching a checkpointed Ray write are not the rows read, one to one: a step
+    emits several rows per input row or dropped the unit tag. Input is then recorded
+    finished only at the end of the run."""
 
 
 @dataclass
 class UnitTracker:
-    """The driver's books: which units and files the next commit may record as finished."""
+    """The driver's books: which units and files the next commit may record as finished.
+
+    While the run goes on, a unit is finished when as many of its rows are committed as were
+    read (steps that keep or add columns). Rows a step drops never arrive, so such a unit
+    waits for the end of the run, when every unit read is finished (all its rows are either
+    committed or dropped). When rows cannot be counted one to one (a step multiplies them or
+    drops the tag), every unit waits for the end of the run (:attr:`late` says why).
+    """
 
     emitted: dict[int, int] = field(default_factory=dict)
     committed: dict[int, int] = field(default_factory=dict)
     units_of_file: dict[int, set[int]] = field(default_factory=dict)
+    parts_read: dict[int, set[int]] = field(default_factory=dict)
     files_read: set[int] = field(default_factory=set)
     recorded: set[int] = field(default_factory=set)
     files_recorded: set[int] = field(default_factory=set)
-    #: Why no more completions are recorded this run (None: they are).
-    stopped: str | None = None
+    #: Why finished input is recorded only at the end of this run (None: as it finishes).
+    late: str | None = None
     #: Rows committed without a unit tag.
     untagged_rows: int = 0
 
-    def stop(self, why: str) -> None:
-        if self.stopped is None:
-            self.stopped = why
-            log.warning(
-                "forebay.ray.write_parquet: %s; finished input is not recorded for the rest "
-                "of this run (a resumed run reads it again and skips its rows by id: still "
-                "exactly once, only slower)",
-                why,
+    def record_late(self, why: str) -> None:
+        if self.late is None:
+            self.late = why
+            warnings.warn(
+                f"forebay.ray.write_parquet: {why}; input is recorded finished only when the "
+                "run ends (a run killed before that reads it again and skips its ids: "
+                "exactly once per id)",
+                RowCountWarning,
+                stacklevel=4,
             )
 
-    def reported(self, emitted: dict[int, int], files: list[int]) -> list[int]:
+    def reported(self, emitted: dict[int, int], pieces: list[tuple[int, int, int]]) -> list[int]:
         """Take reports from read tasks; returns the units they name."""
         for unit, rows in emitted.items():
             unit, rows = int(unit), int(rows)
             known = self.emitted.get(unit)
             if known is not None and known != rows:
-                self.stop(f"input unit {split_unit(unit)} was read twice with different rows")
+                self.record_late(
+                    f"input unit {split_unit(unit)} was read twice with different rows"
+                )
             self.emitted[unit] = rows
             self.units_of_file.setdefault(split_unit(unit)[0], set()).add(unit)
-        self.files_read.update(int(f) for f in files)
+        for file, part, parts in pieces:
+            read = self.parts_read.setdefault(int(file), set())
+            read.add(int(part))
+            if len(read) == int(parts):
+                self.files_read.add(int(file))
         return [int(u) for u in emitted]
 
-    def committing(self, rows_per_unit: dict[int, int] | None, rows: int) -> None:
-        """Count the rows of the commit being decided."""
+    def committing(
+        self, rows_per_unit: dict[int, int] | None, rows: int, repeated: list[int]
+    ) -> None:
+        """Count the rows of the commit being decided; ``repeated``: units some of whose
+        rows in it share an id."""
         if rows_per_unit is None:
             if rows:
                 self.untagged_rows += rows
-                self.stop(
+                self.record_late(
                     f"{rows} rows reached the write without the {UNIT_COLUMN} column (a step "
                     "dropped it)"
                 )
             return
+        if repeated:
+            self.record_late(
+                f"rows of input unit {split_unit(int(repeated[0]))} repeat an id (a step "
+                "emits several rows per input row, or the input repeats ids)"
+            )
         for unit, n in rows_per_unit.items():
             unit = int(unit)
             self.committed[unit] = self.committed.get(unit, 0) + int(n)
             if self.committed[unit] > self.emitted.get(unit, self.committed[unit]):
-                self.stop(
+                self.record_late(
                     f"more rows of input unit {split_unit(unit)} were written than read (a "
                     "step emits several rows per input row)"
                 )
@@ -242,14 +292,23 @@ class UnitTracker:
     def finished(self, candidates: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
         """Units among ``candidates`` (and files) now finished and not yet recorded; they
         are marked recorded (the caller puts them in the commit it is deciding)."""
-        if self.stopped is not None:
+        if self.late is not None:
             return [], []
-        units = []
-        for unit in candidates:
-            if unit in self.recorded or unit not in self.emitted:
-                continue
-            if self.committed.get(unit, 0) == self.emitted[unit]:
-                units.append(unit)
+        units = [
+            unit
+            for unit in candidates
+            if unit not in self.recorded
+            and unit in self.emitted
+            and self.committed.get(unit, 0) == self.emitted[unit]
+        ]
+        return self._record(units)
+
+    def finished_at_end(self) -> tuple[list[tuple[int, int]], list[int]]:
+        """Once every block of the run is committed: every unit read is finished, its rows
+        committed or dropped by a step."""
+        return self._record([u for u in self.emitted if u not in self.recorded])
+
+    def _record(self, units: list[int]) -> tuple[list[tuple[int, int]], list[int]]:
         self.recorded.update(units)
         files = [
             f
@@ -259,5 +318,8 @@ class UnitTracker:
         self.files_recorded.update(files)
         return [split_unit(u) for u in units], sorted(files)
 
-    def all_units(self) -> list[int]:
-        return list(self.emitted)
+    def rows_dropped(self) -> int:
+        """Rows read this run that no step passed on to the write (when counted)."""
+        if self.untagged_rows:
+            return 0
+        return max(0, sum(self.emitted.values()) - sum(self.committed.values()))

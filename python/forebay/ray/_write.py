@@ -26,11 +26,12 @@ next run) or one that did not (its staged files deleted, its rows written again)
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,8 +40,8 @@ import forebay
 
 from .._checkpointing import Checkpoint
 from .._forebay import RsCommitCoordinator, RsCommitStager
-from ._checkpoint import ShardedCheckpointFilter
-from ._datasource import ForebayParquetDatasource
+from ._checkpoint import ShardedCheckpointFilter, default_num_actors, forebay_cause
+from ._datasource import ForebayParquetDatasource, cluster_cpus
 from ._lineage import UNIT_COLUMN, CheckpointedRead, LedgerShardOwner, UnitTracker
 
 try:
@@ -49,15 +50,26 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without Ray
     raise ImportError("forebay.ray needs Ray Data: pip install 'forebay[ray]'") from e
 
-#: Rows per data file (and commit) unless the caller says otherwise.
+#: Rows per data file (and commit) of a large input unless the caller says otherwise.
 DEFAULT_MIN_ROWS_PER_FILE = 131_072
+#: Bounds of the blocks of a checkpointed write's execution.
+MIN_BLOCK_BYTES = 64 << 10
+MAX_BLOCK_BYTES = 128 << 20
 
-_STAGED_SCHEMA = pa.schema([("staged", pa.string()), ("units", pa.string()), ("rows", pa.int64())])
+_STAGED_SCHEMA = pa.schema(
+    [
+        ("staged", pa.string()),
+        ("units", pa.string()),
+        ("rows", pa.int64()),
+        ("repeated", pa.list_(pa.int64())),
+    ]
+)
 
 
 def _forebay_source(ds: ray.data.Dataset) -> ForebayParquetDatasource:
     """The one forebay datasource the dataset reads from."""
     found: list[ForebayParquetDatasource] = []
+    reads: list[Any] = []  # Ray Data's own reads
     seen: set[int] = set()
 
     def walk(op: Any) -> None:
@@ -66,10 +78,25 @@ def _forebay_source(ds: ray.data.Dataset) -> ForebayParquetDatasource:
         seen.add(id(op))
         if isinstance(op, Read) and isinstance(op.datasource, ForebayParquetDatasource):
             found.append(op.datasource)
+        elif isinstance(op, Read) or "Read" in type(op).__name__:
+            reads.append(op)
         for parent in op.input_dependencies:
             walk(parent)
 
     walk(ds._logical_plan.dag)
+    # Ray's own Parquet reader: a Read of its ParquetDatasource, or ReadFiles ops named
+    # "ReadFilesParquet..." (Ray Data's file datasources, v2).
+    others = [f"{type(getattr(op, 'datasource', None)).__name__} {op.name}" for op in reads]
+    if not found and any("Parquet" in name for name in others):
+        raise ValueError(
+            "forebay.ray.write_parquet with a checkpoint needs a dataset read by "
+            "forebay.ray.read_parquet, and this one reads with ray.data.read_parquet: replace "
+            "ray.data.read_parquet(paths, columns=..., filter=...) by "
+            "forebay.ray.read_parquet(paths, columns=..., filter=...) (same paths and "
+            "columns; its read tasks skip finished input and done ids); or keep Ray's reader "
+            "and write with Ray's own at-least-once checkpointing "
+            "(DataContext.checkpoint_config = forebay.ray.checkpoint_config(...))"
+        )
     if len(found) != 1:
         raise ValueError(
             "forebay.ray.write_parquet with a checkpoint needs a dataset that reads from "
@@ -79,26 +106,48 @@ def _forebay_source(ds: ray.data.Dataset) -> ForebayParquetDatasource:
     return found[0]
 
 
-def _stage_block(spec: str, table: pa.Table) -> pa.Table:
-    """A stage task: one block -> one staged data file (and its ids), described in a row."""
+def _stage_block(spec: str, id_column: str, table: pa.Table) -> pa.Table:
+    """A stage task: one block -> one staged data file (and its ids), described in a row:
+    the rows it holds per input unit, and the units some of whose rows share an id (rows a
+    step multiplied)."""
     rows_per_unit: str | None = None
+    repeated: list[int] = []
     if UNIT_COLUMN in table.column_names:
-        counts = pc.value_counts(table.column(UNIT_COLUMN))
-        rows_per_unit = json.dumps(
-            dict(
-                zip(
-                    counts.field("values").to_pylist(),
-                    counts.field("counts").to_pylist(),
-                    strict=True,
+        units = table.column(UNIT_COLUMN)
+        if id_column in table.column_names:
+            counts = (
+                pa.table({"unit": units, "id": table.column(id_column)})
+                .group_by("unit")
+                .aggregate(
+                    [
+                        ("id", "count", pc.CountOptions(mode="all")),
+                        ("id", "count_distinct", pc.CountOptions(mode="all")),
+                    ]
                 )
             )
-        )
+            rows_per_unit = json.dumps(
+                dict(
+                    zip(
+                        counts.column("unit").to_pylist(),
+                        counts.column("id_count").to_pylist(),
+                        strict=True,
+                    )
+                )
+            )
+            repeats = pc.less(counts.column("id_count_distinct"), counts.column("id_count"))
+            repeated = counts.column("unit").filter(repeats).to_pylist()
         table = table.drop_columns([UNIT_COLUMN])
     staged = None
     if table.num_rows:
+        # The stager names a missing id column in its error.
         staged = RsCommitStager(spec).stage(table.combine_chunks().to_batches())
     return pa.table(
-        {"staged": [staged], "units": [rows_per_unit], "rows": [table.num_rows]},
+        {
+            "staged": [staged],
+            "units": [rows_per_unit],
+            "rows": [table.num_rows],
+            "repeated": [repeated],
+        },
         schema=_STAGED_SCHEMA,
     )
 
@@ -110,19 +159,29 @@ def write_parquet(
     checkpoint: Checkpoint,
     on_changed_input: str = "error",
     compression: str = "zstd",
-    min_rows_per_file: int | None = DEFAULT_MIN_ROWS_PER_FILE,
+    min_rows_per_file: int | Literal["auto"] | None = "auto",
     row_group_rows: int | None = None,
     storage_options: Mapping[str, str] | None = None,
     num_filter_actors: int | None = None,
+    num_cpus_per_filter_actor: float = 0.0,
     ray_remote_args: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``ds`` to Parquet files under ``path`` exactly once, resumably.
 
     ``ds`` must read from :func:`forebay.ray.read_parquet` (any Ray Data steps may follow:
-    ``map_batches`` and the like). Killed at any moment (a task, an actor, the driver, the
-    cluster) and run again with the same checkpoint, the job skips the input files and row
-    groups whose rows are all committed without reading them, drops rows whose id is done
-    right after reading (in sharded actors), and writes every row exactly once.
+    ``map_batches``, ``filter`` and the like). Killed at any moment (a task, an actor, the
+    driver, the cluster) and run again with the same checkpoint, the job skips the input
+    files and row groups that are finished without reading them, drops rows whose id is
+    done right after reading (in sharded actors), and writes every row exactly once.
+
+    What exactly once means with steps between the read and the write: it is per id. A row
+    read is processed in one run only: a rerun drops it when any output row with its id is
+    committed. Steps that add columns or drop rows (filters) are exact; a step that emits
+    several rows per input row keeping the id (an explode) has them written once each when
+    they reach the write in one block, but a kill between two commits holding rows of the
+    same id loses the later ones on resume (the id is done). Such steps are seen (a unit's
+    rows repeat an id or outnumber the rows read): a :class:`RowCountWarning` says so, and
+    ``min_rows_per_file=None`` keeps each block's rows in one commit.
 
     checkpoint: a :class:`forebay.Checkpoint` (a directory or URI every task can reach; its
         ``id_column`` must survive your steps). A directory of Ray Data's checkpoint files
@@ -131,22 +190,32 @@ def write_parquet(
         since the checkpoint recorded it.
     compression, row_group_rows: of the data files (default zstd, 131,072 rows).
     min_rows_per_file: rows gathered into each file, and so into each commit (Ray's
-        ``batch_size`` of the stage step; default 131,072; None: one file per block, which
-        after a step with a small ``batch_size`` means many small files and commits).
+        ``batch_size`` of the stage step). ``"auto"`` (default): about a tenth of the input
+        over the cluster's CPUs, within 1,024-131,072 rows, so that a small job commits as it
+        goes (a kill keeps most of the work done) and a large one writes files of 131,072
+        rows. None: one file per block, which after a step with a small ``batch_size`` means
+        many small files and commits.
     storage_options: object_store options for a URI ``path``.
-    num_filter_actors: actors sharing the checkpoint's ids (default
-        ``min(num_shards, 4)``).
+    num_filter_actors: actors sharing the checkpoint's ids (default: one per two CPUs of
+        the cluster, 1-4).
+    num_cpus_per_filter_actor: CPUs each filter actor reserves (default 0: they mostly
+        wait, and a reservation would take CPUs from the read and stage tasks).
     ray_remote_args: options of the stage tasks (``num_cpus``, ``memory``, ...).
 
     Returns ``{"rows", "files", "bytes", "seconds", "paths", "resume"}``; ``resume`` holds
     what recovery found (``commits_recovered``, ``files_done``, ``files_changed``), the ids
-    done at the start (``ids_done``), and the input units (row groups) this run recorded
-    finished (``units_finished``) or could not (``finished_not_recorded``: the reason).
+    done at the start (``ids_done``), the input units (row groups) this run recorded
+    finished (``units_finished``), why they could be recorded only when the run ended
+    (``finished_late``: None when each was recorded as soon as its rows were committed),
+    and the rows read that steps dropped (``rows_dropped_by_steps``).
 
-    Skipping finished row groups relies on each output row keeping its input row's hidden
-    ``__forebay_unit`` column, as steps that add columns to the batch they get do. A step
-    that drops it (or emits several rows per input row) turns skipping off for the run,
-    with a warning; exactly-once still holds through the ids.
+    A resumed run skips a unit when every row read from it was committed or dropped by a
+    step: it relies on each output row keeping its input row's hidden ``__forebay_unit``
+    column, as steps that add columns to the batch they get do.
+
+    Raises ValueError naming the resources when the cluster cannot run the job (filter
+    actors' and tasks' CPUs), and the first forebay error of a Ray task as itself (a step
+    that dropped the id column: ``forebay.WriteError``).
     """
     if not isinstance(checkpoint, Checkpoint):
         raise TypeError("checkpoint must be a forebay.Checkpoint")
@@ -154,8 +223,13 @@ def write_parquet(
         raise ValueError(
             f"on_changed_input must be 'error' or 'reprocess', not {on_changed_input!r}"
         )
-    if min_rows_per_file is not None and min_rows_per_file < 1:
-        raise ValueError("min_rows_per_file must be at least 1")
+    if min_rows_per_file != "auto" and min_rows_per_file is not None:
+        if isinstance(min_rows_per_file, bool) or not isinstance(min_rows_per_file, int):
+            raise TypeError(
+                f"min_rows_per_file must be an int, None or 'auto', not {min_rows_per_file!r}"
+            )
+        if min_rows_per_file < 1:
+            raise ValueError("min_rows_per_file must be at least 1")
     started = time.monotonic()
     source = _forebay_source(ds)
     if source.columns is not None and checkpoint.id_column not in source.columns:
@@ -163,10 +237,22 @@ def write_parquet(
             f"read_parquet(columns={source.columns}) does not read the checkpoint's id "
             f"column {checkpoint.id_column!r}"
         )
+    if checkpoint.id_column not in source.schema.names:
+        raise ValueError(
+            f"the input has no column {checkpoint.id_column!r} (the checkpoint's id_column); "
+            f"its columns: {source.schema.names}"
+        )
     if source.checkpointed is not None:
         raise RuntimeError("this dataset is being written with a checkpoint already")
-    if not ray.is_initialized():
-        ray.init()
+    cpus = cluster_cpus()
+    num_filter_actors = check_resources(
+        num_filter_actors,
+        num_cpus_per_filter_actor,
+        dict(ray_remote_args or {}),
+        cpus,
+    )
+    if min_rows_per_file == "auto":
+        min_rows_per_file = auto_rows_per_file(source.estimated_rows(), cpus)
     # The read tasks' filter, so that the checkpoint records what its inputs were finished
     # under (a rerun with another filter must not skip them silently).
     inputs = forebay.read_parquet(
@@ -188,11 +274,60 @@ def write_parquet(
             checkpoint,
             min_rows_per_file,
             num_filter_actors,
+            num_cpus_per_filter_actor,
             ray_remote_args,
             started,
         )
+    except ray.exceptions.RayError as e:
+        cause = forebay_cause(e)
+        if cause is None:
+            raise
+        cause.add_note("(raised in a Ray task of forebay.ray.write_parquet)")
+        raise cause from None
     finally:
         coordinator.close()
+
+
+def auto_rows_per_file(rows: int, cpus: int) -> int:
+    """Rows per file (and commit) of ``min_rows_per_file="auto"``: a tenth of the input over
+    the cluster's CPUs, so that the commits in flight at any time hold a small part of it,
+    within 1,024 - 131,072 rows."""
+    share = rows // (10 * max(cpus, 1))
+    return max(1_024, min(DEFAULT_MIN_ROWS_PER_FILE, share))
+
+
+def check_resources(
+    num_filter_actors: int | None,
+    cpus_per_actor: float,
+    task_args: dict[str, Any],
+    cluster: int,
+) -> int:
+    """The filter actors to start; raises ValueError (naming what the job needs and what
+    the cluster has) when the actors and one task cannot run at the same time, which would
+    leave the job waiting forever."""
+    if num_filter_actors is None:
+        num_filter_actors = default_num_actors(cluster)
+    if cpus_per_actor < 0:
+        raise ValueError(f"num_cpus_per_filter_actor must be >= 0, not {cpus_per_actor}")
+    task_cpus = float(task_args.get("num_cpus", 1))
+    actors_cpus = num_filter_actors * cpus_per_actor
+    if actors_cpus + task_cpus > cluster:
+        raise ValueError(
+            f"forebay.ray.write_parquet needs {actors_cpus + task_cpus:g} CPUs at once "
+            f"({num_filter_actors} filter actors x {cpus_per_actor:g} CPU and "
+            f"{task_cpus:g} for a read or stage task) and the Ray cluster has {cluster}: "
+            "lower num_cpus_per_filter_actor (0 reserves nothing), num_filter_actors or "
+            "ray_remote_args['num_cpus'], or add CPUs"
+        )
+    for resource in ("num_gpus",):
+        wanted = float(task_args.get(resource, 0))
+        have = ray.cluster_resources().get("GPU", 0)  # type: ignore[no-untyped-call]
+        if wanted > have:
+            raise ValueError(
+                f"ray_remote_args asks {wanted:g} GPUs per stage task and the Ray cluster "
+                f"has {have:g}"
+            )
+    return num_filter_actors
 
 
 def _run(
@@ -201,7 +336,8 @@ def _run(
     coordinator: RsCommitCoordinator,
     checkpoint: Checkpoint,
     min_rows_per_file: int | None,
-    num_filter_actors: int | None,
+    num_filter_actors: int,
+    num_cpus_per_filter_actor: float,
     ray_remote_args: Mapping[str, Any] | None,
     started: float,
 ) -> dict[str, Any]:
@@ -217,8 +353,12 @@ def _run(
         num_shards=coordinator.num_shards(),
         num_actors=num_filter_actors,
         storage_options=checkpoint.storage_options,
+        num_cpus_per_actor=num_cpus_per_filter_actor,
         wait_for_load=False,  # the actors load while the read tasks start
         first_actor_class=LedgerShardOwner,
+        # Named after the checkpoint (whose lock this run holds): actors a killed driver
+        # left behind are found and stopped here.
+        name=f"forebay-write-{hashlib.sha1(coordinator.state_uri().encode()).hexdigest()[:16]}",
     )
     ledger = id_filter.actors[0]
     source.checkpointed = CheckpointedRead(
@@ -227,38 +367,55 @@ def _run(
         {uri: i for i, uri in enumerate(files)},
         id_filter,
         ledger,
+        block_rows=min_rows_per_file,
     )
     tracker = UnitTracker()
     try:
         staged = ds.map_batches(
-            functools.partial(_stage_block, coordinator.stager_spec()),
+            functools.partial(_stage_block, coordinator.stager_spec(), checkpoint.id_column),
             batch_format="pyarrow",
             batch_size=min_rows_per_file,
             zero_copy_batch=True,
             **dict(ray_remote_args or {}),
         )
+        # A step's error travels as itself (a WriteError naming the missing id column),
+        # not as Ray Data's UserCodeException that keeps only its text.
+        staged.context.raise_original_map_exception = True
+        if min_rows_per_file is not None:
+            # Ray Data merges a task's output into blocks of up to target_max_block_size
+            # (128 MiB): a read task's rows would travel, and wait in steps, as one block.
+            # Blocks of about a commit's rows keep what a kill loses to a few commits.
+            context = staged.context
+            context.target_max_block_size = max(
+                MIN_BLOCK_BYTES,
+                min(
+                    context.target_max_block_size or MAX_BLOCK_BYTES,
+                    min_rows_per_file * source.estimated_row_bytes(),
+                ),
+            )
 
         def new_reports() -> list[int]:
             return tracker.reported(*ray.get(ledger.take_new.remote()))
 
         for batch in staged.iter_batches(batch_size=None, batch_format="pyarrow"):
             block = cast(pa.Table, batch)
-            for described, units, rows in zip(
+            for described, units, rows, repeated in zip(
                 block.column("staged").to_pylist(),
                 block.column("units").to_pylist(),
                 block.column("rows").to_pylist(),
+                block.column("repeated").to_pylist(),
                 strict=True,
             ):
                 if described is None:
                     continue
                 candidates = new_reports()
                 rows_per_unit = json.loads(units) if units is not None else None
-                tracker.committing(rows_per_unit, rows)
+                tracker.committing(rows_per_unit, rows, repeated or [])
                 candidates += [int(u) for u in rows_per_unit or {}]
                 done_units, done_files = tracker.finished(candidates)
                 coordinator.commit(described, done_units, done_files)
         new_reports()
-        done_units, done_files = tracker.finished(tracker.all_units())
+        done_units, done_files = tracker.finished_at_end()
         coordinator.commit(None, done_units, done_files)
         ids_done = len(id_filter)
         coordinator.finish()
@@ -276,6 +433,7 @@ def _run(
             **coordinator.report(),
             "ids_done": ids_done,
             "units_finished": len(tracker.recorded),
-            "finished_not_recorded": tracker.stopped,
+            "finished_late": tracker.late,
+            "rows_dropped_by_steps": tracker.rows_dropped(),
         },
     }

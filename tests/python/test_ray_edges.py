@@ -1,0 +1,330 @@
+"""forebay.ray at the edges, as a new Ray Data user meets them: clusters of 1-4 CPUs, a
+default job that runs in parallel and commits as it goes (a kill keeps most of the work),
+steps that drop or multiply rows, wrong arguments, errors raised in Ray tasks, and actors a
+killed driver leaves behind."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+import forebay
+import forebay.ray as fray
+from forebay.ray._write import _forebay_source
+
+FILES = 10
+ROWS_PER_FILE = 10_000
+ROWS = FILES * ROWS_PER_FILE
+ROW_GROUP = 2_000
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """The shape of the issue: 10 files, 100k rows (row groups of 2,000)."""
+    root = tmp_path_factory.mktemp("ray-edges-inputs")
+    for f in range(FILES):
+        ids = np.arange(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE)
+        table = pa.table({"id": ids, "value": ids, "text": [f"row {i}" for i in ids]})
+        pq.write_table(table, root / f"part-{f}.parquet", row_group_size=ROW_GROUP)
+    return root
+
+
+def add_double(batch: pa.Table) -> pa.Table:
+    return batch.append_column("double", pc.multiply(batch.column("value"), 2))
+
+
+def written_values(out: Path) -> np.ndarray:
+    return np.sort(pq.read_table(out, columns=["value"]).column("value").to_numpy())
+
+
+def committed_rows(out: Path) -> int:
+    """Rows in the data files a write has published (staged files live in a subdirectory)."""
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in out.glob("*.parquet"))
+
+
+# ---------------------------------------------------------------- small clusters
+
+SMALL_CLUSTER = """
+import json, sys, ray, forebay, forebay.ray as fray, pyarrow.compute as pc
+ray.init(num_cpus=int(sys.argv[1]), include_dashboard=False, logging_level="ERROR",
+         log_to_driver=False)
+ray.data.DataContext.get_current().enable_progress_bars = False
+inputs, out, ckpt = sys.argv[2:5]
+# A reservation the cluster cannot hold is refused at once, naming the resources.
+try:
+    fray.write_parquet(fray.read_parquet(inputs), out + "-x", num_filter_actors=4,
+                       num_cpus_per_filter_actor=1.0,
+                       checkpoint=forebay.Checkpoint("id", ckpt + "-x"))
+    refused = None
+except ValueError as e:
+    refused = str(e)
+def add(b):
+    return b.append_column("double", pc.multiply(b.column("value"), 2))
+ds = fray.read_parquet(inputs).map_batches(add, batch_format="pyarrow")
+result = fray.write_parquet(ds, out, checkpoint=forebay.Checkpoint("id", ckpt))
+print(json.dumps({"refused": refused, "rows": result["rows"], "files": result["files"]}))
+"""
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 4])
+def test_a_small_cluster_finishes_or_says_what_it_lacks(
+    inputs: Path, tmp_path: Path, cpus: int
+) -> None:
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", SMALL_CLUSTER, str(cpus), str(inputs), str(out), str(ckpt)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the write on a {cpus}-CPU cluster hung: {str(e.stderr)[-2000:]}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["refused"] is not None
+    assert "CPUs" in report["refused"] and f"has {cpus}" in report["refused"]
+    assert report["rows"] == ROWS and report["files"] >= 5
+    assert np.array_equal(written_values(out), np.arange(ROWS))
+
+
+def test_sharded_filter_refuses_a_reservation_that_starves_tasks(cluster, tmp_path) -> None:
+    cpus = int(ray.cluster_resources()["CPU"])
+    with pytest.raises(ValueError, match=f"has {cpus}"):
+        fray.ShardedCheckpointFilter(
+            str(tmp_path / "none"), "id", num_actors=4, num_cpus_per_actor=cpus / 4
+        )
+
+
+# ---------------------------------------------------------------- parallel, commits as it goes
+
+
+def test_plan_tasks_cuts_large_files_and_groups_small_ones() -> None:
+    from forebay.ray._datasource import MIN_PIECE_BYTES, plan_tasks
+
+    mib = 1 << 20
+    sizes = [10 * mib, mib // 4, mib // 4, 3 * mib, 0]
+    tasks = plan_tasks(sizes, 4 * mib)
+    # The 10 MiB file in 3 ranges; the others (3.5 MiB together) share a task.
+    assert [[(p.file, p.part, p.parts) for p in t] for t in tasks] == [
+        [(0, 0, 3)],
+        [(0, 1, 3)],
+        [(0, 2, 3)],
+        [(1, 0, 1), (2, 0, 1), (3, 0, 1), (4, 0, 1)],
+    ]
+    # The ranges of a file are contiguous and cover it.
+    ranges = [(p.start, p.end) for t in tasks for p in t if p.file == 0]
+    assert ranges[0][0] == 0 and ranges[-1][1] == sizes[0]
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    # A tiny share per task never cuts a file below MIN_PIECE_BYTES.
+    tiny = plan_tasks([mib], 1)
+    assert len(tiny) == mib // MIN_PIECE_BYTES
+    assert all(p.end - p.start >= MIN_PIECE_BYTES for t in tiny for p in t)
+
+
+def test_the_default_plan_is_parallel_and_commits_as_it_goes(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    cpus = int(ray.cluster_resources()["CPU"])
+    ds = fray.read_parquet(str(inputs))
+    source = _forebay_source(ds)
+    # Files are cut into byte ranges too: >= 2 tasks per CPU, each holding rows, and
+    # together every row once.
+    rows_per_task = [sum(block.num_rows for block in task()) for task in source.get_read_tasks(1)]
+    assert len(rows_per_task) >= 2 * cpus
+    assert sum(1 for rows in rows_per_task if rows) >= 2 * cpus, rows_per_task
+    values = pa.concat_tables(ray.get(ds.to_arrow_refs())).column("value").to_numpy()
+    assert np.array_equal(np.sort(values), np.arange(ROWS))
+
+    out = tmp_path / "out"
+    result = fray.write_parquet(
+        ds.map_batches(add_double, batch_format="pyarrow"),
+        out,
+        checkpoint=forebay.Checkpoint("id", str(tmp_path / "ckpt")),
+    )
+    # A commit at least every 20 % of the input.
+    file_rows = [pq.ParquetFile(out / Path(p).name).metadata.num_rows for p in result["paths"]]
+    assert sum(file_rows) == ROWS and max(file_rows) <= ROWS // 5, file_rows
+
+
+KILLED_DRIVER = """
+import os, sys, time, ray, forebay, forebay.ray as fray, pyarrow.compute as pc
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+ray.data.DataContext.get_current().enable_progress_bars = False
+inputs, out, ckpt, progress = sys.argv[2:6]
+def infer(batch):
+    time.sleep(batch.num_rows * 1e-4)  # a model: 0.1 ms a row
+    with open(os.path.join(progress, f"{os.getpid()}-{time.monotonic_ns()}"), "w") as f:
+        f.write(str(batch.num_rows))
+    return batch.append_column("double", pc.multiply(batch.column("value"), 2))
+ds = fray.read_parquet(inputs).map_batches(infer, batch_format="pyarrow")
+fray.write_parquet(ds, out, checkpoint=forebay.Checkpoint("id", ckpt))
+"""
+
+
+def forebay_actors() -> list[str]:
+    return [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "forebay"
+    ]
+
+
+def test_a_kill_half_way_keeps_most_of_the_work(cluster, inputs: Path, tmp_path: Path) -> None:
+    out, ckpt, progress = tmp_path / "out", tmp_path / "ckpt", tmp_path / "progress"
+    progress.mkdir()
+    address = ray.get_runtime_context().gcs_address
+    driver = subprocess.Popen(
+        [sys.executable, "-c", KILLED_DRIVER, address]
+        + [str(p) for p in (inputs, out, ckpt, progress)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    inferred = 0
+    while inferred < ROWS // 2:
+        assert driver.poll() is None, driver.stderr.read()[-3000:] if driver.stderr else ""
+        assert time.monotonic() < deadline, "the job made no progress"
+        time.sleep(0.01)
+        inferred = sum(int(p.read_text() or 0) for p in progress.iterdir())
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    # What the model saw by the kill is >= 50 %; >= 40 % of the input is committed.
+    kept = committed_rows(out)
+    assert kept >= 0.4 * ROWS, f"{kept} rows committed when {inferred} were inferred"
+    # The killed driver's actors went with it (Ray ties them to the driver's job; a rerun
+    # would stop any left under the write's names).
+    deadline = time.monotonic() + 30
+    while [a for a in forebay_actors() if a.startswith("forebay-write-")]:
+        assert time.monotonic() < deadline, forebay_actors()
+        time.sleep(0.2)
+
+    rerun = fray.write_parquet(
+        fray.read_parquet(str(inputs)).map_batches(add_double, batch_format="pyarrow"),
+        out,
+        checkpoint=forebay.Checkpoint("id", str(ckpt)),
+    )
+    assert rerun["rows"] == ROWS - kept
+    assert np.array_equal(written_values(out), np.arange(ROWS))
+
+
+def test_actors_left_under_a_name_are_stopped_by_the_next_user(cluster, tmp_path: Path) -> None:
+    path = str(tmp_path / "none-yet")
+    left = fray.ShardedCheckpointFilter(path, "id", num_actors=2, name="forebay-test-left")
+    assert sorted(a for a in forebay_actors() if a.startswith("forebay-test-left")) == [
+        "forebay-test-left-0",
+        "forebay-test-left-1",
+    ]
+    new = fray.ShardedCheckpointFilter(path, "id", num_actors=1, name="forebay-test-left")
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(left.actors[1].describe.remote(), timeout=30)
+    assert [a for a in forebay_actors() if a.startswith("forebay-test-left")] == [
+        "forebay-test-left-0"
+    ]
+    assert len(new) == 0
+    new.shutdown()
+
+
+# ---------------------------------------------------------------- steps that drop or multiply
+
+
+def keep_even(batch: pa.Table) -> pa.Table:
+    return batch.filter(pc.equal(pc.bit_wise_and(batch.column("value"), 1), 0))
+
+
+def test_a_filter_step_still_lets_a_rerun_skip_finished_input(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+
+    def job() -> dict:
+        ds = fray.read_parquet(str(inputs)).map_batches(keep_even, batch_format="pyarrow")
+        return fray.write_parquet(
+            ds.filter(lambda row: row["value"] % 4 == 0), out, checkpoint=ckpt
+        )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", fray.RowCountWarning)
+        first = job()
+    assert first["rows"] == ROWS // 4
+    assert first["resume"]["units_finished"] == ROWS // ROW_GROUP
+    assert first["resume"]["rows_dropped_by_steps"] == ROWS - ROWS // 4
+    assert first["resume"]["finished_late"] is None
+    again = job()
+    assert again["resume"]["files_done"] == FILES and again["rows"] == 0
+    assert np.array_equal(written_values(out), np.arange(0, ROWS, 4))
+
+
+def twice(batch: pa.Table) -> pa.Table:
+    return pa.concat_tables([batch, batch])
+
+
+def test_a_step_multiplying_rows_warns_and_writes_each_once(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+    ds = fray.read_parquet(str(inputs)).map_batches(twice, batch_format="pyarrow")
+    with pytest.warns(fray.RowCountWarning, match="several rows per input row"):
+        first = fray.write_parquet(ds, out, checkpoint=ckpt, min_rows_per_file=None)
+    assert first["rows"] == 2 * ROWS
+    assert "input unit" in first["resume"]["finished_late"]
+    assert np.array_equal(written_values(out), np.repeat(np.arange(ROWS), 2))
+    # Recorded finished when the run ended: a rerun reads nothing and writes nothing.
+    again = fray.write_parquet(ds, out, checkpoint=ckpt, min_rows_per_file=None)
+    assert again["resume"]["files_done"] == FILES and again["rows"] == 0
+
+
+# ---------------------------------------------------------------- arguments and errors
+
+
+def test_sharded_filter_counts_and_arguments(cluster, tmp_path: Path) -> None:
+    flat = tmp_path / "ray-layout"
+    flat.mkdir()
+    for k in range(3):
+        pq.write_table(pa.table({"id": np.arange(k, 30_000, 6)}), flat / f"{k}.parquet")
+    sharded = fray.ShardedCheckpointFilter(str(flat), "id", num_actors=2)
+    assert len(sharded) == 15_000
+    assert [d["ids"] > 0 for d in sharded.describe()] == [True, True]
+    assert sharded.done(pa.array([0, 1, 3, 6])).tolist() == [True, True, False, True]
+    sharded.shutdown()
+    with pytest.raises(ValueError, match=r"num_actors must be 1\.\.16"):
+        fray.ShardedCheckpointFilter(str(flat), "id", num_actors=0)
+    with pytest.raises(forebay.CheckpointError, match="'nope' not found"):
+        fray.ShardedCheckpointFilter(str(flat), "nope", num_actors=2)
+
+
+def test_write_errors_come_out_as_themselves(cluster, inputs: Path, tmp_path: Path) -> None:
+    ckpt = forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+    no_id = fray.read_parquet(str(inputs)).map_batches(
+        lambda b: b.drop_columns(["id"]), batch_format="pyarrow"
+    )
+    with pytest.raises(forebay.ForebayError, match="'id'") as raised:
+        fray.write_parquet(no_id, tmp_path / "out", checkpoint=ckpt)
+    assert not isinstance(raised.value, ray.exceptions.RayError)
+    # Ray's own reader: the message says what to use instead.
+    with pytest.raises(ValueError, match=r"forebay\.ray\.read_parquet\(paths"):
+        fray.write_parquet(ray.data.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt)
+    with pytest.raises(ValueError, match="no column 'key'"):
+        fray.write_parquet(
+            fray.read_parquet(str(inputs)),
+            tmp_path / "out",
+            checkpoint=forebay.Checkpoint("key", str(tmp_path / "ckpt2")),
+        )
+    with pytest.raises(TypeError, match="min_rows_per_file"):
+        fray.write_parquet(
+            fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt, min_rows_per_file="x"
+        )
