@@ -158,9 +158,10 @@ def moto_s3(log_path: Path) -> Iterator[tuple[Any, str]]:
         log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster shared by the Ray tests (started on first use)."""
+    """A local Ray cluster for a module's Ray tests (stopped after it: an idle cluster's
+    processes would take CPU from the tests that follow)."""
     import ray
 
     # More logical CPUs than cores: on 2 cores Ray's actor pools otherwise starve its tasks.

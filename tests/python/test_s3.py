@@ -5,7 +5,10 @@ server's access log."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -117,3 +120,48 @@ def test_write_parquet_to_s3_publishes_whole_objects(s3, tmp_path):
     assert result["rows"] == 5000 and result["files"] == 3
     back = forebay.read_parquet("s3://forebay-test/written/", storage_options=options).to_arrow()
     assert sorted(back.column("id").to_pylist()) == list(range(5000))
+
+
+FROM_ENV = """
+import sys, forebay
+# No storage_options: the endpoint and credentials come from AWS_* variables.
+table = forebay.read_parquet("s3://forebay-test/data/", columns=["id"]).to_arrow()
+out = forebay.read_parquet("s3://forebay-test/data/").write_parquet(
+    "s3://forebay-test/from-env/", checkpoint=forebay.Checkpoint("id", "s3://forebay-test/env-ckpt/")
+)
+print(table.num_rows, out["rows"])
+"""
+
+
+def test_s3_credentials_and_endpoint_from_the_environment(s3, tmp_path):
+    options, expected, _ = s3
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ENDPOINT_URL=options["aws_endpoint"],
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_REGION="us-east-1",
+        AWS_ALLOW_HTTP="true",
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", FROM_ENV], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == [str(expected.num_rows)] * 2
+    # storage_options still win over the environment: a wrong endpoint in it is used.
+    env["AWS_ENDPOINT_URL"] = "http://127.0.0.1:9"
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, forebay; print(forebay.read_parquet('s3://forebay-test/data/', "
+            "storage_options={'aws_endpoint': sys.argv[1]}).count_rows())",
+            options["aws_endpoint"],
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert ok.stdout.strip() == str(expected.num_rows)

@@ -3,8 +3,10 @@
 //! * A local path (`/data/x.parquet`, `data/`) or a `file://` URI is listed and its footer
 //!   read through object_store's `LocalFileSystem`; its column chunks are read directly
 //!   (`local.rs`: `pread` into uninitialised memory, no thread hand-off when cached).
-//! * `s3://`, `gs://`, `az://`/`abfs://`, `http(s)://` go through `object_store::parse_url_opts`
-//!   with the user's `storage_options` (e.g. `aws_endpoint`, `aws_allow_http`, `aws_region`).
+//! * `s3://`, `gs://`, `az://`/`abfs://` open object_store's builder for the scheme from the
+//!   environment (`AWS_*`, `GOOGLE_*`, `AZURE_*` variables, as the clouds' own tools read
+//!   them), then apply the user's `storage_options` (e.g. `aws_endpoint`, `aws_allow_http`,
+//!   `aws_region`), which win; `http(s)://` goes through `object_store::parse_url_opts`.
 //! * `memory://` is one process-wide in-memory store ([`global_memory_store`]), handy for
 //!   tests and for embedders that stage bytes in memory.
 //!
@@ -235,7 +237,7 @@ fn store_for(
                 return Ok((root.clone(), path));
             }
             let base_url = Url::parse(&base).map_err(|e| bad(format!("not a valid URI: {e}")))?;
-            let (store, _) = object_store::parse_url_opts(&base_url, options.iter())
+            let store = open_remote(&base_url, options)
                 .map_err(|e| bad(format!("cannot open object store: {e}")))?;
             let root = StoreRoot {
                 local: None,
@@ -246,6 +248,46 @@ fn store_for(
             Ok((root, path))
         }
     }
+}
+
+/// The object store of a remote URI's scheme and authority. S3, GCS and Azure start from
+/// the environment, as their own tools and pyarrow, polars and DuckDB do (`AWS_ACCESS_KEY_ID`,
+/// `AWS_ENDPOINT_URL`, `AWS_REGION`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
+/// ...); `storage_options` override what the environment says. Unknown option keys are
+/// ignored, as `object_store::parse_url_opts` ignores them.
+fn open_remote(
+    url: &Url,
+    options: &StorageOptions,
+) -> std::result::Result<Box<dyn ObjectStore>, object_store::Error> {
+    use object_store::aws::AmazonS3Builder;
+    use object_store::azure::MicrosoftAzureBuilder;
+    use object_store::gcp::GoogleCloudStorageBuilder;
+    use object_store::ObjectStoreScheme;
+
+    /// `builder` with each option its config keys know.
+    macro_rules! configured {
+        ($builder:expr) => {
+            options.iter().fold($builder, |builder, (key, value)| {
+                match key.to_ascii_lowercase().parse() {
+                    Ok(key) => builder.with_config(key, value),
+                    Err(_) => builder,
+                }
+            })
+        };
+    }
+    let (scheme, _) = ObjectStoreScheme::parse(url)?;
+    Ok(match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            Box::new(configured!(AmazonS3Builder::from_env().with_url(url.as_str())).build()?)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => Box::new(
+            configured!(GoogleCloudStorageBuilder::from_env().with_url(url.as_str())).build()?,
+        ),
+        ObjectStoreScheme::MicrosoftAzure => {
+            Box::new(configured!(MicrosoftAzureBuilder::from_env().with_url(url.as_str())).build()?)
+        }
+        _ => object_store::parse_url_opts(url, options.iter())?.0,
+    })
 }
 
 fn local_root(stores: &mut HashMap<String, StoreRoot>) -> StoreRoot {

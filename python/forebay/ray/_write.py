@@ -191,7 +191,7 @@ def write_parquet(
     compression, row_group_rows: of the data files (default zstd, 131,072 rows).
     min_rows_per_file: rows gathered into each file, and so into each commit (Ray's
         ``batch_size`` of the stage step). ``"auto"`` (default): about a tenth of the input
-        over the cluster's CPUs, within 1,024-131,072 rows, so that a small job commits as it
+        over the cluster's CPUs (at least 4 counted), within 1,024-131,072 rows, so that a small job commits as it
         goes (a kill keeps most of the work done) and a large one writes files of 131,072
         rows. None: one file per block, which after a step with a small ``batch_size`` means
         many small files and commits.
@@ -290,9 +290,10 @@ def write_parquet(
 
 def auto_rows_per_file(rows: int, cpus: int) -> int:
     """Rows per file (and commit) of ``min_rows_per_file="auto"``: a tenth of the input over
-    the cluster's CPUs, so that the commits in flight at any time hold a small part of it,
-    within 1,024 - 131,072 rows."""
-    share = rows // (10 * max(cpus, 1))
+    the cluster's CPUs (counted as at least 4: a small cluster's commits lag the work by a
+    few of them), so that the commits in flight at any time hold a small part of it, within
+    1,024 - 131,072 rows."""
+    share = rows // (10 * max(cpus, 4))
     return max(1_024, min(DEFAULT_MIN_ROWS_PER_FILE, share))
 
 
