@@ -64,7 +64,7 @@ cargo-test:
 	$(CARGO) run --quiet --example engine_pipeline
 
 pytest: wheel-dev
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q --durations=15 tests/python
 
 test: lint cargo-test wheel-check pytest
 
