@@ -297,6 +297,11 @@ def add_double(batch: pa.Table) -> pa.Table:
     return batch.append_column("double", pc.multiply(batch.column("value"), 2))
 
 
+def one_file(inputs: Path) -> int:
+    """A read task's share that is one whole input file (no byte ranges, no grouping)."""
+    return max(p.stat().st_size for p in inputs.glob("*.parquet"))
+
+
 def assert_written_once(out: Path, expected: np.ndarray) -> pa.Table:
     """Every expected value exactly once in the data files under ``out``, and nothing else."""
     table = pq.read_table(out)
@@ -440,8 +445,9 @@ ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 ray.data.DataContext.get_current().enable_progress_bars = False
 def add_double(batch):
     return batch.append_column("double", pc.multiply(batch.column("value"), 2))
-# One read task (and so one committed file) per input file.
-ds = fray.read_parquet(sys.argv[2], batch_size=1_000, task_bytes=1)
+# One read task (and so one committed file) per input file: a task's share is one file,
+# so no file is cut into byte ranges and none shares a task.
+ds = fray.read_parquet(sys.argv[2], batch_size=1_000, task_bytes=int(sys.argv[5]))
 fray.write_parquet(ds.map_batches(add_double, batch_format="pyarrow"), sys.argv[3],
                    checkpoint=forebay.Checkpoint("id", sys.argv[4]), min_rows_per_file=5_000)
 """
@@ -454,7 +460,8 @@ def test_write_parquet_driver_killed_inside_a_commit_resumes_exactly_once(
     out, ckpt_dir = tmp_path / "out", tmp_path / "ckpt"
     address = ray.get_runtime_context().gcs_address
     killed = subprocess.run(
-        [sys.executable, "-c", DRIVER, address, str(inputs), str(out), str(ckpt_dir)],
+        [sys.executable, "-c", DRIVER, address]
+        + [str(a) for a in (inputs, out, ckpt_dir, one_file(inputs))],
         env={**os.environ, "FOREBAY_CRASH_AT": crash_at},
         capture_output=True,
         text=True,
@@ -463,7 +470,7 @@ def test_write_parquet_driver_killed_inside_a_commit_resumes_exactly_once(
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     before = len(list(out.glob("*.parquet")))
     resumed = fray.write_parquet(
-        fray.read_parquet(str(inputs), batch_size=1_000, task_bytes=1).map_batches(
+        fray.read_parquet(str(inputs), batch_size=1_000, task_bytes=one_file(inputs)).map_batches(
             add_double, batch_format="pyarrow"
         ),
         out,
@@ -533,7 +540,7 @@ import json, sys, ray, forebay, forebay.ray as fray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 ray.data.DataContext.get_current().enable_progress_bars = False
 bucket, options = sys.argv[2], json.loads(sys.argv[3])
-ds = fray.read_parquet(f"s3://{bucket}/in/", batch_size=1_000, task_bytes=1,
+ds = fray.read_parquet(f"s3://{bucket}/in/", batch_size=1_000, task_bytes=int(sys.argv[4]),
                        storage_options=options)
 result = fray.write_parquet(ds, f"s3://{bucket}/out", storage_options=options,
                             min_rows_per_file=5_000,
@@ -552,6 +559,7 @@ def test_write_parquet_on_s3_resumes_exactly_once(cluster, inputs: Path, s3) -> 
         client.upload_file(str(f), bucket, f"in/{f.name}")
     address = ray.get_runtime_context().gcs_address
     args = [sys.executable, "-c", S3_DRIVER, address, bucket, json.dumps(options)]
+    args.append(str(one_file(inputs)))
     killed = subprocess.run(
         args,
         env={**os.environ, "FOREBAY_CRASH_AT": "recorded:5"},
