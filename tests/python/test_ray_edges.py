@@ -328,3 +328,22 @@ def test_write_errors_come_out_as_themselves(cluster, inputs: Path, tmp_path: Pa
         fray.write_parquet(
             fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt, min_rows_per_file="x"
         )
+
+
+def test_a_checkpoint_with_fewer_shards_than_default_actors(
+    cluster, inputs: Path, tmp_path: Path
+) -> None:
+    # 8 CPUs make 4 actors by default; a checkpoint of 2 shards gets 2.
+    result = fray.write_parquet(
+        fray.read_parquet(str(inputs)),
+        tmp_path / "out",
+        checkpoint=forebay.Checkpoint("id", str(tmp_path / "ckpt"), num_shards=2),
+    )
+    assert result["rows"] == ROWS
+    with pytest.raises(ValueError, match=r"num_actors must be 1\.\.2"):
+        fray.write_parquet(
+            fray.read_parquet(str(inputs)),
+            tmp_path / "out",
+            checkpoint=forebay.Checkpoint("id", str(tmp_path / "ckpt"), num_shards=2),
+            num_filter_actors=3,
+        )

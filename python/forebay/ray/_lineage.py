@@ -129,10 +129,13 @@ class CheckpointedRead:
                 group, group_rows = [], 0
             if item is None:
                 break
-        if asked is not None:
-            yield from self._tagged(*asked, emitted)
-        # Delivered before the task ends: a task that is retried reports the same again.
+        # The last group's rows are counted before they go out, and the counts reported
+        # first: when the driver commits a unit's last rows it already knows the unit is
+        # read through, and records it finished in that same commit. Delivered before the
+        # task ends: a task that is retried reports the same again.
+        last = list(self._tagged(*asked, emitted)) if asked is not None else []
         ray.get(self.ledger.report.remote(emitted, self.pieces))
+        yield from last
 
     def _ask(self, group: list[tuple[pa.RecordBatch, int]]) -> Any:
         if self.id_filter is None:

@@ -245,6 +245,7 @@ def write_parquet(
     if source.checkpointed is not None:
         raise RuntimeError("this dataset is being written with a checkpoint already")
     cpus = cluster_cpus()
+    actors_given = num_filter_actors is not None
     num_filter_actors = check_resources(
         num_filter_actors,
         num_cpus_per_filter_actor,
@@ -274,6 +275,7 @@ def write_parquet(
             checkpoint,
             min_rows_per_file,
             num_filter_actors,
+            actors_given,
             num_cpus_per_filter_actor,
             ray_remote_args,
             started,
@@ -320,14 +322,12 @@ def check_resources(
             "lower num_cpus_per_filter_actor (0 reserves nothing), num_filter_actors or "
             "ray_remote_args['num_cpus'], or add CPUs"
         )
-    for resource in ("num_gpus",):
-        wanted = float(task_args.get(resource, 0))
-        have = ray.cluster_resources().get("GPU", 0)  # type: ignore[no-untyped-call]
-        if wanted > have:
-            raise ValueError(
-                f"ray_remote_args asks {wanted:g} GPUs per stage task and the Ray cluster "
-                f"has {have:g}"
-            )
+    gpus = float(task_args.get("num_gpus", 0))
+    have = ray.cluster_resources().get("GPU", 0)  # type: ignore[no-untyped-call]
+    if gpus > have:
+        raise ValueError(
+            f"ray_remote_args asks {gpus:g} GPUs per stage task and the Ray cluster has {have:g}"
+        )
     return num_filter_actors
 
 
@@ -338,10 +338,13 @@ def _run(
     checkpoint: Checkpoint,
     min_rows_per_file: int | None,
     num_filter_actors: int,
+    actors_given: bool,
     num_cpus_per_filter_actor: float,
     ray_remote_args: Mapping[str, Any] | None,
     started: float,
 ) -> dict[str, Any]:
+    if not actors_given:  # the default never exceeds the checkpoint's shards
+        num_filter_actors = min(num_filter_actors, coordinator.num_shards())
     files = coordinator.files()
     if files != source.files:
         raise RuntimeError(
