@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # (Amazon Linux 2, RHEL/Rocky 8, Ubuntu 20.04, Debian 11, ...).
 MATURIN := $(VENV)/bin/maturin build -m python/Cargo.toml -i $(PY) --zig --compatibility manylinux2014
 
-.PHONY: demo test lint venv wheel-dev wheel-release wheel-check cargo-test pytest bench bench-python bench-store clean
+.PHONY: demo test lint lint-fast venv wheel-dev wheel-release wheel-check cargo-test pytest bench bench-python bench-store clean
 
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,17 +25,42 @@ $(VENV)/.installed: requirements-dev.txt
 venv: $(VENV)/.installed
 
 # Fast checks first: formatting, lints and types fail in seconds, not after the long build.
-lint: venv
+lint-fast: venv
 	$(CARGO) fmt --all --check
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	cd python && ../$(VENV)/bin/mypy forebay
+	$(PY) .ci/check_features.py
+
+# Everything `make test` lints, clippy as a build of its own (make test runs clippy inside
+# its one build instead; see CLIPPY below).
+lint: lint-fast
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# One build of the dependencies per `make test` (they are most of its time on 2 cores):
+# - the dev wheel, the tests, the example and clippy all build for the wheel's target triple
+#   in the dev profile, so they share target/$(TARGET)/debug;
+# - the tests build with the environment maturin's zig toolchain gave its own build (recorded
+#   by .ci/record-cargo-env/cargo into $(CARGO_ENV)): a C compiler seen differently by a
+#   build script (aws-lc, zstd) would rebuild that crate and all above it;
+# - the wheel and the tests resolve the same features (.ci/check_features.py);
+# - clippy lints our crates while they compile: clippy-driver as cargo's wrapper for the
+#   workspace's own crates (what `cargo clippy` does, but building instead of checking, so the
+#   dependencies are not compiled a second time in check mode).
+TARGET    := x86_64-unknown-linux-gnu
+CARGO_ENV := target/maturin/cargo-env.sh
+CLIPPY    := RUSTC_WORKSPACE_WRAPPER="$$(rustup which clippy-driver)" \
+	CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__
+# make test lints as it builds; `make wheel-dev` or `make cargo-test` on their own do not.
+test: WITH_CLIPPY = $(CLIPPY)
 
 # Wheel for tests: the dev profile (our crates unoptimised, dependencies optimised).
 wheel-dev: venv
 	rm -rf $(WHEELS)/dev
-	$(MATURIN) --quiet --profile dev -o $(WHEELS)/dev
+	mkdir -p target/maturin
+	FOREBAY_REAL_CARGO="$$(command -v $(CARGO))" FOREBAY_CARGO_ENV=$(CURDIR)/$(CARGO_ENV) \
+		PATH="$(CURDIR)/.ci/record-cargo-env:$$PATH" $(WITH_CLIPPY) \
+		$(MATURIN) --quiet --profile dev -o $(WHEELS)/dev
 	$(PY) -m pip install --quiet --force-reinstall --no-deps $(WHEELS)/dev/forebay-*.whl
 
 # The optimised wheel, built with Cargo's `dist` profile (link-time optimisation; see
@@ -59,14 +84,21 @@ wheel-check: wheel-dev
 	cd target && ../$(PY) -m mypy.stubtest --mypy-config-file ../python/pyproject.toml \
 		--allowlist ../python/stubtest-allowlist.txt forebay._forebay
 
-cargo-test:
-	$(CARGO) test --workspace --exclude forebay-python
-	$(CARGO) run --quiet --example engine_pipeline
+# The Rust tests and the example, built like the dev wheel (see TARGET above).
+cargo-test: wheel-dev
+	set -a && . ./$(CARGO_ENV) && set +a && \
+	$(WITH_CLIPPY) $(CARGO) test --profile dev --target $(TARGET) --workspace --exclude forebay-python \
+		--all-targets --no-run && \
+	$(WITH_CLIPPY) $(CARGO) test --profile dev --target $(TARGET) --workspace --exclude forebay-python && \
+	$(WITH_CLIPPY) $(CARGO) run --target $(TARGET) --quiet --example engine_pipeline
 
+# Two test processes (pytest-xdist), a file each at a time: a file's tests share its
+# module fixtures (a Ray cluster, a moto server), and the Ray tests wait on subprocesses more
+# than they compute, so two files at once use 2 cores better than one.
 pytest: wheel-dev
-	$(PY) -m pytest -q --durations=15 tests/python
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests/python
 
-test: lint cargo-test wheel-check pytest
+test: lint-fast wheel-dev cargo-test wheel-check pytest
 
 # The resume demo: generate documents, embed them with a checkpointed write, SIGKILL the
 # job half way, run it again, verify every id is written exactly once.

@@ -188,7 +188,7 @@ fn arrow_round_trip_is_exact_and_zero_copy() {
     // A stored Arrow object is a plain IPC stream: arrow's own reader reads it.
     let obj = store.get(id).unwrap();
     let reader =
-        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(obj.data().to_vec()), None)
+        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(obj.data().to_vec()), None)
             .unwrap();
     let read: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
     assert_eq!(read, batches);

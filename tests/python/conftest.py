@@ -112,29 +112,35 @@ S3_CREDENTIALS = {
 def start_moto_server(log_path: Path):
     """Start moto's S3-compatible server on a free 127.0.0.1 port.
 
-    Returns ``(process, endpoint, log file)``; the caller terminates the process.
+    Returns ``(process, endpoint, log file)``; the caller terminates the process. The port is
+    free when chosen but another test process (pytest runs two) can take it before moto binds
+    it: a server that exits at start is started again on a new port.
     """
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = open(log_path, "w")  # noqa: SIM115 - handed to the caller, who closes it
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
-            return proc, endpoint, log
-        except Exception:  # noqa: BLE001 - not up yet
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail(f"moto server did not start: {log_path.read_text()}")
-            time.sleep(0.2)
+    for attempt in range(3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        log = open(log_path, "w")  # noqa: SIM115 - handed to the caller, who closes it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+                return proc, endpoint, log
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+        log.close()
+        if attempt == 2 or "in use" not in log_path.read_text():
+            break
+    pytest.fail(f"moto server did not start: {log_path.read_text()}")
 
 
 @contextlib.contextmanager
