@@ -16,10 +16,13 @@ MATURIN := $(VENV)/bin/maturin build -m python/Cargo.toml -i $(PY) --zig --compa
 
 .PHONY: demo test lint lint-fast venv wheel-dev wheel-release wheel-check cargo-test pytest bench bench-python bench-store clean
 
+# uv installs the dev requirements (Ray, Daft, polars, pyarrow, ...) in seconds where pip
+# takes over a minute; the wheel's own smoke test below still installs it with pip, as a
+# user would.
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --upgrade pip uv
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.installed
