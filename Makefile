@@ -95,11 +95,11 @@ cargo-test: wheel-dev
 	$(WITH_CLIPPY) $(CARGO) test --profile dev --target $(TARGET) --workspace --exclude forebay-python && \
 	$(WITH_CLIPPY) $(CARGO) run --target $(TARGET) --quiet --example engine_pipeline
 
-# Two test processes (pytest-xdist), a file each at a time: a file's tests share its
-# module fixtures (a Ray cluster, a moto server), and the Ray tests wait on subprocesses more
-# than they compute, so two files at once use 2 cores better than one.
+# Two test processes (pytest-xdist), a file each at a time (a file's tests share its module
+# fixtures: a Ray cluster, a moto server), and the files that start Ray clusters one after
+# another in one process (tests/python/conftest.py groups them).
 pytest: wheel-dev
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests/python
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 tests/python
 
 test: lint-fast wheel-dev cargo-test wheel-check pytest
 
