@@ -224,6 +224,40 @@ def ray_worker_pids(marker: str) -> list[int]:
     return pids
 
 
+class WorkerKiller:
+    """SIGKILLs the first Ray worker whose command line has each marker, while the block runs.
+
+    It looks until the block ends, not for a fixed time: on a busy machine a task or actor
+    can start later than any deadline a test would choose.
+    """
+
+    def __init__(self, *markers: str) -> None:
+        self.killed: dict[str, int] = {}
+        self._block_over = threading.Event()
+        self._hunters = [threading.Thread(target=self._hunt, args=(m,)) for m in markers]
+
+    def __enter__(self) -> "WorkerKiller":
+        for hunter in self._hunters:
+            hunter.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._block_over.set()
+        for hunter in self._hunters:
+            hunter.join()
+
+    def _hunt(self, marker: str) -> None:
+        while not self._block_over.is_set():
+            for pid in ray_worker_pids(marker):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                self.killed[marker] = pid
+                return
+            time.sleep(0.05)
+
+
 def test_killed_task_worker_is_retried_exactly_once(
     cluster, inputs: Path, checkpoint: Path
 ) -> None:
@@ -234,25 +268,9 @@ def test_killed_task_worker_is_retried_exactly_once(
         ),
         batch_size=500,
     )
-    killed: list[int] = []
-
-    def kill_a_worker() -> None:
-        deadline = time.time() + 20
-        while time.time() < deadline and not killed:
-            for pid in ray_worker_pids("slow_identity"):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                    return
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_a_worker)
-    killer.start()
-    got = values_of(ds)
-    killer.join()
-    assert killed, "no worker of the map step was found to kill"
+    with WorkerKiller("slow_identity") as killer:
+        got = values_of(ds)
+    assert killer.killed, "no worker of the map step was found to kill"
     assert np.array_equal(got, expected_left())
     sharded.shutdown()
 
@@ -498,35 +516,17 @@ def test_write_parquet_killed_task_and_filter_actor_stay_exactly_once(
     ds = fray.read_parquet(str(inputs), batch_size=500).map_batches(
         slow_identity, batch_format="pyarrow", batch_size=500
     )
-    killed: dict[str, int] = {}
-
-    def kill(marker: str) -> None:
-        deadline = time.time() + 30
-        while time.time() < deadline and marker not in killed:
-            for pid in ray_worker_pids(marker):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed[marker] = pid
-                    return
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-
     # Actor 0 (LedgerShardOwner) also keeps the run's unit ledger: reports it loses when
     # killed only keep their units from being recorded finished.
     markers = ("slow_identity", "_ShardOwner", "LedgerShardOwner")
-    killers = [threading.Thread(target=kill, args=(m,)) for m in markers]
-    for k in killers:
-        k.start()
-    result = fray.write_parquet(
-        ds,
-        tmp_path / "out",
-        checkpoint=forebay.Checkpoint("id", str(ckpt_dir)),
-        num_filter_actors=2,
-    )
-    for k in killers:
-        k.join()
-    assert set(killed) == set(markers), killed
+    with WorkerKiller(*markers) as killer:
+        result = fray.write_parquet(
+            ds,
+            tmp_path / "out",
+            checkpoint=forebay.Checkpoint("id", str(ckpt_dir)),
+            num_filter_actors=2,
+        )
+    assert set(killer.killed) == set(markers), killer.killed
     assert_written_once(tmp_path / "out", expected_left())
     assert result["rows"] == len(expected_left())
 
