@@ -21,6 +21,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Every Ray cluster the tests start (the shared fixture's, the drivers' own in subprocesses,
+# the README's snippets) starts fewer processes; on 2 cores each costs ~2 CPU-seconds:
+# - Ray prestarts a worker per logical CPU for each new job, most of them never used;
+# - Ray Data's read_parquet starts 32 footer-reading actors; 2 read the tests' few files.
+# Workers still start on demand, so what the tests check is unchanged.
+os.environ.setdefault("RAY_enable_worker_prestart", "0")
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "2")
+
 
 def parquet_testing_dir() -> Path:
     """Apache parquet-testing data: $FOREBAY_PARQUET_TESTING or ../shared beside the repo."""

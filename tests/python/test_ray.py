@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import pyarrow as pa
@@ -236,7 +237,7 @@ class WorkerKiller:
         self._block_over = threading.Event()
         self._hunters = [threading.Thread(target=self._hunt, args=(m,)) for m in markers]
 
-    def __enter__(self) -> "WorkerKiller":
+    def __enter__(self) -> Self:
         for hunter in self._hunters:
             hunter.start()
         return self
