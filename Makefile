@@ -97,9 +97,9 @@ cargo-test: wheel-dev
 
 # Two test processes (pytest-xdist), a file each at a time (a file's tests share its module
 # fixtures: a Ray cluster, a moto server), and the files that start Ray clusters one after
-# another in one process (tests/python/conftest.py groups them).
+# another in one process, first (tests/python/conftest.py: its scheduler and test order).
 pytest: wheel-dev
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 tests/python
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests/python
 
 test: lint-fast wheel-dev cargo-test wheel-check pytest
 
