@@ -120,9 +120,10 @@ def test_thread_locals_last_across_the_calls_of_a_thread_worker(data):
     assert calls[0] == 1 and calls[-1] >= ROWS // 1000 // 2, calls
 
 
-def _prepare_threads(monkeypatch) -> tuple[list[int], set[int]]:
+def _prepare_threads(monkeypatch, fn) -> tuple[list[int], set[int]]:
     """Record the native thread of every batch conversion (`Runner.prepare`) and of every
-    call of the function (`Runner.run`)."""
+    call of the function (`Runner.run`), for runners of ``fn`` only: a pipeline an earlier
+    test of this process left behind may still be converting batches ahead."""
     import threading
 
     from forebay import _udf
@@ -132,11 +133,13 @@ def _prepare_threads(monkeypatch) -> tuple[list[int], set[int]]:
     prepare, run = _udf.Runner.prepare, _udf.Runner.run
 
     def recording_prepare(self, batch):
-        prepared_on.append(threading.get_native_id())
+        if self._call is fn:
+            prepared_on.append(threading.get_native_id())
         return prepare(self, batch)
 
     def recording_run(self, prepared):
-        called_on.add(threading.get_native_id())
+        if self._call is fn:
+            called_on.add(threading.get_native_id())
         return run(self, prepared)
 
     monkeypatch.setattr(_udf.Runner, "prepare", recording_prepare)
@@ -147,11 +150,12 @@ def _prepare_threads(monkeypatch) -> tuple[list[int], set[int]]:
 def test_the_next_batch_is_prepared_while_the_function_waits(data, monkeypatch):
     """A function that releases the GIL (a sleep, a GPU call) does not wait for the next
     batch's conversion to its format: that runs on another thread during the call."""
-    prepared_on, called_on = _prepare_threads(monkeypatch)
 
     def wait(batch):
         time.sleep(0.002)
         return batch
+
+    prepared_on, called_on = _prepare_threads(monkeypatch, wait)
 
     out = (
         forebay.read_parquet(str(data), columns=["id"])
@@ -170,7 +174,6 @@ def test_a_function_holding_the_gil_gets_its_batches_converted_inline(
     """Converting ahead only adds GIL hand-offs when the function never lets go of the GIL
     (the interpreter takes it away after its switch interval, or the call ends first): after
     a few batches the worker converts them itself again."""
-    prepared_on, called_on = _prepare_threads(monkeypatch)
     seconds = 2 * sys.getswitchinterval() if calls_last.startswith("longer") else 0.0
 
     def spin(batch):
@@ -178,6 +181,8 @@ def test_a_function_holding_the_gil_gets_its_batches_converted_inline(
         while time.perf_counter() < end:
             pass
         return batch
+
+    prepared_on, called_on = _prepare_threads(monkeypatch, spin)
 
     out = (
         forebay.read_parquet(str(data), columns=["id"])
