@@ -17,6 +17,8 @@
 //!
 //! Batch k+1 is only converted once call k holds the GIL and is about to run the function
 //! ("allow k+1"): started earlier, the conversion would take the GIL first and delay call k.
+//! Each batch is converted once: a call that comes while its batch is still being converted
+//! waits for it, and a batch the worker has started converting itself is not claimed.
 //!
 //! A function that holds the GIL gains nothing (the conversion waits for the GIL either way)
 //! and pays for the GIL changing hands twice more per batch. So the preparer notes how it got
@@ -25,7 +27,6 @@
 //! switch interval (5 ms). When such waits clearly outnumber the others the preparer stops,
 //! and batches are converted in the call again.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -46,10 +47,17 @@ const HELD_GIL_SCORE_TO_STOP: u32 = 3;
 /// How often a preparer waiting to be allowed checks whether the worker has gone.
 const WAIT_SLICE: Duration = Duration::from_millis(20);
 
-/// A batch and the function input made of it (or the exception converting it raised).
-type Prepared = (RecordBatch, PyResult<Py<PyAny>>);
+/// A batch, its index among the worker's batches, and the function input made of it (or the
+/// exception converting it raised).
+type Prepared = (u64, RecordBatch, PyResult<Py<PyAny>>);
 
-/// What a worker and its preparer share.
+/// What a worker and its preparer share. Both see the worker's batches in the same order and
+/// number them from 0; each batch is converted once, by whichever side claims it first:
+///
+/// ```text
+///  preparer, batch i:  wait until i is allowed ─► claim i (unless the worker took it) ─► convert ─► ready
+///  worker, call i:     take i: ready? use it │ being converted? wait for it │ else convert it itself
+/// ```
 #[derive(Default)]
 pub(crate) struct PreparedInputs {
     state: Mutex<State>,
@@ -58,12 +66,16 @@ pub(crate) struct PreparedInputs {
 
 #[derive(Default)]
 struct State {
-    /// Batches the preparer may convert now: one per call that has started (and holds the
-    /// GIL), plus one for the first batch, which has no call before it.
-    allowed: u32,
-    /// Inputs made, in the order of the worker's calls (at most one: the engine hands a task
-    /// over only after its preparation).
-    ready: VecDeque<Prepared>,
+    /// The index of the batch the worker's next call takes (= its calls so far).
+    calls: u64,
+    /// The preparer may convert batches up to this index: the one after the call that holds
+    /// the GIL and is about to run the function (batch 0 has no call before it).
+    allowed_through: u64,
+    /// The batch the preparer is converting now.
+    converting: Option<u64>,
+    /// The input made, until its call takes it (at most one: the preparer converts batch
+    /// i + 1 only once call i has started, and call i has then taken batch i).
+    ready: Option<Prepared>,
     /// The worker is inside the function (set and cleared with the GIL held).
     in_call: bool,
     /// The preparer stopped (the function holds the GIL).
@@ -72,19 +84,41 @@ struct State {
 
 impl PreparedInputs {
     pub(crate) fn new() -> Arc<PreparedInputs> {
-        let inputs = PreparedInputs::default();
-        inputs.lock().allowed = 1;
-        Arc::new(inputs)
+        Arc::new(PreparedInputs::default())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The input prepared for `batch`, if it was (call without the GIL or with it: nothing
-    /// here waits).
+    /// The input prepared for `batch`, the worker's next one; `None` when the worker must
+    /// convert it itself. Waits while the preparer is converting it (cheaper than converting
+    /// it twice). Call without the GIL: the preparer needs it.
     pub(crate) fn take(&self, batch: &RecordBatch) -> Option<PyResult<Py<PyAny>>> {
-        let (made_for, input) = self.lock().ready.pop_front()?;
+        let mut state = self.lock();
+        let index = state.calls;
+        // From here on the preparer no longer claims this batch.
+        state.calls += 1;
+        while state.converting == Some(index) {
+            state = self
+                .changed
+                .wait_timeout(state, WAIT_SLICE)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let (made_for, input) = match state.ready.take() {
+            Some((i, made_for, input)) if i == index => (made_for, input),
+            // Claimed batches are taken in order, so an older input cannot be waiting here;
+            // dropped (with the GIL) if one ever is.
+            stale => {
+                drop(state);
+                if stale.is_some() {
+                    Python::attach(|_| drop(stale));
+                }
+                return None;
+            }
+        };
+        drop(state);
         if same_batch(&made_for, batch) {
             return Some(input);
         }
@@ -99,8 +133,8 @@ impl PreparedInputs {
         let mut state = self.lock();
         state.in_call = true;
         if !state.stopped {
-            state.allowed = state.allowed.saturating_add(1);
-            self.changed.notify_one();
+            state.allowed_through = state.calls;
+            self.changed.notify_all();
         }
     }
 
@@ -109,23 +143,24 @@ impl PreparedInputs {
         self.lock().in_call = false;
     }
 
-    /// Drop the inputs nobody took, with the GIL held (the worker is closing).
+    /// Drop the input nobody took, with the GIL held (the worker is closing).
     pub(crate) fn clear(&self) {
-        let left: Vec<Prepared> = self.lock().ready.drain(..).collect();
-        if !left.is_empty() {
+        let left = self.lock().ready.take();
+        if left.is_some() {
             Python::attach(|_| drop(left));
         }
     }
 
-    /// Wait until a batch may be converted; false if the worker has gone or preparing stopped.
-    fn wait_until_allowed(&self, worker_done: &CancelToken) -> bool {
+    /// Wait until batch `index` may be converted and claim it; false if the worker took it
+    /// first, the worker has gone or preparing stopped.
+    fn claim(&self, index: u64, worker_done: &CancelToken) -> bool {
         let mut state = self.lock();
         loop {
-            if state.stopped || worker_done.is_cancelled() {
+            if state.stopped || worker_done.is_cancelled() || state.calls > index {
                 return false;
             }
-            if state.allowed > 0 {
-                state.allowed -= 1;
+            if state.allowed_through >= index {
+                state.converting = Some(index);
                 return true;
             }
             state = self
@@ -135,11 +170,35 @@ impl PreparedInputs {
                 .0;
         }
     }
+
+    /// Hand over the input made for batch `index` (claimed before); wakes a call waiting for
+    /// it. Returns the state for the caller's bookkeeping.
+    fn deliver(
+        &self,
+        index: u64,
+        batch: RecordBatch,
+        input: PyResult<Py<PyAny>>,
+    ) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        let replaced = state.ready.replace((index, batch, input));
+        state.converting = None;
+        self.changed.notify_all();
+        if replaced.is_some() {
+            // Never expected (see `ready`): an input nobody will take.
+            drop(state);
+            Python::attach(|_| drop(replaced));
+            state = self.lock();
+        }
+        state
+    }
 }
 
 /// The preparer of one worker, run on the engine's fetcher thread.
 pub(crate) struct NextBatchPreparer {
     inputs: Arc<PreparedInputs>,
+    /// The index of the batch `prepare` is called on next (the engine calls it on each of
+    /// the worker's batches, in the worker's order).
+    next_index: u64,
     /// `Runner.prepare`; `None` once dropped (with the GIL held).
     prepare: Option<Py<PyAny>>,
     /// Batches go to pyarrow through this (its schema is dropped with the GIL held too).
@@ -166,6 +225,7 @@ impl NextBatchPreparer {
             .extract()?;
         Ok(NextBatchPreparer {
             inputs,
+            next_index: 0,
             prepare: Some(prepare),
             exporter: BatchExporter::default(),
             held_gil_wait: Duration::from_secs_f64(
@@ -179,13 +239,14 @@ impl NextBatchPreparer {
 
 impl PrepareNext for NextBatchPreparer {
     fn prepare(&mut self, next: &RecordBatch, worker_done: &CancelToken) {
+        let index = self.next_index;
+        self.next_index += 1;
         let Some(prepare) = &self.prepare else {
             return;
         };
-        if !self.inputs.wait_until_allowed(worker_done) {
+        if !self.inputs.claim(index, worker_done) {
             return;
         }
-        let first = self.thread_state.is_none();
         self.thread_state.get_or_insert_with(KeptThreadState::new);
         let asked = Instant::now();
         let (input, waited, during_call) = Python::attach(|py| {
@@ -197,9 +258,8 @@ impl PrepareNext for NextBatchPreparer {
                 .and_then(|b| prepare.call1(py, (b,)));
             (input, waited, during_call)
         });
-        let mut state = self.inputs.lock();
-        state.ready.push_back((next.clone(), input));
-        if first {
+        let mut state = self.inputs.deliver(index, next.clone(), input);
+        if index == 0 {
             // No call runs before the first batch: nothing to learn about the function.
             return;
         }
