@@ -225,3 +225,34 @@ impl From<ParquetError> for arrow::error::ArrowError {
         arrow::error::ArrowError::ExternalError(Box::new(err))
     }
 }
+
+/// A [`ParquetError::Corrupt`] of `path` (and row group) saying `err`.
+pub(crate) fn corrupt(
+    path: &str,
+    row_group: Option<usize>,
+    err: impl std::fmt::Display,
+) -> ParquetError {
+    ParquetError::Corrupt {
+        path: path.to_string(),
+        row_group,
+        reason: err.to_string(),
+    }
+}
+
+/// A [`ParquetError::ColumnNotFound`] for `name`, listing the columns `schema` has.
+pub(crate) fn column_not_found(
+    schema: &arrow::datatypes::Schema,
+    name: &str,
+    path: &str,
+) -> ParquetError {
+    ParquetError::ColumnNotFound {
+        path: path.to_string(),
+        column: name.to_string(),
+        available: schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}

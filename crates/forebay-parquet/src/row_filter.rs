@@ -26,9 +26,9 @@ use parquet::arrow::arrow_reader::{ArrowPredicate, ArrowPredicateFn, ArrowReader
 use parquet::arrow::ProjectionMask;
 
 use crate::dictionary::{decode_dictionary_page, dictionary_page_range};
+use crate::error::column_not_found;
 use crate::error::{ParquetError, Result};
 use crate::io::ObjectFileReader;
-use crate::scan::column_not_found;
 
 /// The error a [`ScanRowFilter`] reports; the scan wraps it in [`ParquetError::RowFilter`]
 /// with the file and row group.

@@ -1,0 +1,173 @@
+//! Evaluating a bound predicate on a batch, with the null and NaN semantics of
+//! `pyarrow.compute`.
+
+use arrow::array::AsArray;
+use arrow::array::{Array, ArrayRef, BooleanArray, BooleanBufferBuilder, Scalar};
+use arrow::compute::kernels::{boolean, cmp};
+use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
+use arrow::record_batch::RecordBatch;
+
+use super::bind::value_type;
+use super::bind::{Node, Operand};
+use super::CompareOp;
+
+pub(super) fn null_as_false(array: &BooleanArray) -> BooleanArray {
+    match array.nulls() {
+        None => array.clone(),
+        Some(nulls) => {
+            let values = array.values() & nulls.inner();
+            BooleanArray::new(values, None)
+        }
+    }
+}
+
+fn column<'a>(
+    batch: &'a RecordBatch,
+    name: &str,
+) -> std::result::Result<&'a ArrayRef, arrow::error::ArrowError> {
+    batch.column_by_name(name).ok_or_else(|| {
+        arrow::error::ArrowError::SchemaError(format!("filter column '{name}' missing from batch"))
+    })
+}
+
+/// Cast `array` to the comparison type unless it already is (dictionaries of it included).
+pub(super) fn to_compare_type(
+    array: &ArrayRef,
+    compare_type: &DataType,
+) -> std::result::Result<ArrayRef, arrow::error::ArrowError> {
+    if value_type(array.data_type()) == compare_type {
+        Ok(array.clone())
+    } else {
+        arrow::compute::cast(array, compare_type)
+    }
+}
+
+/// IEEE "is NaN" per slot for float arrays (nulls stay null); `None` for other types.
+pub(super) fn nan_mask(array: &ArrayRef) -> Option<BooleanArray> {
+    let array = match array.data_type() {
+        DataType::Dictionary(_, _) => {
+            arrow::compute::cast(array, value_type(array.data_type())).ok()?
+        }
+        _ => array.clone(),
+    };
+    Some(match array.data_type() {
+        DataType::Float16 => array
+            .as_primitive::<Float16Type>()
+            .map_to_bool(|v| v.is_nan()),
+        DataType::Float32 => array
+            .as_primitive::<Float32Type>()
+            .map_to_bool(|v| v.is_nan()),
+        DataType::Float64 => array
+            .as_primitive::<Float64Type>()
+            .map_to_bool(|v| v.is_nan()),
+        _ => return None,
+    })
+}
+
+/// Per-slot boolean of a primitive array, keeping its nulls.
+trait MapToBool {
+    type Native;
+    fn map_to_bool(&self, f: impl Fn(Self::Native) -> bool) -> BooleanArray;
+}
+
+impl<T: arrow::datatypes::ArrowPrimitiveType> MapToBool for arrow::array::PrimitiveArray<T> {
+    type Native = T::Native;
+    fn map_to_bool(&self, f: impl Fn(T::Native) -> bool) -> BooleanArray {
+        let mut builder = BooleanBufferBuilder::new(self.len());
+        for v in self.values().iter() {
+            builder.append(f(*v));
+        }
+        BooleanArray::new(builder.finish(), self.nulls().cloned())
+    }
+}
+
+fn compare(
+    values: &ArrayRef,
+    op: CompareOp,
+    operand: &Operand,
+) -> std::result::Result<BooleanArray, arrow::error::ArrowError> {
+    let values = to_compare_type(values, &operand.compare_type)?;
+    if operand.value_is_nan {
+        // Under IEEE rules nothing equals or orders against NaN; only != holds.
+        let all = op == CompareOp::NotEq;
+        return Ok(BooleanArray::new(
+            arrow::buffer::BooleanBuffer::collect_bool(values.len(), |_| all),
+            values.nulls().cloned(),
+        ));
+    }
+    let scalar = Scalar::new(operand.value.clone());
+    let result = match op {
+        CompareOp::Eq => cmp::eq(&values, &scalar)?,
+        CompareOp::NotEq => cmp::neq(&values, &scalar)?,
+        CompareOp::Lt => cmp::lt(&values, &scalar)?,
+        CompareOp::LtEq => cmp::lt_eq(&values, &scalar)?,
+        CompareOp::Gt => cmp::gt(&values, &scalar)?,
+        CompareOp::GtEq => cmp::gt_eq(&values, &scalar)?,
+    };
+    // arrow-rs orders floats totally (NaN greatest, NaN == NaN); pyarrow follows IEEE.
+    match nan_mask(&values) {
+        Some(nan) if nan.true_count() > 0 => {
+            if op == CompareOp::NotEq {
+                boolean::or(&result, &nan)
+            } else {
+                boolean::and(&result, &boolean::not(&nan)?)
+            }
+        }
+        _ => Ok(result),
+    }
+}
+
+pub(super) fn eval_node(
+    node: &Node,
+    batch: &RecordBatch,
+) -> std::result::Result<BooleanArray, arrow::error::ArrowError> {
+    match node {
+        Node::Compare {
+            column: name,
+            op,
+            operand,
+        } => compare(column(batch, name)?, *op, operand),
+        Node::In {
+            column: name,
+            operands,
+            negated,
+        } => {
+            let values = column(batch, name)?;
+            let mut acc = BooleanArray::from(vec![false; values.len()]);
+            for operand in operands {
+                let hit = null_as_false(&compare(values, CompareOp::Eq, operand)?);
+                acc = boolean::or(&acc, &hit)?;
+            }
+            if *negated {
+                boolean::not(&acc)
+            } else {
+                Ok(acc)
+            }
+        }
+        Node::IsNull {
+            column: name,
+            negated,
+        } => {
+            let values = column(batch, name)?;
+            if *negated {
+                boolean::is_not_null(values.as_ref())
+            } else {
+                boolean::is_null(values.as_ref())
+            }
+        }
+        Node::And(children) => {
+            let mut acc = eval_node(&children[0], batch)?;
+            for child in &children[1..] {
+                acc = boolean::and_kleene(&acc, &eval_node(child, batch)?)?;
+            }
+            Ok(acc)
+        }
+        Node::Or(children) => {
+            let mut acc = eval_node(&children[0], batch)?;
+            for child in &children[1..] {
+                acc = boolean::or_kleene(&acc, &eval_node(child, batch)?)?;
+            }
+            Ok(acc)
+        }
+    }
+}

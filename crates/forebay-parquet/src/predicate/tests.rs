@@ -1,0 +1,151 @@
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float64Array, Int32Array, StringArray, UInt64Array};
+use arrow::datatypes::{Field, Schema};
+use arrow::record_batch::RecordBatch;
+
+use super::*;
+use crate::error::ParquetError;
+
+#[test]
+fn text_is_exact_and_tells_predicates_apart() {
+    let p = Predicate::And(vec![
+        Predicate::gt("x", 5),
+        Predicate::Or(vec![
+            Predicate::In {
+                column: "s".into(),
+                values: vec!["a".into(), Literal::Bytes(vec![1, 2])],
+                negated: true,
+            },
+            Predicate::IsNull {
+                column: "y z".into(),
+                negated: false,
+            },
+        ]),
+    ]);
+    assert_eq!(
+        p.to_string(),
+        r#"("x" > Int(5) and ("s" not in [Str("a"), Bytes([1, 2])] or "y z" is null))"#
+    );
+    // Literals that print alike as values differ here: 5 vs 5.0, bytes by content.
+    assert_ne!(
+        Predicate::gt("x", 5).to_string(),
+        Predicate::gt("x", 5.0).to_string()
+    );
+    let bytes = |b: Vec<u8>| Predicate::eq("b", Literal::Bytes(b)).to_string();
+    assert_ne!(bytes(vec![1]), bytes(vec![2]));
+}
+
+fn batch() -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("i", DataType::Int32, true),
+        Field::new("f", DataType::Float64, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int32Array::from(vec![Some(1), Some(5), None, Some(9)])),
+            Arc::new(Float64Array::from(vec![
+                Some(1.0),
+                Some(f64::NAN),
+                None,
+                Some(3.0),
+            ])),
+            Arc::new(StringArray::from(vec![
+                Some("a"),
+                Some("b"),
+                None,
+                Some("c"),
+            ])),
+        ],
+    )
+    .unwrap()
+}
+
+fn eval(p: Predicate) -> Vec<bool> {
+    let b = batch();
+    let bound = p.bind(&b.schema(), "test").unwrap();
+    bound
+        .evaluate(&b)
+        .unwrap()
+        .iter()
+        .map(|v| v.unwrap())
+        .collect()
+}
+
+#[test]
+fn comparisons_drop_nulls_and_follow_ieee_nan() {
+    assert_eq!(eval(Predicate::gt("i", 2)), vec![false, true, false, true]);
+    assert_eq!(
+        eval(Predicate::gt("f", 0.5)),
+        vec![true, false, false, true]
+    );
+    assert_eq!(
+        eval(Predicate::compare("f", CompareOp::NotEq, 1.0)),
+        vec![false, true, false, true]
+    );
+    assert_eq!(
+        eval(Predicate::gt("i", 2.5)),
+        vec![false, true, false, true]
+    );
+}
+
+#[test]
+fn in_and_not_in_treat_null_like_pyarrow() {
+    let vals = vec![Literal::from("a"), Literal::from("c")];
+    assert_eq!(
+        eval(Predicate::is_in("s", vals.clone())),
+        vec![true, false, false, true]
+    );
+    let not_in = Predicate::In {
+        column: "s".into(),
+        values: vals,
+        negated: true,
+    };
+    assert_eq!(eval(not_in), vec![false, true, true, false]);
+}
+
+#[test]
+fn wrong_types_are_rejected_with_column_name() {
+    let b = batch();
+    let err = Predicate::gt("s", 3)
+        .bind(&b.schema(), "f.parquet")
+        .unwrap_err();
+    assert!(err.to_string().contains("'s'"), "{err}");
+    let err = Predicate::gt("i", 1i64 << 40)
+        .bind(&b.schema(), "f.parquet")
+        .unwrap_err();
+    assert!(err.to_string().contains("does not fit"), "{err}");
+    let err = Predicate::gt("nope", 1)
+        .bind(&b.schema(), "f.parquet")
+        .unwrap_err();
+    assert!(matches!(err, ParquetError::ColumnNotFound { .. }));
+}
+
+#[test]
+fn pruning_uses_bounds_and_null_counts() {
+    let b = batch();
+    let stats = |_: &str| {
+        Some(ContainerStats {
+            mins: Arc::new(Int32Array::from(vec![Some(0), Some(10), None])) as ArrayRef,
+            maxes: Arc::new(Int32Array::from(vec![Some(5), Some(20), None])) as ArrayRef,
+            null_counts: UInt64Array::from(vec![Some(0), Some(0), None]),
+            row_counts: Some(UInt64Array::from(vec![10, 10, 10])),
+            min_exact: None,
+            max_exact: None,
+            slots_per_container: None,
+        })
+    };
+    let bound = Predicate::gt("i", 7).bind(&b.schema(), "t").unwrap();
+    assert_eq!(bound.may_match(3, &mut { stats }), vec![false, true, true]);
+    let bound = Predicate::eq("i", 5).bind(&b.schema(), "t").unwrap();
+    assert_eq!(bound.may_match(3, &mut { stats }), vec![true, false, true]);
+    let bound = Predicate::is_null("i").bind(&b.schema(), "t").unwrap();
+    assert_eq!(bound.may_match(3, &mut { stats }), vec![false, false, true]);
+    let bound = Predicate::gt("i", 7)
+        .or(Predicate::lt("i", 1))
+        .bind(&b.schema(), "t")
+        .unwrap();
+    assert_eq!(bound.may_match(3, &mut { stats }), vec![true, true, true]);
+}

@@ -1,0 +1,247 @@
+//! How a dataset is read: the builder's options, and the skip a resume passes in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arrow::datatypes::TimeUnit;
+use parquet::file::metadata::ParquetMetaData;
+
+use super::metrics::ScanMetrics;
+use super::runtime::block_on;
+use super::runtime::default_threads;
+use super::{DatasetInner, ParquetDataset};
+use crate::error::{ParquetError, Result};
+use crate::io::{FileEntry, IoMetrics};
+use crate::predicate::Predicate;
+use crate::row_filter::{RowFilterHook, ScanRowFilter};
+use crate::source::{resolve, DatasetSource};
+
+/// Input a caller has already finished, to be skipped without reading it (the engine's
+/// resume): whole files before their footer is fetched, row groups before their data is.
+pub trait ScanSkip: Send + Sync {
+    /// Skip this file entirely (its footer is not read; the dataset's first file's footer is
+    /// read anyway, for the schema).
+    fn skip_file(&self, file: &FileEntry) -> bool;
+    /// Skip this row group of a file that is read.
+    fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool;
+
+    /// [`ScanSkip::skip_row_group`] with the file's footer at hand, for a skip decided by
+    /// what the file says of itself (its key-value metadata, a row group's statistics). The
+    /// scan asks this one; by default it asks [`ScanSkip::skip_row_group`].
+    fn skip_row_group_in(
+        &self,
+        file: &FileEntry,
+        footer: &ParquetMetaData,
+        row_group: usize,
+    ) -> bool {
+        let _ = footer;
+        self.skip_row_group(file, row_group)
+    }
+}
+
+/// A [`ScanSkip`] in the builder (which derives `Debug`).
+#[derive(Clone)]
+pub(super) struct Skip(pub(super) Arc<dyn ScanSkip>);
+
+impl std::fmt::Debug for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScanSkip")
+    }
+}
+
+/// How to read a dataset. Build with [`ParquetDataset::builder`].
+#[derive(Debug, Clone)]
+pub struct ParquetDatasetBuilder {
+    pub(super) source: DatasetSource,
+    pub(super) columns: Option<Vec<String>>,
+    pub(super) filter: Option<Predicate>,
+    pub(super) batch_size: usize,
+    pub(super) prefetch: Option<usize>,
+    pub(super) num_threads: Option<usize>,
+    pub(super) dictionary_columns: Vec<String>,
+    pub(super) int96_unit: TimeUnit,
+    pub(super) skip: Option<Skip>,
+    pub(super) row_filter: Option<RowFilterHook>,
+    pub(super) coalesce_gap: Option<u64>,
+    pub(super) use_page_index: bool,
+    pub(super) flat_decoder: bool,
+    /// Endings of the names a directory listing keeps (None: every name).
+    pub(super) file_extensions: Option<Vec<String>>,
+    /// The most one selected column chunk may decompress to (its footer's size).
+    pub(super) max_column_chunk_bytes: u64,
+}
+
+impl ParquetDatasetBuilder {
+    /// Columns to read, by name; a dotted path (`"a.b"`) selects part of a nested column.
+    /// Output columns follow this order. Default: all columns.
+    pub fn with_columns<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.columns = Some(columns.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Keep only rows matching `filter`; row groups and pages that cannot match are skipped.
+    pub fn with_filter(mut self, filter: Predicate) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// Rows per batch (default 65,536). Filtered batches may be smaller, and so are those of
+    /// the scan's first row group (at most 8,192 rows each), so that the first batch arrives
+    /// sooner.
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// Row groups in flight at once (default: threads + 2). Bounds memory.
+    pub fn with_prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = Some(prefetch);
+        self
+    }
+
+    /// Row groups decoded concurrently (default and maximum: the number of cores).
+    pub fn with_num_threads(mut self, num_threads: usize) -> Self {
+        self.num_threads = Some(num_threads);
+        self
+    }
+
+    /// String/binary columns to return as `Dictionary(Int32, _)` arrays.
+    pub fn with_dictionary_columns<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.dictionary_columns = columns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The unit of timestamps stored as (deprecated) INT96, as pyarrow's
+    /// `coerce_int96_timestamp_unit`. Default nanoseconds; values outside the range of the
+    /// unit wrap (INT96 holds dates far beyond the ±292 years of `i64` nanoseconds: Spark
+    /// writes microsecond timestamps up to year 294,247), so choose microseconds or
+    /// milliseconds to read such values exactly. Applies to top-level and struct-nested
+    /// INT96 columns.
+    pub fn with_int96_timestamp_unit(mut self, unit: TimeUnit) -> Self {
+        self.int96_unit = unit;
+        self
+    }
+
+    /// Skip input the caller already finished (see [`ScanSkip`]); skipped files and row
+    /// groups are counted in [`ScanMetricsSnapshot`](super::ScanMetricsSnapshot).
+    pub fn with_skip(mut self, skip: Arc<dyn ScanSkip>) -> Self {
+        self.skip = Some(Skip(skip));
+        self
+    }
+
+    /// Drop rows by the caller's own test while decoding (see [`ScanRowFilter`]): the other
+    /// columns are decoded only for the rows it keeps. Applied after [`Self::with_filter`].
+    pub fn with_row_filter(mut self, filter: Arc<dyn ScanRowFilter>) -> Self {
+        self.row_filter = Some(RowFilterHook(filter));
+        self
+    }
+
+    /// Merge column-chunk reads separated by at most this many bytes into one request.
+    /// Default: 0 for local files (only selected bytes are read), 1 MiB for remote stores.
+    pub fn with_coalesce_gap(mut self, bytes: u64) -> Self {
+        self.coalesce_gap = Some(bytes);
+        self
+    }
+
+    /// Use the page index (when files have one) to skip pages inside row groups. Default on.
+    pub fn with_page_index(mut self, enabled: bool) -> Self {
+        self.use_page_index = enabled;
+        self
+    }
+
+    /// Decode flat required integer, date, float, decimal, string and binary columns (the
+    /// last two as views) with forebay's own decoders when a row group is read whole
+    /// (default: on). Off, the parquet crate decodes
+    /// every column; the output is the same (kept for comparison and as an escape hatch).
+    pub fn with_flat_decoder(mut self, enabled: bool) -> Self {
+        self.flat_decoder = enabled;
+        self
+    }
+
+    /// Which files of a listed directory (or prefix) are read: those whose name ends with
+    /// one of `extensions` (case-insensitive; `"parquet"` and `".parquet"` alike), or every
+    /// file with `None`. Default [`DEFAULT_FILE_EXTENSIONS`](crate::DEFAULT_FILE_EXTENSIONS), so that a stray `README` or
+    /// `.csv` beside the data does not fail the read. Files named explicitly, and glob
+    /// matches, are read whatever their name.
+    pub fn with_file_extensions<I, S>(mut self, extensions: Option<I>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.file_extensions = extensions.map(|e| {
+            e.into_iter()
+                .map(|x| {
+                    let x: String = x.into();
+                    format!(".{}", x.trim_start_matches('.').to_ascii_lowercase())
+                })
+                .collect()
+        });
+        self
+    }
+
+    /// The most one selected column chunk may decompress to, by the file's footer (default
+    /// [`DEFAULT_MAX_COLUMN_CHUNK_BYTES`](super::DEFAULT_MAX_COLUMN_CHUNK_BYTES)): a larger one fails the scan with
+    /// [`ParquetError::TooLarge`] before any of it is fetched. Arrow arrays index their
+    /// values with 32-bit offsets, so a chunk past 2 GiB could not be decoded anyway; without
+    /// the check a tiny file of highly compressible strings allocates gigabytes first.
+    pub fn with_max_column_chunk_bytes(mut self, bytes: u64) -> Self {
+        self.max_column_chunk_bytes = bytes.max(1);
+        self
+    }
+
+    /// Resolve the files and read the first file's footer (for the schema).
+    pub fn build(self) -> Result<ParquetDataset> {
+        block_on(self.build_async())
+    }
+
+    /// [`Self::build`] for async callers.
+    pub async fn build_async(self) -> Result<ParquetDataset> {
+        if self.batch_size == 0 {
+            return Err(ParquetError::InvalidArgument(
+                "batch_size must be at least 1".into(),
+            ));
+        }
+        if self.columns.as_ref().is_some_and(|c| c.is_empty()) {
+            return Err(ParquetError::InvalidArgument(
+                "columns=[] selects no column; name at least one column (or pass None for all; \
+                 count_rows() counts rows without reading any)"
+                    .into(),
+            ));
+        }
+        if self.prefetch == Some(0) || self.num_threads == Some(0) {
+            return Err(ParquetError::InvalidArgument(
+                "prefetch and num_threads must be at least 1".into(),
+            ));
+        }
+        let io = Arc::new(IoMetrics::default());
+        let files = resolve(&self.source, self.file_extensions.as_deref(), &io).await?;
+        let threads = self
+            .num_threads
+            .unwrap_or_else(default_threads)
+            .min(default_threads())
+            .max(1);
+        let inner = Arc::new(DatasetInner {
+            files,
+            io,
+            scan_metrics: ScanMetrics::default(),
+            threads,
+            prefetch: self.prefetch.unwrap_or(threads + 2),
+            coalesce_gap: self.coalesce_gap,
+            opened: Mutex::new(HashMap::new()),
+            schema: OnceLock::new(),
+            page_buffers: Arc::default(),
+            options: self,
+        });
+        let first = inner.open(0).await?;
+        let _ = inner.schema.set(first.output_schema.clone());
+        Ok(ParquetDataset { inner })
+    }
+}

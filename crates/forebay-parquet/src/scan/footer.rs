@@ -1,0 +1,197 @@
+//! Reading footers: one request for most files, a lenient retry for odd ones, and the row
+//! counts footers alone give.
+
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+use parquet::file::metadata::{
+    PageIndexPolicy, ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader,
+    ParquetStatisticsPolicy,
+};
+
+use super::DatasetInner;
+use crate::error::{ParquetError, Result};
+use crate::io::{FileEntry, IoMetrics, ObjectFileReader};
+use crate::repair;
+
+/// Bytes fetched from the end of a file in the first footer request. Most footers (and often
+/// the page index just before them) fit, so one request per file is the common case.
+pub(super) const FOOTER_PREFETCH: usize = 64 * 1024;
+/// Footers fetched concurrently ahead of the scan.
+pub(super) const FOOTER_CONCURRENCY: usize = 16;
+
+/// Rows of the row groups a scan reads (what a [`ScanSkip`] leaves), from the footers
+/// (read concurrently and cached).
+pub(super) async fn footer_rows(inner: Arc<DatasetInner>) -> Result<u64> {
+    let skip = inner.options.skip.clone();
+    let wanted: Vec<usize> = (0..inner.files.len())
+        .filter(|&i| {
+            !skip
+                .as_ref()
+                .is_some_and(|s| s.0.skip_file(&inner.files[i]))
+        })
+        .collect();
+    let opened = futures::stream::iter(wanted)
+        .map(|i| {
+            let inner = inner.clone();
+            async move { inner.open(i).await }
+        })
+        .buffered(FOOTER_CONCURRENCY);
+    futures::pin_mut!(opened);
+    let mut total = 0u64;
+    while let Some(file) = opened.next().await {
+        let file = file?;
+        let footer = file.reader_meta.metadata();
+        for (rg, meta) in footer.row_groups().iter().enumerate() {
+            let skipped = skip
+                .as_ref()
+                .is_some_and(|s| s.0.skip_row_group_in(&file.entry, footer, rg));
+            if !skipped {
+                total += meta.num_rows().max(0) as u64;
+            }
+        }
+    }
+    Ok(total)
+}
+
+pub(super) async fn read_footer(
+    entry: &FileEntry,
+    io: &Arc<IoMetrics>,
+    with_page_index: bool,
+) -> Result<Arc<ParquetMetaData>> {
+    let path = entry.uri.to_string();
+    if entry.size < 12 {
+        return Err(ParquetError::NotParquet {
+            path,
+            reason: format!("only {} bytes, smaller than any Parquet file", entry.size),
+        });
+    }
+    // One request for the file's tail; the metadata reader is served from it when the
+    // footer (and page index) fit, and goes back to the store only for what does not.
+    let reader = ObjectFileReader::for_footer(entry.clone(), io.clone());
+    let tail_len = (FOOTER_PREFETCH as u64).min(entry.size);
+    let tail_start = entry.size - tail_len;
+    let tail = reader.fetch(tail_start..entry.size).await?;
+    let magic = &tail[tail.len() - 4..];
+    if magic != b"PAR1" {
+        let reason = if magic == b"PARE" {
+            "encrypted footer; encrypted Parquet files are not supported".to_string()
+        } else {
+            format!(
+                "the file does not end with the Parquet magic 'PAR1' (found {:?})",
+                String::from_utf8_lossy(magic)
+            )
+        };
+        return Err(ParquetError::NotParquet { path, reason });
+    }
+    let fetch = FooterFetch {
+        reader,
+        tail,
+        tail_start,
+    };
+    let policy = if with_page_index {
+        PageIndexPolicy::Optional
+    } else {
+        PageIndexPolicy::Skip
+    };
+    let first_try = ParquetMetaDataReader::new()
+        .with_page_index_policy(policy)
+        .load_and_finish(fetch.clone(), entry.size)
+        .await;
+    let metadata = match first_try {
+        Ok(m) => m,
+        Err(first_err) => match read_footer_leniently(&fetch, entry.size).await {
+            Some(m) => m,
+            None => {
+                return Err(match ParquetError::from_decode(&path, None, first_err) {
+                    ParquetError::Corrupt { path, reason, .. } => ParquetError::Corrupt {
+                        path,
+                        row_group: None,
+                        reason: format!("cannot read the footer: {reason}"),
+                    },
+                    other => other,
+                })
+            }
+        },
+    };
+    let metadata = repair::repair_metadata(metadata).map_err(|reason| ParquetError::Corrupt {
+        path: path.clone(),
+        row_group: None,
+        reason,
+    })?;
+    let metadata = repair::measure_short_chunks(metadata, &fetch.reader, entry.size, &path).await?;
+    Ok(Arc::new(metadata))
+}
+
+/// Second and third tries at a footer arrow-rs's decoder refused (no page index either
+/// way): without fields whose wire type contradicts the spec (see [`repair::compact`]), then
+/// without the optional statistics structures, which only serve pruning.
+async fn read_footer_leniently(fetch: &FooterFetch, file_size: u64) -> Option<ParquetMetaData> {
+    if let Some(footer) = footer_bytes(fetch, file_size).await {
+        if let Some(sanitized) = repair::compact::drop_mistyped_fields(&footer) {
+            if !sanitized.dropped.is_empty() {
+                if let Ok(m) = ParquetMetaDataReader::decode_metadata(&sanitized.footer) {
+                    return Some(m);
+                }
+            }
+        }
+    }
+    ParquetMetaDataReader::new()
+        .with_page_index_policy(PageIndexPolicy::Skip)
+        .with_metadata_options(Some(
+            ParquetMetaDataOptions::new()
+                .with_column_stats_policy(ParquetStatisticsPolicy::SkipAll)
+                .with_encoding_stats_policy(ParquetStatisticsPolicy::SkipAll)
+                .with_size_stats_policy(ParquetStatisticsPolicy::SkipAll),
+        ))
+        .load_and_finish(fetch.clone(), file_size)
+        .await
+        .ok()
+}
+
+/// The thrift-encoded `FileMetaData` of a file (from the fetched tail when it holds it).
+async fn footer_bytes(fetch: &FooterFetch, file_size: u64) -> Option<bytes::Bytes> {
+    let tail = &fetch.tail;
+    let len_bytes: [u8; 4] = tail
+        .get(tail.len().checked_sub(8)?..tail.len() - 4)?
+        .try_into()
+        .ok()?;
+    let footer_len = u64::from(u32::from_le_bytes(len_bytes));
+    let end = file_size.checked_sub(8)?;
+    let start = end.checked_sub(footer_len)?;
+    if start >= fetch.tail_start {
+        let from = (start - fetch.tail_start) as usize;
+        return Some(tail.slice(from..from + footer_len as usize));
+    }
+    fetch.reader.fetch(start..end).await.ok()
+}
+
+/// Serves metadata reads from an already fetched tail of the file.
+#[derive(Clone)]
+struct FooterFetch {
+    reader: ObjectFileReader,
+    tail: bytes::Bytes,
+    tail_start: u64,
+}
+
+impl parquet::arrow::async_reader::MetadataFetch for FooterFetch {
+    fn fetch(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        async move {
+            if range.start >= self.tail_start {
+                let start = (range.start - self.tail_start) as usize;
+                let end = (range.end - self.tail_start) as usize;
+                if end <= self.tail.len() {
+                    return Ok(self.tail.slice(start..end));
+                }
+            }
+            self.reader
+                .fetch(range)
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+        }
+        .boxed()
+    }
+}

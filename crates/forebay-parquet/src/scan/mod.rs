@@ -1,0 +1,381 @@
+//! Datasets and their streaming scan.
+//!
+//! ```text
+//!  files ──► open (footer, once per file, cached; spawned ahead)
+//!              │ prune row groups (statistics) and pages (page index)
+//!              ▼
+//!  units = (file, row group, row selection) in file order
+//!              │  at most `prefetch` units in flight, each decoding on the pool
+//!              │  into its own small channel
+//!              ▼
+//!  driver forwards unit 0's batches, then unit 1's, ... ──► ScanStream (ordered)
+//! ```
+//!
+//! Memory is bounded by `prefetch` × (the selected column chunks of one row group + two
+//! decoded batches), independent of the number or size of files. Order is deterministic
+//! (file, then row group) whatever finishes first. Dropping the [`ScanStream`] cancels
+//! everything in flight.
+//!
+//! One phase per module:
+//!
+//! | module    | phase                                                                     |
+//! |-----------|---------------------------------------------------------------------------|
+//! | `builder` | the options ([`ParquetDatasetBuilder`]) and a resume's [`ScanSkip`]        |
+//! | `footer`  | reading a footer (one request for most files), row counts from footers     |
+//! | `schema`  | a file's schema for the scan: options applied, projection, flat columns    |
+//! | `open`    | a file's footer turned into its read plan (`OpenedFile`), cached           |
+//! | `prune`   | the units of a file a filter may match (statistics, page index)            |
+//! | `driver`  | units in flight under `prefetch`, their batches forwarded in order         |
+//! | `decode`  | one unit decoded: forebay's flat decoders, the parquet crate for the rest  |
+//! | `stream`  | what the caller holds: [`ScanStream`] of [`ProvenancedBatch`]es            |
+//! | `runtime` | the tokio runtime all of it runs on, and [`block_on`]                      |
+//! | `metrics` | counters of what was read and pruned                                       |
+//!
+//! This module holds [`ParquetDataset`] (the public face) and the state the phases share.
+
+mod builder;
+mod decode;
+mod driver;
+mod footer;
+mod metrics;
+mod open;
+mod prune;
+mod runtime;
+mod schema;
+mod stream;
+
+pub use builder::{ParquetDatasetBuilder, ScanSkip};
+pub use decode::DEFAULT_MAX_COLUMN_CHUNK_BYTES;
+pub use metrics::ScanMetricsSnapshot;
+pub use runtime::{block_on, runtime};
+pub use stream::{BatchProvenance, ProvenancedBatch, RecordBatchIter, ScanStream};
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arrow::datatypes::{SchemaRef, TimeUnit};
+use futures::{FutureExt, StreamExt};
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use parquet::arrow::ProjectionMask;
+use tokio::sync::mpsc;
+
+use crate::error::{ParquetError, Result};
+use crate::flat::FlatType;
+use crate::io::{FileEntry, IoMetrics};
+use crate::pages::PageBuffers;
+use crate::predicate::{BoundPredicate, Predicate};
+use crate::row_filter::{RowFilterHook, ScanRowFilter};
+use crate::source::{DatasetSource, DEFAULT_FILE_EXTENSIONS};
+
+use builder::Skip;
+use driver::drive;
+use footer::footer_rows;
+use metrics::ScanMetrics;
+use runtime::panic_message;
+
+/// A lazily read Parquet dataset: files resolved, footers read on demand and cached.
+/// Cheap to clone; every scan shares the metadata cache and counters.
+#[derive(Clone)]
+pub struct ParquetDataset {
+    inner: Arc<DatasetInner>,
+}
+
+/// What every scan of a dataset shares: options, files, the footer cache, counters.
+struct DatasetInner {
+    options: ParquetDatasetBuilder,
+    files: Vec<FileEntry>,
+    io: Arc<IoMetrics>,
+    scan_metrics: ScanMetrics,
+    threads: usize,
+    prefetch: usize,
+    coalesce_gap: Option<u64>,
+    /// Footer + plan per file index: each footer is read once per dataset.
+    opened: Mutex<HashMap<usize, Arc<OpenedFile>>>,
+    schema: OnceLock<SchemaRef>,
+    /// Decompression buffers recycled from page to page (see `pages`).
+    page_buffers: Arc<PageBuffers>,
+}
+
+/// Everything needed to read one file's row groups, derived once from its footer.
+struct OpenedFile {
+    entry: FileEntry,
+    index: usize,
+    reader_meta: ArrowReaderMetadata,
+    projection: ProjectionMask,
+    /// Position in the decoded batch of each output column, in output order.
+    reorder: Vec<usize>,
+    output_schema: SchemaRef,
+    filter: Option<(ProjectionMask, BoundPredicate)>,
+    /// Columns of the decoded batch that forebay's own decoders may read (see `flat`); the
+    /// parquet crate decodes the rest.
+    flat_columns: Vec<FlatColumn>,
+    /// Columns in a decoded batch: one per selected root, in file order.
+    decoded_columns: usize,
+}
+
+/// A column of a file that forebay's own decoder may read.
+struct FlatColumn {
+    /// Its position in the decoded batch.
+    position: usize,
+    /// Its Parquet leaf.
+    leaf: usize,
+    ty: FlatType,
+}
+
+impl ParquetDataset {
+    /// Start describing a dataset.
+    pub fn builder(source: DatasetSource) -> ParquetDatasetBuilder {
+        ParquetDatasetBuilder {
+            source,
+            columns: None,
+            filter: None,
+            batch_size: 65_536,
+            prefetch: None,
+            num_threads: None,
+            dictionary_columns: Vec::new(),
+            int96_unit: TimeUnit::Nanosecond,
+            skip: None,
+            row_filter: None,
+            coalesce_gap: None,
+            use_page_index: true,
+            flat_decoder: true,
+            file_extensions: Some(
+                DEFAULT_FILE_EXTENSIONS
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect(),
+            ),
+            max_column_chunk_bytes: DEFAULT_MAX_COLUMN_CHUNK_BYTES,
+        }
+    }
+
+    /// Open local paths or URIs with default options.
+    pub fn open<I, S>(uris: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder(DatasetSource::uris(uris)).build()
+    }
+
+    /// The schema of the batches a scan yields (projection and dictionary options applied).
+    pub fn schema(&self) -> SchemaRef {
+        self.inner
+            .schema
+            .get()
+            .cloned()
+            .expect("schema is set by build")
+    }
+
+    /// The same dataset (its files and cached footers) scanning around the input `skip`
+    /// says is finished. Its metrics start from zero.
+    pub fn with_skip(&self, skip: Arc<dyn ScanSkip>) -> ParquetDataset {
+        let mut options = self.inner.options.clone();
+        options.skip = Some(Skip(skip));
+        self.with_options(options)
+    }
+
+    /// The same dataset (its files and cached footers) skipping what `skip` says on top of
+    /// what it skips already (a task's [`ByteRangeSplit`](crate::ByteRangeSplit) after a
+    /// resume's finished input). Its metrics start from zero.
+    pub fn and_skip(&self, skip: Arc<dyn ScanSkip>) -> ParquetDataset {
+        let skip = match &self.inner.options.skip {
+            Some(Skip(present)) => Arc::new(crate::split::AllSkips(vec![present.clone(), skip])),
+            None => skip,
+        };
+        self.with_skip(skip)
+    }
+
+    /// The same dataset (its files and cached footers) dropping rows by `filter` while
+    /// decoding (see [`ScanRowFilter`]). Its metrics start from zero.
+    pub fn with_row_filter(&self, filter: Arc<dyn ScanRowFilter>) -> ParquetDataset {
+        let mut options = self.inner.options.clone();
+        options.row_filter = Some(RowFilterHook(filter));
+        self.with_options(options)
+    }
+
+    /// This dataset's files and cached footers under other scan options (ones that change
+    /// neither the files nor how a footer is planned).
+    fn with_options(&self, options: ParquetDatasetBuilder) -> ParquetDataset {
+        let inner = &self.inner;
+        let schema = OnceLock::new();
+        if let Some(s) = inner.schema.get() {
+            let _ = schema.set(s.clone());
+        }
+        let opened = inner.opened.lock().expect("cache lock").clone();
+        ParquetDataset {
+            inner: Arc::new(DatasetInner {
+                options,
+                files: inner.files.clone(),
+                io: inner.io.clone(),
+                scan_metrics: ScanMetrics::default(),
+                threads: inner.threads,
+                prefetch: inner.prefetch,
+                coalesce_gap: inner.coalesce_gap,
+                opened: Mutex::new(opened),
+                schema,
+                page_buffers: inner.page_buffers.clone(),
+            }),
+        }
+    }
+
+    /// Where the dataset's files were found (the paths, directories, globs or store given).
+    pub fn source(&self) -> &DatasetSource {
+        &self.inner.options.source
+    }
+
+    /// The files of the dataset, in scan order.
+    pub fn files(&self) -> &[FileEntry] {
+        &self.inner.files
+    }
+
+    /// The filter the scan applies (`with_filter`), if any.
+    pub fn filter(&self) -> Option<&Predicate> {
+        self.inner.options.filter.as_ref()
+    }
+
+    /// Counters: requests and bytes read, row groups and rows pruned.
+    pub fn metrics(&self) -> ScanMetricsSnapshot {
+        let m = &self.inner.scan_metrics;
+        ScanMetricsSnapshot {
+            row_groups_total: m.row_groups_total.load(Ordering::Relaxed),
+            row_groups_pruned_by_statistics: m
+                .row_groups_pruned_by_statistics
+                .load(Ordering::Relaxed),
+            row_groups_pruned_by_page_index: m
+                .row_groups_pruned_by_page_index
+                .load(Ordering::Relaxed),
+            rows_pruned_by_page_index: m.rows_pruned_by_page_index.load(Ordering::Relaxed),
+            files_skipped: m.files_skipped.load(Ordering::Relaxed),
+            row_groups_skipped: m.row_groups_skipped.load(Ordering::Relaxed),
+            flat_decoder_chunks: m.flat_decoder_chunks.load(Ordering::Relaxed),
+            io: self.inner.io.snapshot(),
+        }
+    }
+
+    /// An upper estimate of the memory a scan holds internally, from the first file's footer:
+    /// the selected column chunks of `prefetch` row groups in flight, the decoded batches
+    /// waiting in each row group's channel (up to 2) and in the scan's output channel (2).
+    /// A caller that accounts for memory (the engine) reserves this for the scan as a whole.
+    pub fn scan_window_bytes(&self) -> u64 {
+        let opened = self.inner.opened.lock().expect("cache lock");
+        let Some(file) = opened.get(&0) else {
+            return 0;
+        };
+        let metadata = file.reader_meta.metadata();
+        let (mut compressed, mut uncompressed, mut rows, mut groups) = (0u64, 0u64, 0u64, 0u64);
+        for rg in metadata.row_groups() {
+            groups += 1;
+            rows += rg.num_rows().max(0) as u64;
+            for (leaf, column) in rg.columns().iter().enumerate() {
+                if file.projection.leaf_included(leaf) {
+                    compressed += column.compressed_size().max(0) as u64;
+                    uncompressed += column.uncompressed_size().max(0) as u64;
+                }
+            }
+        }
+        if groups == 0 || rows == 0 {
+            return 0;
+        }
+        let per_group = compressed / groups;
+        let batch_rows = (self.inner.options.batch_size as u64)
+            .min(rows / groups)
+            .max(1);
+        // Decoded Arrow data takes about the uncompressed Parquet size (plus offsets).
+        let per_batch = uncompressed / rows * batch_rows + uncompressed / rows.max(1);
+        let prefetch = self.inner.prefetch as u64;
+        prefetch * (per_group + 2 * per_batch) + 2 * per_batch
+    }
+
+    /// Rows a scan yields when that is known from footers alone (no filter); reads (and
+    /// caches, for the scan) every footer.
+    pub fn known_row_count(&self) -> Option<u64> {
+        if self.inner.options.row_filter.is_some() {
+            return None;
+        }
+        self.rows_to_read()
+    }
+
+    /// Rows in the row groups a scan reads (what a [`ScanSkip`] leaves), from footers alone
+    /// (read and cached): [`Self::known_row_count`] ignoring a [`ScanRowFilter`], so an upper
+    /// bound of what the scan yields when one is set. `None` with a [`Predicate`] filter
+    /// (its pruning is not known before planning).
+    pub fn rows_to_read(&self) -> Option<u64> {
+        if self.inner.options.filter.is_some() {
+            return None;
+        }
+        block_on(footer_rows(self.inner.clone())).ok()
+    }
+
+    /// Row groups a scan keeps in flight (fetched or decoding; bounds its memory).
+    pub fn prefetch(&self) -> usize {
+        self.inner.prefetch
+    }
+
+    /// Batches a scan decodes at once: when its consumer takes a batch, this many new ones
+    /// may be allocated before the consumer sees any of them.
+    pub fn decode_threads(&self) -> usize {
+        self.inner.threads
+    }
+
+    /// Number of rows a scan yields: from footers alone when there is no filter (leaving
+    /// out what a [`ScanSkip`] skips), otherwise by scanning only the filters' columns.
+    pub fn count_rows(&self) -> Result<u64> {
+        let this = self.clone();
+        block_on(async move { this.count_rows_async().await })
+    }
+
+    fn has_filters(&self) -> bool {
+        self.inner.options.filter.is_some() || self.inner.options.row_filter.is_some()
+    }
+
+    async fn count_rows_async(&self) -> Result<u64> {
+        if !self.has_filters() {
+            return footer_rows(self.inner.clone()).await;
+        }
+        let mut options = self.inner.options.clone();
+        let mut columns = options
+            .filter
+            .as_ref()
+            .map_or_else(Vec::new, |f| f.columns());
+        if let Some(f) = &options.row_filter {
+            columns.extend(f.0.columns().iter().cloned());
+        }
+        columns.sort();
+        columns.dedup();
+        options.columns = Some(columns);
+        options.dictionary_columns.clear();
+        let counting = options.build_async().await?;
+        let mut stream = counting.scan();
+        let mut total = 0u64;
+        while let Some(batch) = StreamExt::next(&mut stream).await {
+            total += batch?.batch.num_rows() as u64;
+        }
+        Ok(total)
+    }
+
+    /// Stream the dataset's batches in order (file, then row group).
+    pub fn scan(&self) -> ScanStream {
+        let (tx, rx) = mpsc::channel(2);
+        let inner = self.inner.clone();
+        let driver = runtime().spawn(async move {
+            let tx_err = tx.clone();
+            let run = AssertUnwindSafe(drive(inner, tx)).catch_unwind().await;
+            if let Err(panic) = run {
+                let _ = tx_err
+                    .send(Err(ParquetError::InvalidArgument(format!(
+                        "internal error in the scan driver: {}",
+                        panic_message(&panic)
+                    ))))
+                    .await;
+            }
+        });
+        ScanStream {
+            rx,
+            schema: self.schema(),
+            driver,
+        }
+    }
+}

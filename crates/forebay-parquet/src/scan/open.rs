@@ -1,0 +1,147 @@
+//! Opening a file: its footer read (once per dataset) and turned into a read plan.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use arrow::datatypes::{Field, Schema};
+use futures::FutureExt;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
+use parquet::arrow::ProjectionMask;
+
+use super::footer::read_footer;
+use super::runtime::panic_message;
+use super::schema::{
+    apply_dictionary_hints, apply_int96_unit, check_map_keys_required, check_same_schema,
+    flat_columns, resolve_projection,
+};
+use super::{DatasetInner, OpenedFile};
+use crate::error::{corrupt, ParquetError, Result};
+use crate::io::{FileEntry, ObjectFileReader};
+
+impl DatasetInner {
+    /// Footer and read plan of file `index`, from the cache or read now.
+    pub(super) async fn open(self: &Arc<Self>, index: usize) -> Result<Arc<OpenedFile>> {
+        if let Some(found) = self.opened.lock().expect("cache lock").get(&index) {
+            return Ok(found.clone());
+        }
+        let entry = self.files[index].clone();
+        let this = self.clone();
+        let task = AssertUnwindSafe(async move { this.open_uncached(index, entry).await });
+        let opened = match task.catch_unwind().await {
+            Ok(result) => Arc::new(result?),
+            Err(panic) => {
+                return Err(ParquetError::Corrupt {
+                    path: self.files[index].uri.to_string(),
+                    row_group: None,
+                    reason: format!(
+                        "the Parquet footer could not be decoded: {}",
+                        panic_message(&panic)
+                    ),
+                })
+            }
+        };
+        self.opened
+            .lock()
+            .expect("cache lock")
+            .insert(index, opened.clone());
+        Ok(opened)
+    }
+
+    async fn open_uncached(&self, index: usize, entry: FileEntry) -> Result<OpenedFile> {
+        let path = entry.uri.to_string();
+        let metadata = read_footer(&entry, &self.io, self.wants_page_index()).await?;
+        let file_schema = {
+            let plain = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
+                .map_err(|e| corrupt(&path, None, e))?;
+            plain.schema().clone()
+        };
+        check_map_keys_required(metadata.file_metadata().schema(), &path)?;
+        let hinted = apply_dictionary_hints(&file_schema, &self.options.dictionary_columns, &path)?;
+        let hinted = apply_int96_unit(&hinted, &metadata, self.options.int96_unit);
+        let reader_meta = ArrowReaderMetadata::try_new(
+            metadata.clone(),
+            ArrowReaderOptions::new().with_schema(hinted.clone()),
+        )
+        .map_err(|e| corrupt(&path, None, e))?;
+        let parquet_schema = reader_meta.parquet_schema();
+
+        let (projection, requested_roots) = resolve_projection(
+            parquet_schema,
+            &hinted,
+            self.options.columns.as_deref(),
+            &path,
+        )?;
+        // Decoded batches hold the selected roots in file order; output follows the request.
+        let mut selected_roots: Vec<usize> = requested_roots.clone();
+        selected_roots.sort_unstable();
+        selected_roots.dedup();
+        let reorder: Vec<usize> = requested_roots
+            .iter()
+            .map(|r| selected_roots.binary_search(r).expect("root is selected"))
+            .collect();
+        let decoded_schema = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            ObjectFileReader::new(entry.clone(), self.io.clone(), 0),
+            reader_meta.clone(),
+        )
+        .with_projection(projection.clone())
+        .with_row_groups(vec![])
+        .build()
+        .map_err(|e| corrupt(&path, None, e))?
+        .schema()
+        .clone();
+        let output_schema = Arc::new(Schema::new(
+            reorder
+                .iter()
+                .map(|&i| decoded_schema.field(i).clone())
+                .collect::<Vec<Field>>(),
+        ));
+        if let Some(first) = self.schema.get() {
+            check_same_schema(first, &output_schema, &path, &self.files[0].uri)?;
+        }
+        let flat_columns = if self.options.flat_decoder {
+            flat_columns(parquet_schema, &selected_roots, &decoded_schema)
+        } else {
+            Vec::new()
+        };
+
+        let filter = match &self.options.filter {
+            None => None,
+            Some(predicate) => {
+                let bound = predicate.bind(&hinted, &path)?;
+                let roots: Vec<usize> = bound
+                    .columns()
+                    .iter()
+                    .map(|c| hinted.index_of(c).expect("bind checked the column"))
+                    .collect();
+                let mask = ProjectionMask::roots(parquet_schema, roots);
+                Some((mask, bound))
+            }
+        };
+        Ok(OpenedFile {
+            entry,
+            index,
+            reader_meta,
+            projection,
+            reorder,
+            output_schema,
+            filter,
+            flat_columns,
+            decoded_columns: selected_roots.len(),
+        })
+    }
+
+    fn wants_page_index(&self) -> bool {
+        self.options.filter.is_some() && self.options.use_page_index
+    }
+
+    pub(super) fn coalesce_gap_for(&self, entry: &FileEntry) -> u64 {
+        self.coalesce_gap.unwrap_or_else(|| {
+            if entry.uri.contains("://") {
+                1 << 20
+            } else {
+                0
+            }
+        })
+    }
+}
