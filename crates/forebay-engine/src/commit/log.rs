@@ -1,0 +1,382 @@
+//! The commit log of one run: hands out commit names, stages a commit's ids, takes one
+//! decision at a time (the commit point) and publishes, and finishes the checkpoint at the end.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use forebay_checkpoint::{CheckpointIndex, IdFamily, IdPartsWriter, SharedCheckpointIndex};
+use forebay_parquet::{ParquetDataset, StorageOptions};
+
+use super::crash::crash_point;
+use super::ids::{id_family_of, id_parts_writer, load_ids};
+use super::open::OpenedState;
+use super::records::{
+    CommitRecord, DataFileRecord, FinishedInputs, IdPartsRecord, Identity, InputRecord,
+};
+use super::recovery::{publish, recover_skipping};
+use super::{checkpoint_err, storage_err, Checkpoint, ResumeReport, COMMITS, FORMAT, IDS, STAGING};
+use crate::error::{EngineError, Result};
+use crate::lease::RunLock;
+use crate::lineage::{Completed, LineageBook, UnitTicket};
+use crate::storage::Dir;
+
+/// A data file the writer staged, ready to commit.
+#[derive(Debug, Clone)]
+pub(crate) struct StagedData {
+    pub staged: String,
+    pub final_name: String,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+/// The commit protocol of one run.
+pub(crate) struct CommitLog {
+    output: Dir,
+    /// The checkpoint's state directory (forebay's files).
+    state: Dir,
+    storage_options: StorageOptions,
+    id_column: String,
+    /// The kind of ids the checkpoint holds: every output batch's id column must be one.
+    id_family: IdFamily,
+    num_shards: usize,
+    book: Arc<LineageBook>,
+    files: Vec<(String, Identity)>,
+    /// The scan filter this run reads under (recorded with every completion).
+    scan_filter: Option<String>,
+    /// One decision at a time (see the module docs: completions go to the next record).
+    deciding: Mutex<()>,
+    /// Commits this log published itself: the last recovery of a run need not publish them
+    /// again (on an object store that was two requests per file of every commit).
+    published: Mutex<BTreeSet<String>>,
+    run_id: String,
+    next: AtomicU64,
+    /// This run's hold on the checkpoint, checked before every decision; `None` once
+    /// released.
+    lock: Mutex<Option<RunLock>>,
+}
+
+/// Everything a checkpointed run needs, prepared before it starts.
+pub(crate) struct Prepared {
+    pub log: Arc<CommitLog>,
+    pub index: SharedCheckpointIndex,
+    pub dataset: ParquetDataset,
+    pub report: ResumeReport,
+}
+
+impl CommitLog {
+    /// Recover the checkpoint, load what it holds, and open the log for this run.
+    pub(crate) fn prepare(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        dataset: &ParquetDataset,
+        book: Arc<LineageBook>,
+    ) -> Result<Prepared> {
+        let opened = OpenedState::open(checkpoint, &output, dataset)?;
+        let options = &checkpoint.storage_options;
+        // The ids done: everything under the checkpoint path (forebay's parts, and any id
+        // files that were there: Ray's layout, a single file).
+        let mut index = load_ids(
+            &checkpoint.path,
+            options,
+            &checkpoint.id_column,
+            checkpoint.num_shards,
+        )
+        .map_err(checkpoint_err)?;
+        if opened.single_file {
+            let shards = index
+                .as_ref()
+                .map(|i| i.num_shards())
+                .or(checkpoint.num_shards);
+            if let Some(more) = load_ids(&opened.state_uri, options, &checkpoint.id_column, shards)
+                .map_err(checkpoint_err)?
+            {
+                match index.as_mut() {
+                    Some(i) => i.merge(&more).map_err(checkpoint_err)?,
+                    None => index = Some(more),
+                }
+            }
+        }
+        let index = match index {
+            Some(i) => i,
+            None => CheckpointIndex::new(
+                opened.id_type.clone(),
+                checkpoint.id_column.clone(),
+                checkpoint
+                    .num_shards
+                    .unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
+            )
+            .map_err(checkpoint_err)?,
+        };
+        index
+            .prepare(&opened.state_uri, options)
+            .map_err(checkpoint_err)?;
+        let mut report = opened.report.clone();
+        report.ids_done = index.len() as u64;
+        let skip = Arc::new(opened.finished.clone());
+        let family = id_family_of(index.id_type())?;
+        let log = CommitLog::new(checkpoint, output, opened, index.num_shards(), family, book);
+        Ok(Prepared {
+            dataset: dataset.with_skip(skip),
+            index: Arc::new(std::sync::RwLock::new(index)),
+            log: Arc::new(log),
+            report,
+        })
+    }
+
+    /// Recover the checkpoint and open the log without loading the ids (they are loaded
+    /// elsewhere: by the readers' filters in other processes). The id parts get the
+    /// checkpoint's shard count (its manifest's; else the one asked for, else the default),
+    /// and the manifest is written when missing.
+    pub(crate) fn prepare_without_ids(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        dataset: &ParquetDataset,
+    ) -> Result<(CommitLog, FinishedInputs, ResumeReport)> {
+        let opened = OpenedState::open(checkpoint, &output, dataset)?;
+        if opened.single_file {
+            return Err(EngineError::InvalidArgument(format!(
+                "the checkpoint {} is a single file; this writer needs a checkpoint directory \
+                 (or URI prefix) that its readers in other processes can load",
+                checkpoint.path
+            )));
+        }
+        let options = &checkpoint.storage_options;
+        let declared = forebay_checkpoint::manifest_num_shards(&opened.state_uri, options)
+            .map_err(checkpoint_err)?;
+        let num_shards = match (declared, checkpoint.num_shards) {
+            (Some(have), Some(asked)) if have != asked => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the checkpoint {} has {have} shards, not the {asked} asked for (leave \
+                     num_shards unset to use the checkpoint's)",
+                    opened.state.root_uri()
+                )))
+            }
+            (Some(have), _) => have,
+            (None, asked) => asked.unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
+        };
+        // Creates the manifest, or checks it against the id column and type.
+        CheckpointIndex::new(
+            opened.id_type.clone(),
+            checkpoint.id_column.clone(),
+            num_shards,
+        )
+        .and_then(|layout| layout.prepare(&opened.state_uri, options))
+        .map_err(checkpoint_err)?;
+        let finished = opened.finished.clone();
+        let report = opened.report.clone();
+        let family = id_family_of(&opened.id_type)?;
+        let log = CommitLog::new(
+            checkpoint,
+            output,
+            opened,
+            num_shards,
+            family,
+            Arc::new(LineageBook::default()),
+        );
+        Ok((log, finished, report))
+    }
+
+    fn new(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        opened: OpenedState,
+        num_shards: usize,
+        id_family: IdFamily,
+        book: Arc<LineageBook>,
+    ) -> CommitLog {
+        CommitLog {
+            id_family,
+            output,
+            state: opened.state,
+            storage_options: checkpoint.storage_options.clone(),
+            id_column: checkpoint.id_column.clone(),
+            num_shards,
+            book,
+            files: opened.files,
+            scan_filter: opened.scan_filter,
+            deciding: Mutex::new(()),
+            published: Mutex::new(BTreeSet::new()),
+            run_id: opened.run_id,
+            next: AtomicU64::new(0),
+            lock: Mutex::new(Some(opened.lock)),
+        }
+    }
+
+    pub(crate) fn num_shards(&self) -> usize {
+        self.num_shards
+    }
+
+    /// Let the next run have the checkpoint (its lock or lease): the run is over, though
+    /// handles of it may live on. Nothing is committed through this log afterwards.
+    pub(crate) fn release(&self) {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub(crate) fn state(&self) -> &Dir {
+        &self.state
+    }
+
+    pub(crate) fn storage_options(&self) -> &StorageOptions {
+        &self.storage_options
+    }
+
+    pub(crate) fn files(&self) -> impl Iterator<Item = &str> {
+        self.files.iter().map(|(uri, _)| uri.as_str())
+    }
+
+    pub(crate) fn id_column(&self) -> &str {
+        &self.id_column
+    }
+
+    pub(crate) fn id_family(&self) -> IdFamily {
+        self.id_family
+    }
+
+    pub(crate) fn output(&self) -> &Dir {
+        &self.output
+    }
+
+    /// A new commit: its id, and where its data file is staged and published.
+    pub(crate) fn next_commit(&self) -> (String, String, String) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let commit = format!("{}-{n:06}", self.run_id);
+        let name = format!("part-{commit}.parquet");
+        (commit, format!("{STAGING}/{name}"), name)
+    }
+
+    /// Step 1 of a commit for its ids, streaming: a writer of the commit's id parts, to be
+    /// staged by [`stage_ids`] when the commit's data file is complete.
+    pub(crate) fn id_parts_writer(&self, commit: &str) -> Result<IdPartsWriter> {
+        id_parts_writer(
+            &self.state,
+            &self.storage_options,
+            &self.id_column,
+            self.num_shards,
+            commit,
+        )
+    }
+
+    /// Commit a staged data file (or, with `data: None`, only completions) with its staged
+    /// ids ([`stage_ids`]) and the lineage tickets of its batches.
+    pub(crate) fn commit(
+        &self,
+        commit: &str,
+        data: Option<StagedData>,
+        ids: Option<IdPartsRecord>,
+        tickets: Vec<Arc<UnitTicket>>,
+    ) -> Result<()> {
+        let data = data.map(|d| DataFileRecord {
+            staged: d.staged,
+            final_name: d.final_name,
+            rows: d.rows,
+            bytes: d.bytes,
+        });
+        self.decide_and_publish(commit, data, ids, tickets, Completed::default())
+    }
+
+    /// Steps 2 and 3 of a commit whose files are staged: one record at a time, holding the
+    /// completions its tickets release, and `also_completed` (completions decided by the
+    /// caller: readers in other processes), then publish.
+    pub(crate) fn decide_and_publish(
+        &self,
+        commit: &str,
+        data: Option<DataFileRecord>,
+        ids: Option<IdPartsRecord>,
+        tickets: Vec<Arc<UnitTicket>>,
+        also_completed: Completed,
+    ) -> Result<()> {
+        // 2. decide.
+        let record = {
+            let _one_at_a_time = self.deciding.lock().unwrap_or_else(|p| p.into_inner());
+            self.book.release(tickets);
+            let mut completed = self.book.take_completed();
+            completed.units.extend(also_completed.units);
+            completed.files.extend(also_completed.files);
+            let record = CommitRecord {
+                format: FORMAT,
+                commit: commit.to_string(),
+                data,
+                ids,
+                inputs: self.input_records(&completed),
+                scan_filter: self.scan_filter.clone(),
+            };
+            if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
+                return Ok(());
+            }
+            crash_point("staged");
+            // Only while this run holds the checkpoint (a lease can be lost).
+            match &*self.lock.lock().unwrap_or_else(|p| p.into_inner()) {
+                Some(lock) => lock.check()?,
+                None => return Err(EngineError::Cancelled),
+            }
+            let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
+            self.state
+                .put_atomic(&format!("{COMMITS}/{commit}.json"), bytes)
+                .map_err(storage_err)?;
+            crash_point("recorded");
+            record
+        };
+        // 3. publish.
+        publish(&self.state, &self.output, &record)?;
+        crash_point("published");
+        self.published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(record.commit);
+        Ok(())
+    }
+
+    fn input_records(&self, completed: &Completed) -> Vec<InputRecord> {
+        let mut by_file: BTreeMap<usize, InputRecord> = BTreeMap::new();
+        let record = |i: usize| {
+            let (uri, identity) = &self.files[i];
+            InputRecord {
+                uri: uri.clone(),
+                identity: identity.clone(),
+                complete: false,
+                row_groups: Vec::new(),
+            }
+        };
+        for &(file, rg) in &completed.units {
+            by_file
+                .entry(file)
+                .or_insert_with(|| record(file))
+                .row_groups
+                .push(rg);
+        }
+        for &file in &completed.files {
+            by_file.entry(file).or_insert_with(|| record(file)).complete = true;
+        }
+        by_file.into_values().collect()
+    }
+
+    /// After a successful run: record the last completions, fold the records into the
+    /// inputs snapshot, and delete forebay's state if asked.
+    pub(crate) fn finish(&self, delete: bool) -> Result<()> {
+        let (commit, _, _) = self.next_commit();
+        self.commit(&commit, None, None, Vec::new())?;
+        let published =
+            std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));
+        recover_skipping(&self.state, &self.output, &published)?;
+        if delete {
+            // The ids go; the inputs snapshot (every input finished) stays, so that a rerun
+            // reads none of them instead of writing every row again.
+            // Id files of commits (and the shard directories of ids written before them).
+            let trees: Vec<String> = (0..self.num_shards)
+                .map(|k| format!("shard={k}"))
+                .chain([IDS.to_string(), COMMITS.to_string(), STAGING.to_string()])
+                .collect();
+            self.state.delete_trees(&trees).map_err(storage_err)?;
+            crash_point("deleting");
+            self.state
+                .delete(forebay_checkpoint::MANIFEST_FILE)
+                .map_err(storage_err)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,247 @@
+//! # Exactly-once, resumable writes: the commit protocol
+//!
+//! A checkpointed `write_parquet` commits each output file together with what it covers:
+//! the ids of its rows (hash-partitioned as forebay-checkpoint's loader reads them: one file
+//! per commit, one row group per shard, so a resumed run filters them out) and the input
+//! files and row groups it completes (so a resumed run skips them unread). Either all of
+//! that becomes visible, or none of it.
+//!
+//! ## Files
+//!
+//! ```text
+//!  <output>/part-<commit>.parquet                  data files (what readers of the output see)
+//!  <output>/_forebay_staging/part-<commit>.parquet a data file not yet published
+//!  <checkpoint>/_forebay_checkpoint                manifest (forebay-checkpoint: shard count, id type)
+//!  <checkpoint>/ids/part-<commit>.parquet          ids of committed rows (a row group per shard)
+//!  <checkpoint>/_forebay_staging/<commit>/ids/part-<commit>.parquet   ids not yet published
+//!  <checkpoint>/shard=<k>/*.parquet                ids written one file per shard (by
+//!                                                  CheckpointIndex::write, or before the
+//!                                                  one-file layout): read the same way
+//!  <checkpoint>/_forebay_commits/<commit>.json     commit record: the decision
+//!  <checkpoint>/_forebay_inputs.json               inputs finished by earlier runs
+//! ```
+//!
+//! Names starting with `_` or `.` are skipped by every Parquet reader (forebay, pyarrow,
+//! Spark, DuckDB's globs of `*.parquet`), so staged files are invisible to readers.
+//!
+//! ## Order of one commit
+//!
+//! ```text
+//!  1 stage    write the data file and the id file under _forebay_staging (in parallel
+//!             with other writers); the ids are encoded into their shards' parts as the
+//!             file's batches arrive and held, compressed, until the file is complete,
+//!             then joined into one file (a row group per shard); nothing is visible yet
+//!  2 decide   (one commit at a time) release the file's batches to the lineage book, take
+//!             the inputs completed so far, and PUT the commit record atomically
+//!             (local: temp file, fsync, rename, fsync dir; object stores: one PUT)
+//!             ─── the commit point: before it the commit did not happen, after it it did
+//!  3 publish  move the staged id file, then the data file, to its final name
+//!             (local: rename; object stores: server-side copy, which makes the object
+//!             appear whole, then delete the staged copy)
+//! ```
+//!
+//! ## Recovery (at the start of every run, before anything is read)
+//!
+//! ```text
+//!  for each record in _forebay_commits/:          (a corrupt record is an error, never a rerun)
+//!      roll forward: publish every file it names that is still staged
+//!      (a file neither staged nor published: error: it was deleted by hand)
+//!  merge the records' inputs into _forebay_inputs.json (atomic), then delete the records
+//!  delete _forebay_staging/ in both directories: staged files without a record are
+//!      commits that never happened (rolled back; their rows are processed again)
+//! ```
+//!
+//! A SIGKILL at any moment leaves one of: staged files without a record (rolled back), a
+//! record with files still staged (rolled forward), or a finished commit. Rows are written
+//! once: a row's id is published only by the commit that publishes its data file, and a
+//! resumed run drops rows whose id is published. Inputs are skipped only once every row
+//! derived from them is committed or was dropped empty (the `lineage` module).
+//!
+//! On object stores there is no rename: staging keys are copied server-side to final keys;
+//! a reader listing the output sees a data file only once it is complete and committed.
+//!
+//! The inputs snapshot and each record also name the scan filter (`read_parquet(filter=)`)
+//! the inputs were finished under. A run with another filter does not skip them (a
+//! finished input may hold rows the new filter keeps): it stops with an error, or with
+//! `on_changed_input="reprocess"` reads them again, and the next fold drops the old
+//! completions. Inputs finished with no filter stay finished under any filter.
+//!
+//! One run at a time may use a checkpoint: a lock guards local checkpoints, a lease with a
+//! heartbeat those on object stores, and every decision checks it (the `lease` module).
+//!
+//! `delete_on_success` folds the records into `_forebay_inputs.json` as recovery does, then
+//! deletes the id parts (the bulk of a checkpoint: ~10 bytes an id), records, staging and
+//! manifest. It keeps the inputs snapshot (a few hundred bytes per input file): a rerun of a
+//! finished job, or of one killed while deleting, finds every input finished and writes
+//! nothing again (it warns that it found the job done). Input files added since are read
+//! and written; only their ids are no longer checked against the deleted ones.
+//!
+//! ## Testing the protocol
+//!
+//! `FOREBAY_CRASH_AT=<point>:<n>` makes the process SIGKILL itself the `n`-th time it
+//! reaches `<point>` (`staged`, `recorded`, `ids-published`, `published`, `recovering`,
+//! `deleting`: inside `delete_on_success`), so that tests can stop it inside a commit, a
+//! recovery or the final deletion at will. Unset, it costs one check.
+//!
+//! ## Modules
+//!
+//! | module    | what                                                                   |
+//! |-----------|------------------------------------------------------------------------|
+//! | this one  | the user's [`Checkpoint`] options, the file names, [`ResumeReport`]     |
+//! | `open`    | lock, recover, check recorded inputs against this run's                |
+//! | `recovery`| roll forward what is recorded, roll back what is only staged           |
+//! | `log`     | the run's `CommitLog`: stage, decide (the commit point), publish, finish |
+//! | `ids`     | a commit's id parts: staged, type-checked, loaded back                 |
+//! | `records` | the JSON the protocol writes: commit records, the inputs snapshot      |
+//! | `crash`   | `FOREBAY_CRASH_AT`, the tests' kill switch                             |
+
+mod crash;
+mod ids;
+mod log;
+mod open;
+mod records;
+mod recovery;
+#[cfg(test)]
+mod tests;
+
+pub use records::FinishedInputs;
+
+pub(crate) use ids::{stage_id_parts, stage_ids, wrong_id_type};
+pub(crate) use log::{CommitLog, StagedData};
+pub(crate) use records::{DataFileRecord, IdPartsRecord};
+
+use forebay_parquet::StorageOptions;
+
+use crate::error::EngineError;
+use crate::lease::DEFAULT_LEASE_TTL;
+use crate::storage::StorageError;
+
+pub(crate) const STAGING: &str = "_forebay_staging";
+/// The directory of the commits' id files.
+const IDS: &str = "ids";
+const COMMITS: &str = "_forebay_commits";
+const INPUTS: &str = "_forebay_inputs.json";
+const FORMAT: u32 = 1;
+
+/// What to do when an input file changed since a checkpoint recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChangedInput {
+    /// Fail the run, naming the file (the default: never skip data silently).
+    Error,
+    /// Read the file again; its rows are still filtered by id.
+    Reprocess,
+}
+
+/// A checkpoint for a resumable, exactly-once `write_parquet`.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub(crate) id_column: String,
+    pub(crate) path: String,
+    pub(crate) num_shards: Option<usize>,
+    pub(crate) delete_on_success: bool,
+    pub(crate) on_changed_input: OnChangedInput,
+    pub(crate) storage_options: StorageOptions,
+    pub(crate) lease_ttl: std::time::Duration,
+}
+
+impl Checkpoint {
+    /// A checkpoint at `path` (a directory or URI) keyed by the column `id_column`. A path
+    /// that already holds Parquet files with that column (Ray Data's checkpoint layout, or a
+    /// single file) counts their ids as done; forebay keeps its own state beside them (for a
+    /// single file, in the directory `<file>.forebay`).
+    pub fn new(id_column: impl Into<String>, path: impl Into<String>) -> Checkpoint {
+        Checkpoint {
+            id_column: id_column.into(),
+            path: path.into(),
+            num_shards: None,
+            delete_on_success: false,
+            on_changed_input: OnChangedInput::Error,
+            storage_options: StorageOptions::new(),
+            lease_ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+
+    /// How long a checkpoint on an object store stays leased to a run that stopped renewing
+    /// it (its machine died) before another run may take it over (default 30 s; a dead run
+    /// on the same machine is noticed at once). The run renews it every third of that.
+    pub fn with_lease_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.lease_ttl = ttl.max(std::time::Duration::from_millis(30));
+        self
+    }
+
+    /// Hash shards of the id files (default: the checkpoint's own, else 16).
+    pub fn with_num_shards(mut self, num_shards: usize) -> Self {
+        self.num_shards = Some(num_shards);
+        self
+    }
+
+    /// Delete forebay's checkpoint state once a run finishes successfully.
+    pub fn with_delete_on_success(mut self, delete: bool) -> Self {
+        self.delete_on_success = delete;
+        self
+    }
+
+    pub fn with_on_changed_input(mut self, action: OnChangedInput) -> Self {
+        self.on_changed_input = action;
+        self
+    }
+
+    pub fn with_storage_options(mut self, options: StorageOptions) -> Self {
+        self.storage_options = options;
+        self
+    }
+
+    pub fn id_column(&self) -> &str {
+        &self.id_column
+    }
+}
+
+/// What the start of a checkpointed run found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResumeReport {
+    /// Commit records rolled forward (published) by recovery.
+    pub commits_recovered: usize,
+    /// Ids the checkpoint holds (rows already written).
+    pub ids_done: u64,
+    /// Input files recorded as finished (skipped unread when unchanged).
+    pub files_done: usize,
+    /// Input files recorded as finished that are read again: changed since they were
+    /// recorded, or finished under another scan filter (`on_changed_input="reprocess"`).
+    pub files_changed: Vec<String>,
+}
+
+fn storage_err(e: StorageError) -> EngineError {
+    EngineError::Write {
+        stage: "checkpoint".into(),
+        path: e.path,
+        reason: e.reason,
+    }
+}
+
+fn corrupt(path: String, reason: impl std::fmt::Display) -> EngineError {
+    EngineError::Checkpoint {
+        stage: "checkpoint".into(),
+        source: Box::new(forebay_checkpoint::CheckpointError::Manifest {
+            path,
+            reason: format!(
+                "{reason}; the checkpoint is damaged (restore the file, or delete the checkpoint \
+                 directory to start over)"
+            ),
+        }),
+    }
+}
+
+fn checkpoint_err(e: forebay_checkpoint::CheckpointError) -> EngineError {
+    EngineError::Checkpoint {
+        stage: "checkpoint".into(),
+        source: Box::new(e),
+    }
+}
+
+/// The error of a run that would skip inputs whose rows may differ (`on_changed_input`).
+fn changed_input_error(reason: String) -> EngineError {
+    EngineError::Checkpoint {
+        stage: "checkpoint".into(),
+        source: Box::new(forebay_checkpoint::CheckpointError::InvalidArgument(reason)),
+    }
+}

@@ -1,0 +1,161 @@
+//! Opening a checkpoint for a run: lock (or lease) it, recover interrupted commits, and
+//! check the inputs it recorded against this run's files and scan filter.
+
+use arrow::datatypes::DataType;
+use forebay_parquet::ParquetDataset;
+
+use super::records::{load_inputs, FinishedInputs, Identity};
+use super::recovery::recover;
+use super::{changed_input_error, storage_err, Checkpoint, OnChangedInput, ResumeReport};
+use crate::error::{EngineError, Result};
+use crate::lease::RunLock;
+use crate::storage::Dir;
+
+/// A checkpoint's state directory, recovered, with the inputs earlier runs finished.
+pub(super) struct OpenedState {
+    pub(super) state: Dir,
+    pub(super) state_uri: String,
+    /// The checkpoint path is a single id file; forebay's state lives in `<file>.forebay`.
+    pub(super) single_file: bool,
+    pub(super) run_id: String,
+    pub(super) lock: RunLock,
+    pub(super) finished: FinishedInputs,
+    pub(super) report: ResumeReport,
+    /// The id column's value type in the input.
+    pub(super) id_type: DataType,
+    pub(super) files: Vec<(String, Identity)>,
+    pub(super) scan_filter: Option<String>,
+}
+
+impl OpenedState {
+    /// Lock and recover the checkpoint, and check the inputs it recorded against
+    /// `dataset`'s files (a changed file is an error, or read again).
+    pub(super) fn open(
+        checkpoint: &Checkpoint,
+        output: &Dir,
+        dataset: &ParquetDataset,
+    ) -> Result<Self> {
+        let options = &checkpoint.storage_options;
+        // Where forebay's own files go: the path itself, or beside a single id file.
+        let given = Dir::open(&checkpoint.path, options).map_err(storage_err)?;
+        let single_file = matches!(&given, Dir::Local(p) if p.is_file());
+        let state_uri = if single_file {
+            format!("{}.forebay", given.root_uri())
+        } else {
+            given.root_uri()
+        };
+        let state = Dir::open(&state_uri, options).map_err(storage_err)?;
+        state.create().map_err(storage_err)?;
+        output.create().map_err(storage_err)?;
+        let run_id = run_id();
+        let lock = RunLock::acquire(&state, &run_id, checkpoint.lease_ttl)?;
+
+        let recovered = recover(&state, output)?;
+        let mut snapshot = load_inputs(&state)?;
+
+        // Inputs that changed since they were recorded.
+        let mut report = ResumeReport {
+            commits_recovered: recovered,
+            ..Default::default()
+        };
+        for entry in dataset.files() {
+            let Some(recorded) = snapshot.files.get(entry.uri()) else {
+                continue;
+            };
+            if recorded.identity.same_as(&Identity::of(entry)) {
+                continue;
+            }
+            match checkpoint.on_changed_input {
+                OnChangedInput::Error => {
+                    return Err(changed_input_error(format!(
+                        "input {} changed since the checkpoint {} recorded it (size {} -> {}, \
+                         modified {} -> {} ms); its rows may differ, so it is not skipped: \
+                         pass on_changed_input='reprocess' to read it again (rows whose id is \
+                         done are still skipped), or start a new checkpoint",
+                        entry.uri(),
+                        state.root_uri(),
+                        recorded.identity.size,
+                        entry.size(),
+                        recorded.identity.modified_ms,
+                        entry.last_modified_ms()
+                    )))
+                }
+                OnChangedInput::Reprocess => report.files_changed.push(entry.uri().to_string()),
+            }
+        }
+        // Inputs finished under another scan filter may hold rows this run's filter keeps
+        // (inputs finished with no filter hold none: every row was read).
+        let scan_filter = dataset.filter().map(|f| f.to_string());
+        if snapshot.scan_filter.is_some()
+            && snapshot.scan_filter != scan_filter
+            && !snapshot.files.is_empty()
+        {
+            let shown = |f: &Option<String>| f.clone().unwrap_or_else(|| "none".into());
+            match checkpoint.on_changed_input {
+                OnChangedInput::Error => {
+                    return Err(changed_input_error(format!(
+                        "the checkpoint {} finished {} inputs under the scan filter {}, and this \
+                         run filters {}: a finished input may hold rows the new filter keeps, so \
+                         none is skipped silently: pass on_changed_input='reprocess' to read \
+                         every input again (rows whose id is done are still skipped), or start \
+                         a new checkpoint",
+                        state.root_uri(),
+                        snapshot.files.len(),
+                        shown(&snapshot.scan_filter),
+                        shown(&scan_filter),
+                    )))
+                }
+                OnChangedInput::Reprocess => {
+                    for uri in snapshot.files.keys() {
+                        if !report.files_changed.contains(uri) {
+                            report.files_changed.push(uri.clone());
+                        }
+                    }
+                }
+            }
+        }
+        for uri in &report.files_changed {
+            snapshot.files.remove(uri);
+        }
+        report.files_done = snapshot.files.values().filter(|s| s.complete).count();
+
+        let id_type = {
+            let schema = dataset.schema();
+            let field = schema.field_with_name(&checkpoint.id_column).map_err(|_| {
+                EngineError::InvalidArgument(format!(
+                    "the checkpoint's id column '{}' is not a column of the input (it has {:?})",
+                    checkpoint.id_column,
+                    schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                ))
+            })?;
+            match field.data_type() {
+                DataType::Dictionary(_, v) => v.as_ref().clone(),
+                t => t.clone(),
+            }
+        };
+        let files = dataset
+            .files()
+            .iter()
+            .map(|e| (e.uri().to_string(), Identity::of(e)))
+            .collect();
+        Ok(OpenedState {
+            state,
+            state_uri,
+            single_file,
+            run_id,
+            lock,
+            finished: FinishedInputs(snapshot.files.into_iter().collect()),
+            report,
+            id_type,
+            files,
+            scan_filter,
+        })
+    }
+}
+
+pub(super) fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}-{:x}", nanos as u64, std::process::id())
+}

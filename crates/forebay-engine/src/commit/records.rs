@@ -1,0 +1,166 @@
+//! What the protocol writes down, as JSON: a commit's record (the decision), the inputs
+//! snapshot earlier runs folded their records into, and the finished inputs a scan skips.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use forebay_parquet::{FileEntry, ScanSkip};
+use serde::{Deserialize, Serialize};
+
+use super::{corrupt, storage_err, FORMAT, INPUTS};
+use crate::error::{EngineError, Result};
+use crate::storage::Dir;
+
+/// An identity of an input file, to notice that it changed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct Identity {
+    pub(super) size: u64,
+    pub(super) modified_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) e_tag: Option<String>,
+}
+
+impl Identity {
+    pub(super) fn of(entry: &FileEntry) -> Identity {
+        Identity {
+            size: entry.size(),
+            modified_ms: entry.last_modified_ms(),
+            e_tag: entry.e_tag().map(str::to_string),
+        }
+    }
+
+    /// Same file: same size, and the same entity tag when both have one (else the same
+    /// modification time).
+    pub(super) fn same_as(&self, other: &Identity) -> bool {
+        self.size == other.size
+            && match (&self.e_tag, &other.e_tag) {
+                (Some(a), Some(b)) => a == b,
+                _ => self.modified_ms == other.modified_ms,
+            }
+    }
+}
+
+/// What earlier runs finished of one input file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(super) struct InputState {
+    #[serde(flatten)]
+    pub(super) identity: Identity,
+    #[serde(default)]
+    pub(super) complete: bool,
+    #[serde(default)]
+    pub(super) row_groups: BTreeSet<usize>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct InputsSnapshot {
+    pub(super) format: u32,
+    /// The scan filter (`read_parquet(filter=...)`, as text) the inputs were finished
+    /// under: a file finished under one filter may hold rows another one keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) scan_filter: Option<String>,
+    pub(super) files: BTreeMap<String, InputState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DataFileRecord {
+    pub staged: String,
+    #[serde(rename = "final")]
+    pub final_name: String,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct IdPartsRecord {
+    /// Relative to the checkpoint directory's staging directory of this commit.
+    pub parts: Vec<String>,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct InputRecord {
+    pub(super) uri: String,
+    #[serde(flatten)]
+    pub(super) identity: Identity,
+    #[serde(default)]
+    pub(super) complete: bool,
+    #[serde(default)]
+    pub(super) row_groups: Vec<usize>,
+}
+
+/// The decision of one commit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct CommitRecord {
+    pub(super) format: u32,
+    pub(super) commit: String,
+    pub(super) data: Option<DataFileRecord>,
+    pub(super) ids: Option<IdPartsRecord>,
+    pub(super) inputs: Vec<InputRecord>,
+    /// The run's scan filter (see [`InputsSnapshot`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) scan_filter: Option<String>,
+}
+
+/// The input files and row groups earlier runs finished, by URI: the scan skips them.
+/// Serialisable, so that readers in other processes (Ray read tasks) skip the same.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FinishedInputs(pub(super) HashMap<String, InputState>);
+
+impl FinishedInputs {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("finished inputs serialise")
+    }
+
+    pub fn from_json(text: &str) -> Result<FinishedInputs> {
+        serde_json::from_str(text).map_err(|e| {
+            EngineError::InvalidArgument(format!("not a list of finished inputs: {e}"))
+        })
+    }
+
+    /// Only the entries of these files (what one reader of a subset needs).
+    pub fn subset<'a>(&self, uris: impl IntoIterator<Item = &'a str>) -> FinishedInputs {
+        FinishedInputs(
+            uris.into_iter()
+                .filter_map(|u| self.0.get(u).map(|s| (u.to_string(), s.clone())))
+                .collect(),
+        )
+    }
+
+    /// Files recorded as complete.
+    pub fn complete_files(&self) -> usize {
+        self.0.values().filter(|s| s.complete).count()
+    }
+}
+
+impl ScanSkip for FinishedInputs {
+    fn skip_file(&self, file: &FileEntry) -> bool {
+        self.0.get(file.uri()).is_some_and(|s| s.complete)
+    }
+    fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool {
+        self.0
+            .get(file.uri())
+            .is_some_and(|s| s.complete || s.row_groups.contains(&row_group))
+    }
+}
+
+pub(super) fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
+    match state.get(INPUTS).map_err(storage_err)? {
+        None => Ok(InputsSnapshot {
+            format: FORMAT,
+            scan_filter: None,
+            files: BTreeMap::new(),
+        }),
+        Some(bytes) => {
+            let snapshot: InputsSnapshot = serde_json::from_slice(&bytes).map_err(|e| {
+                corrupt(state.shown(INPUTS), format!("not an inputs snapshot: {e}"))
+            })?;
+            if snapshot.format != FORMAT {
+                return Err(corrupt(
+                    state.shown(INPUTS),
+                    format!("format {} (this forebay reads {FORMAT})", snapshot.format),
+                ));
+            }
+            Ok(snapshot)
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Recovery at the start of every run: roll recorded commits forward, fold their inputs
+//! into the snapshot, and roll back what was staged without a record.
+
+use std::collections::BTreeSet;
+
+use super::crash::crash_point;
+use super::records::{load_inputs, CommitRecord, InputState};
+use super::{corrupt, storage_err, COMMITS, FORMAT, INPUTS, STAGING};
+use crate::error::{EngineError, Result};
+use crate::storage::Dir;
+
+/// Roll every recorded commit forward, fold the records into the inputs snapshot, delete
+/// the records and everything staged. Returns the number of records found.
+pub(super) fn recover(state: &Dir, output: &Dir) -> Result<usize> {
+    recover_skipping(state, output, &BTreeSet::new())
+}
+
+/// [`recover`], trusting that the commits in `published` are published (this process
+/// published them).
+pub(super) fn recover_skipping(
+    state: &Dir,
+    output: &Dir,
+    published: &BTreeSet<String>,
+) -> Result<usize> {
+    let mut names: Vec<String> = state
+        .list(COMMITS)
+        .map_err(storage_err)?
+        .into_iter()
+        .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+        .collect();
+    names.sort();
+    let mut records = Vec::with_capacity(names.len());
+    for name in &names {
+        let relative = format!("{COMMITS}/{name}");
+        let bytes = state
+            .get(&relative)
+            .map_err(storage_err)?
+            .ok_or_else(|| corrupt(state.shown(&relative), "vanished while being read"))?;
+        let record: CommitRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| corrupt(state.shown(&relative), format!("not a commit record: {e}")))?;
+        if record.format != FORMAT {
+            return Err(corrupt(
+                state.shown(&relative),
+                format!("format {} (this forebay reads {FORMAT})", record.format),
+            ));
+        }
+        if !published.contains(&record.commit) {
+            publish(state, output, &record)?;
+        }
+        crash_point("recovering");
+        records.push(record);
+    }
+    if !records.is_empty() {
+        let mut snapshot = load_inputs(state)?;
+        for record in &records {
+            if record.scan_filter != snapshot.scan_filter {
+                // A run under another filter. What was finished with no filter stays
+                // finished (every row was read); what was finished under another filter
+                // is not finished under this one, and is read again.
+                if snapshot.scan_filter.is_some() {
+                    snapshot.files.clear();
+                }
+                snapshot.scan_filter = record.scan_filter.clone();
+            }
+            for input in &record.inputs {
+                let entry = snapshot
+                    .files
+                    .entry(input.uri.clone())
+                    .or_insert_with(|| InputState {
+                        identity: input.identity.clone(),
+                        complete: false,
+                        row_groups: BTreeSet::new(),
+                    });
+                if !entry.identity.same_as(&input.identity) {
+                    // Recorded again after it changed (reprocess): the new identity wins.
+                    *entry = InputState {
+                        identity: input.identity.clone(),
+                        complete: false,
+                        row_groups: BTreeSet::new(),
+                    };
+                }
+                entry.complete |= input.complete;
+                entry.row_groups.extend(input.row_groups.iter().copied());
+            }
+        }
+        snapshot.format = FORMAT;
+        let bytes = serde_json::to_vec_pretty(&snapshot).expect("snapshots serialise");
+        state.put_atomic(INPUTS, bytes).map_err(storage_err)?;
+        for name in &names {
+            state
+                .delete(&format!("{COMMITS}/{name}"))
+                .map_err(storage_err)?;
+        }
+    }
+    // Staged files that no record names are commits that did not happen.
+    state.delete_staging(STAGING).map_err(storage_err)?;
+    output.delete_staging(STAGING).map_err(storage_err)?;
+    Ok(records.len())
+}
+
+/// Move a record's staged files to their final names (idempotent).
+pub(super) fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
+    if let Some(ids) = &record.ids {
+        let moves: Vec<(String, String)> = ids
+            .parts
+            .iter()
+            .map(|part| (format!("{STAGING}/{}/{part}", record.commit), part.clone()))
+            .collect();
+        if let Err(e) = state.publish_all(&moves) {
+            for (staged, part) in &moves {
+                check_publishable(state, staged, part, &record.commit)?;
+            }
+            return Err(storage_err(e));
+        }
+        crash_point("ids-published");
+    }
+    if let Some(data) = &record.data {
+        ensure_published(output, &data.staged, &data.final_name, &record.commit)?;
+    }
+    Ok(())
+}
+
+pub(super) fn ensure_published(
+    dir: &Dir,
+    staged: &str,
+    final_name: &str,
+    commit: &str,
+) -> Result<()> {
+    dir.publish(staged, final_name).map_err(|e| {
+        check_publishable(dir, staged, final_name, commit)
+            .err()
+            .unwrap_or_else(|| storage_err(e))
+    })
+}
+
+/// A recorded file must be staged (to publish) or published already (publishing is then a
+/// no-op); anything else is a checkpoint someone changed by hand. Asked only after a
+/// publish failed, to say so instead of the store's "not found" (asking first would cost
+/// every commit a request per file on object stores).
+pub(super) fn check_publishable(
+    dir: &Dir,
+    staged: &str,
+    final_name: &str,
+    commit: &str,
+) -> Result<()> {
+    if dir.exists(staged).map_err(storage_err)? || dir.exists(final_name).map_err(storage_err)? {
+        return Ok(());
+    }
+    Err(EngineError::Write {
+        stage: "checkpoint".into(),
+        path: dir.shown(final_name),
+        reason: format!(
+            "commit {commit} recorded this file, but it is neither published nor staged (deleted \
+             by hand?); restore it, or delete the checkpoint to start over"
+        ),
+    })
+}

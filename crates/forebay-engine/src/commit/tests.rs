@@ -1,0 +1,234 @@
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::records::{load_inputs, CommitRecord, Identity, InputRecord};
+use super::recovery::{recover, recover_skipping};
+use super::*;
+use crate::storage::Dir;
+
+fn dirs() -> (tempfile::TempDir, Dir, Dir) {
+    dirs_on("local")
+}
+
+/// A checkpoint and an output directory on `kind`: "local", or "memory" (an object
+/// store: no rename, publishing is copy + delete).
+fn dirs_on(kind: &str) -> (tempfile::TempDir, Dir, Dir) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let (state, output) = match kind {
+        "local" => (
+            Dir::Local(tmp.path().join("ckpt")),
+            Dir::Local(tmp.path().join("out")),
+        ),
+        _ => {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let open = |name: &str| {
+                Dir::open(
+                    &format!("memory://commit-tests-{n}/{name}"),
+                    &Default::default(),
+                )
+                .unwrap()
+            };
+            (open("ckpt"), open("out"))
+        }
+    };
+    state.create().unwrap();
+    output.create().unwrap();
+    (tmp, state, output)
+}
+
+fn record(commit: &str) -> CommitRecord {
+    CommitRecord {
+        format: FORMAT,
+        commit: commit.into(),
+        data: Some(DataFileRecord {
+            staged: format!("{STAGING}/part-{commit}.parquet"),
+            final_name: format!("part-{commit}.parquet"),
+            rows: 3,
+            bytes: 4,
+        }),
+        ids: Some(IdPartsRecord {
+            parts: vec![format!("shard=1/part-{commit}.parquet")],
+            count: 3,
+        }),
+        inputs: vec![InputRecord {
+            uri: "/in/a.parquet".into(),
+            identity: Identity {
+                size: 10,
+                modified_ms: 5,
+                e_tag: None,
+            },
+            complete: false,
+            row_groups: vec![2, 0],
+        }],
+        scan_filter: None,
+    }
+}
+
+fn stage(state: &Dir, output: &Dir, commit: &str) {
+    output
+        .put_atomic(
+            &format!("{STAGING}/part-{commit}.parquet"),
+            b"data".to_vec(),
+        )
+        .unwrap();
+    state
+        .put_atomic(
+            &format!("{STAGING}/{commit}/shard=1/part-{commit}.parquet"),
+            b"ids".to_vec(),
+        )
+        .unwrap();
+}
+
+#[test]
+fn a_recorded_commit_is_rolled_forward() {
+    for kind in ["local", "memory"] {
+        rolled_forward_on(kind);
+    }
+}
+
+fn rolled_forward_on(kind: &str) {
+    let (_tmp, state, output) = dirs_on(kind);
+    stage(&state, &output, "c1");
+    let bytes = serde_json::to_vec(&record("c1")).unwrap();
+    state
+        .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
+        .unwrap();
+    // Killed after the record, before publishing: recovery publishes both.
+    assert_eq!(recover(&state, &output).unwrap(), 1);
+    assert_eq!(
+        output.get("part-c1.parquet").unwrap().unwrap().as_ref(),
+        b"data"
+    );
+    assert_eq!(
+        state
+            .get("shard=1/part-c1.parquet")
+            .unwrap()
+            .unwrap()
+            .as_ref(),
+        b"ids"
+    );
+    assert!(
+        state.list(COMMITS).unwrap().is_empty(),
+        "records folded into the snapshot"
+    );
+    assert!(!state.exists(STAGING).unwrap() && !output.exists(STAGING).unwrap());
+    let snapshot = load_inputs(&state).unwrap();
+    assert_eq!(
+        snapshot.files["/in/a.parquet"].row_groups,
+        BTreeSet::from([0, 2])
+    );
+    // Recovering again changes nothing (idempotent).
+    assert_eq!(recover(&state, &output).unwrap(), 0);
+    assert!(output.exists("part-c1.parquet").unwrap());
+}
+
+/// A commit as a run makes it (files staged, record written), killed before publishing,
+/// then recovered: rolled forward and folded into the inputs snapshot.
+fn recorded_then_recovered(state: &Dir, output: &Dir, record: &CommitRecord) {
+    stage(state, output, &record.commit);
+    let bytes = serde_json::to_vec(record).unwrap();
+    state
+        .put_atomic(&format!("{COMMITS}/{}.json", record.commit), bytes)
+        .unwrap();
+    recover(state, output).unwrap();
+}
+
+/// A record of run 2, under filter `B`, finishing row group 1 of another file.
+fn under_filter_b(commit: &str) -> CommitRecord {
+    let mut record = record(commit);
+    record.scan_filter = Some("B".into());
+    record.inputs[0].uri = "/in/b.parquet".into();
+    record.inputs[0].row_groups = vec![1];
+    record
+}
+
+#[test]
+fn inputs_finished_under_another_scan_filter_are_not_kept() {
+    let (_tmp, state, output) = dirs();
+    let mut first = record("c1");
+    first.scan_filter = Some("A".into());
+    recorded_then_recovered(&state, &output, &first);
+    assert_eq!(
+        load_inputs(&state).unwrap().scan_filter.as_deref(),
+        Some("A")
+    );
+    recorded_then_recovered(&state, &output, &under_filter_b("c2"));
+    // What run 1 finished under A is read again under B; run 2's work is kept.
+    let snapshot = load_inputs(&state).unwrap();
+    assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
+    assert_eq!(snapshot.files.keys().collect::<Vec<_>>(), ["/in/b.parquet"]);
+    assert_eq!(
+        snapshot.files["/in/b.parquet"].row_groups,
+        BTreeSet::from([1])
+    );
+}
+
+#[test]
+fn inputs_finished_with_no_scan_filter_stay_finished_under_one() {
+    let (_tmp, state, output) = dirs();
+    recorded_then_recovered(&state, &output, &record("c1"));
+    recorded_then_recovered(&state, &output, &under_filter_b("c2"));
+    let snapshot = load_inputs(&state).unwrap();
+    assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
+    assert_eq!(
+        snapshot.files.len(),
+        2,
+        "every row of a.parquet was read before"
+    );
+}
+
+#[test]
+fn staged_files_without_a_record_are_rolled_back() {
+    let (_tmp, state, output) = dirs();
+    stage(&state, &output, "c2");
+    assert_eq!(recover(&state, &output).unwrap(), 0);
+    assert!(!output.exists("part-c2.parquet").unwrap());
+    assert!(!state.exists("shard=1/part-c2.parquet").unwrap());
+    assert!(output.list("").unwrap().is_empty());
+}
+
+#[test]
+fn the_last_recovery_of_a_run_does_not_publish_again_what_the_run_published() {
+    let (_tmp, state, output) = dirs_on("memory");
+    // A record whose files are neither staged nor published: publishing it fails...
+    let bytes = serde_json::to_vec(&record("c5")).unwrap();
+    state
+        .put_atomic(&format!("{COMMITS}/c5.json"), bytes)
+        .unwrap();
+    // ...so a recovery that trusts the commit as published must not have tried.
+    let published = BTreeSet::from(["c5".to_string()]);
+    assert_eq!(recover_skipping(&state, &output, &published).unwrap(), 1);
+    assert!(state.list(COMMITS).unwrap().is_empty(), "record folded");
+    let snapshot = load_inputs(&state).unwrap();
+    assert_eq!(
+        snapshot.files["/in/a.parquet"].row_groups,
+        BTreeSet::from([0, 2])
+    );
+}
+
+#[test]
+fn a_record_whose_files_vanished_is_an_error() {
+    for kind in ["local", "memory"] {
+        vanished_files_on(kind);
+    }
+}
+
+fn vanished_files_on(kind: &str) {
+    let (_tmp, state, output) = dirs_on(kind);
+    let bytes = serde_json::to_vec(&record("c3")).unwrap();
+    state
+        .put_atomic(&format!("{COMMITS}/c3.json"), bytes)
+        .unwrap();
+    let err = recover(&state, &output).unwrap_err().to_string();
+    assert!(
+        err.contains("part-c3.parquet") && err.contains("deleted by hand"),
+        "{err}"
+    );
+    state
+        .put_atomic(&format!("{COMMITS}/c4.json"), b"{\"format\": 1".to_vec())
+        .unwrap();
+    state.delete(&format!("{COMMITS}/c3.json")).unwrap();
+    let err = recover(&state, &output).unwrap_err().to_string();
+    assert!(err.contains("c4.json") && err.contains("damaged"), "{err}");
+}
