@@ -35,7 +35,8 @@ use parquet::file::writer::SerializedFileWriter;
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of};
 use crate::index::{id_value_type, shard_bits_for};
-use crate::persist::{Target, WriteSummary};
+use crate::layout::{NUM_SHARDS_KEY, SHARDS_KEY};
+use crate::target::{Target, WriteSummary};
 
 /// Raw ids gathered before they are split by shard: large enough that each shard's share
 /// of a block is hundreds of ids (one encoder call, not one per batch), small enough to be
@@ -88,7 +89,7 @@ impl IdPartsWriter {
     }
 
     /// Every shard's ids in one file, `root/<name>`, one row group per shard (in shard
-    /// order; the key-value metadata [`SHARDS_KEY`] lists each row group's shard): one file
+    /// order; the key-value metadata `forebay.shards` lists each row group's shard): one file
     /// to store, sync, publish and delete per commit rather than one per shard, which on a
     /// local disk is one device flush each, on an object store one request each.
     pub fn one_file(
@@ -301,14 +302,6 @@ impl IdPartsWriter {
         )]))
     }
 }
-
-/// The key-value metadata of a file of [`IdPartsWriter::one_file`]: each row group's shard,
-/// as a JSON list (`[0, 3, 5]`: row group 1 holds shard 3's ids), of [`NUM_SHARDS_KEY`]
-/// shards.
-pub const SHARDS_KEY: &str = "forebay.shards";
-/// The key-value metadata of a file of [`IdPartsWriter::one_file`]: the shard count its
-/// [`SHARDS_KEY`] numbers shards by.
-pub const NUM_SHARDS_KEY: &str = "forebay.num_shards";
 
 /// Write one file of the shards' parts (each a complete file in memory, ids of one shard)
 /// into `out`: their column chunks are copied as they are, encoded, into one row group

@@ -36,6 +36,21 @@
 //! a null; so `filter` always keeps rows whose id is null (they are processed again on
 //! every run: give such rows an id if they must run exactly once).
 //!
+//! ## Modules
+//!
+//! | module        | what                                                                  |
+//! |---------------|-----------------------------------------------------------------------|
+//! | `index`       | [`CheckpointIndex`]: the shards, `contains`/`filter`, `insert`/`merge`   |
+//! | `shard`       | one shard's table of packed fingerprints                               |
+//! | `fingerprint` | the hash, and which shard and bucket an id falls in                    |
+//! | `layout`      | the files' names: manifest, `shard=<k>/`, one-file parts and their keys |
+//! | `load`        | [`CheckpointLoader`]: Parquet files to an index, on several threads    |
+//! | `id_parts`    | [`IdPartsWriter`]: ids encoded into their shards' parts as they come    |
+//! | `write`       | an index or chunks of ids written as parts, with the manifest          |
+//! | `target`      | where parts go: a local directory (made durable) or an object store    |
+//! | `stream`      | filtering batches against a shared index on several threads            |
+//! | `durable`     | fsync helpers and `process_alive`                                      |
+//!
 //! ## Example
 //!
 //! ```no_run
@@ -57,16 +72,19 @@ pub mod fingerprint;
 mod huge_pages;
 mod id_parts;
 mod index;
-mod persist;
+mod layout;
+mod load;
 pub mod shard;
 mod stream;
+mod target;
+mod write;
 
 pub use error::{CheckpointError, Result};
 pub use fingerprint::{IdFamily, FINGERPRINT_BITS};
 pub use id_parts::IdPartsWriter;
 pub use index::{CheckpointIndex, DEFAULT_NUM_SHARDS, MAX_NUM_SHARDS};
-pub use persist::{
-    clean_stale_temp_files, manifest_num_shards, write_id_parts, CheckpointLoader, WriteSummary,
-    MANIFEST_FILE,
-};
+pub use layout::MANIFEST_FILE;
+pub use load::CheckpointLoader;
 pub use stream::{filter_in_parallel, FilteredBatches, SharedCheckpointIndex};
+pub use target::{clean_stale_temp_files, WriteSummary};
+pub use write::{manifest_num_shards, write_id_parts};

@@ -1,0 +1,208 @@
+//! Writing ids: a whole index ([`CheckpointIndex::write`]) or chunks of ids as parts, with
+//! the manifest.
+
+use arrow::array::ArrayRef;
+use arrow::datatypes::DataType;
+use forebay_parquet::StorageOptions;
+
+use crate::error::{CheckpointError, Result};
+use crate::id_parts::IdPartsWriter;
+use crate::index::CheckpointIndex;
+use crate::layout::{unique_part_name, Manifest, MANIFEST_FILE};
+use crate::target::{clean_stale_temp_files, Target, WriteSummary};
+
+impl CheckpointIndex {
+    /// Persist the ids inserted since the last write into the checkpoint at `path`, one new
+    /// part file per shard that received ids (`<path>/shard=<k>/part-<id>.parquet`), each
+    /// committed atomically. Creates the manifest on first write and refuses a checkpoint
+    /// whose manifest disagrees (shard count, id family, id column). Ids already loaded from
+    /// files are not rewritten: a checkpoint is an append-only set of parts. On error the ids
+    /// stay pending, so the write can be retried (re-written ids are harmless duplicates).
+    pub fn write(&mut self, path: &str, storage_options: &StorageOptions) -> Result<WriteSummary> {
+        let target = self.prepare_target(path, storage_options)?;
+        let pending = self.take_pending();
+        let written = write_parts(
+            target,
+            &pending,
+            &self.id_column,
+            &self.id_type,
+            self.shard_bits,
+        );
+        match written {
+            Ok(summary) => Ok(summary),
+            Err(e) => {
+                self.restore_pending(pending);
+                Err(e)
+            }
+        }
+    }
+
+    /// Make `path` a checkpoint of this index's layout: create its manifest, or check the
+    /// one there (shard count, id family, id column) and remove dead writers' temp files.
+    pub fn prepare(&self, path: &str, storage_options: &StorageOptions) -> Result<()> {
+        self.prepare_target(path, storage_options).map(drop)
+    }
+
+    fn prepare_target(&self, path: &str, storage_options: &StorageOptions) -> Result<Target> {
+        let target = Target::parse(path, storage_options)?;
+        let wanted = Manifest {
+            num_shards: self.num_shards(),
+            family: self.family,
+            id_column: self.id_column.clone(),
+            id_type: self.id_type.clone(),
+        };
+        match target.read_manifest()? {
+            Some(m) => {
+                if m.num_shards != wanted.num_shards
+                    || m.family != wanted.family
+                    || m.id_column != wanted.id_column
+                {
+                    return Err(CheckpointError::Manifest {
+                        path: target.shown(MANIFEST_FILE),
+                        reason: format!(
+                            "checkpoint has {} shards of {} ids in column '{}'; this index has {} shards of {} ids in column '{}'",
+                            m.num_shards, m.family.name(), m.id_column,
+                            wanted.num_shards, wanted.family.name(), wanted.id_column
+                        ),
+                    });
+                }
+            }
+            None => {
+                target.put_atomic(MANIFEST_FILE, wanted.to_text().into_bytes())?;
+            }
+        }
+        if let Target::Local(dir) = &target {
+            clean_stale_temp_files(dir);
+        }
+        Ok(target)
+    }
+}
+
+/// The shard count the manifest at `path` declares, or `None` when `path` has no manifest
+/// (no checkpoint yet, or ids written by another writer).
+pub fn manifest_num_shards(path: &str, storage_options: &StorageOptions) -> Result<Option<usize>> {
+    let target = Target::parse(path, storage_options)?;
+    Ok(target.read_manifest()?.map(|m| m.num_shards))
+}
+
+/// Write `ids` (of column `id_column`; the chunks of one column, e.g. the batches of one
+/// output file) under `root` as hash-partitioned part files all named `part_name`:
+/// `root/shard=<k>/<part_name>` for each shard `k` that gets ids, each written atomically.
+/// No manifest is written or read: this is for callers that stage parts and publish them
+/// into a checkpoint themselves (the engine's commit protocol). Nulls are skipped. The chunks
+/// are not concatenated: they go through an [`IdPartsWriter`] a block at a time. Returns the
+/// files written, relative to `root`, and the ids written.
+pub fn write_id_parts(
+    root: &str,
+    storage_options: &StorageOptions,
+    id_column: &str,
+    ids: &[ArrayRef],
+    num_shards: usize,
+    part_name: &str,
+) -> Result<(Vec<String>, usize)> {
+    let mut writer = IdPartsWriter::new(root, storage_options, id_column, num_shards, part_name)?;
+    for chunk in ids {
+        writer.push(chunk)?;
+    }
+    writer.finish()
+}
+
+/// Write `chunks` (ids of type `id_type`) into one part file per shard that gets ids, each
+/// with a name of its own; null ids are skipped.
+fn write_parts(
+    target: Target,
+    chunks: &[ArrayRef],
+    id_column: &str,
+    id_type: &DataType,
+    shard_bits: u32,
+) -> Result<WriteSummary> {
+    let mut writer = IdPartsWriter::with_names(
+        target,
+        id_column,
+        Some(id_type.clone()),
+        shard_bits,
+        Box::new(|_| unique_part_name()),
+    )?;
+    for chunk in chunks {
+        writer.push(chunk)?;
+    }
+    writer.finish_summary()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::sync::Arc;
+
+    use crate::fingerprint::shard_of;
+
+    use super::*;
+
+    #[test]
+    fn id_parts_gather_every_chunk_by_shard_in_input_order() {
+        use arrow::array::{AsArray, DictionaryArray, StringArray};
+        use arrow::datatypes::Int32Type;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        // Three chunks of one column: plain with nulls, longer than two blocks, and
+        // dictionary-encoded (cast to the first chunk's type).
+        let plain: ArrayRef = Arc::new(StringArray::from_iter(
+            (0..50).map(|i| (i % 7 != 3).then(|| format!("a{i}"))),
+        ));
+        let long: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..70_000).map(|i| format!("b{i}")),
+        ));
+        let dict: ArrayRef = Arc::new(
+            ["c0", "c1", "c0", "c2"]
+                .into_iter()
+                .collect::<DictionaryArray<Int32Type>>(),
+        );
+        let (files, count) = write_id_parts(
+            root,
+            &StorageOptions::new(),
+            "id",
+            &[plain.clone(), long.clone(), dict],
+            8,
+            "part-x.parquet",
+        )
+        .unwrap();
+        let expected: Vec<String> = plain
+            .as_string::<i32>()
+            .iter()
+            .flatten()
+            .map(str::to_string)
+            .chain(long.as_string::<i32>().iter().flatten().map(str::to_string))
+            .chain(["c0", "c1", "c0", "c2"].map(str::to_string))
+            .collect();
+        assert_eq!(count, expected.len());
+        assert_eq!(files.len(), 8, "{files:?}");
+        let mut seen = 0;
+        for k in 0..8 {
+            let relative = format!("shard={k}/part-x.parquet");
+            assert!(files.contains(&relative), "{files:?}");
+            let bytes = bytes::Bytes::from(fs::read(dir.path().join(&relative)).unwrap());
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(bytes, 1 << 20)
+                    .unwrap();
+            let got: Vec<String> = reader
+                .flat_map(|b| {
+                    let b = b.unwrap();
+                    b.column(0)
+                        .as_string::<i32>()
+                        .iter()
+                        .flatten()
+                        .map(str::to_string)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let want: Vec<String> = expected
+                .iter()
+                .filter(|id| shard_of(crate::fingerprint::fingerprint_bytes(id.as_bytes()), 3) == k)
+                .cloned()
+                .collect();
+            assert_eq!(got, want, "shard {k}");
+            seen += got.len();
+        }
+        assert_eq!(seen, expected.len());
+    }
+}
