@@ -1,0 +1,499 @@
+//! Building and running a pipeline: source → steps → sink, one thread group per step,
+//! bounded queues between them, one memory pool for the run.
+//!
+//! ```text
+//!  source ─► q ─► map "a" ─► q ─► limit ─► q ─► map "b" ─► q ─► sink
+//!   thread        dispatcher      thread       dispatcher        iter_batches: shaping thread ─► prefetch queue ─► caller
+//!                 + workers                    + workers         write_parquet: writer workers ─► files
+//! ```
+//!
+//! The first error of any thread cancels the run: every waiting thread wakes within ~50 ms
+//! and exits, the caller gets that error. Dropping a [`BatchStream`] (or calling `cancel`)
+//! stops the run the same way.
+//!
+//! | module   | what                                                                    |
+//! |----------|-------------------------------------------------------------------------|
+//! | this one | [`Pipeline`]: the steps, the options, starting a run                      |
+//! | `steps`  | the steps the pipeline runs itself: `limit`, `iter_batches`' shaping     |
+//! | `run`    | a run's threads, first error, progress and statistics                     |
+//! | `stream` | [`BatchStream`]: what `iter` returns                                      |
+//! | `write`  | [`RunningWrite`]: what `start_write` returns                              |
+
+mod run;
+mod steps;
+mod stream;
+mod write;
+
+pub use stream::{BatchStream, Poll};
+pub use write::RunningWrite;
+
+use run::Run;
+use steps::{limit, shape};
+use write::CheckpointRun;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+
+use crate::batch::EngineBatch;
+use crate::commit::{Checkpoint, CommitLog};
+use crate::error::{EngineError, Result};
+use crate::events::{EventSink, PipelineEvent};
+use crate::lineage::LineageBook;
+use crate::locations::check_write_locations;
+use crate::memory::MemoryPool;
+use crate::queue::BatchQueue;
+use crate::resources::{RunResources, StoreSettings};
+use crate::resume_filter::ResumeFilter;
+use crate::source::{run_source, Source};
+use crate::stage::{spawn_stage, MapStage};
+use crate::stats::WriteStats;
+use crate::writer::{run_writer, OutputTarget, ParquetSink};
+
+/// Default memory limit of a run: a quarter of the machine's memory, at least 256 MiB.
+pub fn default_memory_limit() -> usize {
+    let total = total_memory().unwrap_or(8 << 30);
+    (total / 4).max(256 << 20)
+}
+
+fn total_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// How a run behaves.
+#[derive(Clone)]
+pub struct PipelineOptions {
+    /// The pool's hard cap on bytes in flight.
+    pub memory_limit: usize,
+    /// Keep the source's order through concurrent stages.
+    pub preserve_order: bool,
+    /// Batches a queue between two steps may hold.
+    pub queue_batches: usize,
+    /// Draw a progress bar on stderr (only when it is a terminal).
+    pub progress: bool,
+    /// Directory for spilled batches (default: the system temp dir).
+    pub spill_dir: Option<PathBuf>,
+    /// Capacity of the run's object store (worker exchange, held batches); default a
+    /// quarter of the memory limit. Charged to the pool when the store is created.
+    pub store_capacity: Option<usize>,
+    pub events: Option<EventSink>,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        PipelineOptions {
+            memory_limit: default_memory_limit(),
+            preserve_order: false,
+            queue_batches: 2,
+            progress: false,
+            spill_dir: None,
+            store_capacity: None,
+            events: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for PipelineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelineOptions")
+            .field("memory_limit", &self.memory_limit)
+            .field("preserve_order", &self.preserve_order)
+            .field("queue_batches", &self.queue_batches)
+            .field("progress", &self.progress)
+            .field("spill_dir", &self.spill_dir)
+            .field("store_capacity", &self.store_capacity)
+            .finish()
+    }
+}
+
+enum Step {
+    Map(MapStage),
+    Limit(u64),
+}
+
+impl Step {
+    fn name(&self) -> String {
+        match self {
+            Step::Map(m) => m.name.clone(),
+            Step::Limit(n) => format!("limit({n})"),
+        }
+    }
+    fn workers(&self) -> usize {
+        match self {
+            Step::Map(m) => m.concurrency,
+            Step::Limit(_) => 1,
+        }
+    }
+}
+
+/// A pipeline being described: a source and steps; run it with [`iter`](Pipeline::iter) or
+/// [`write_parquet`](Pipeline::write_parquet).
+pub struct Pipeline {
+    source: Source,
+    steps: Vec<Step>,
+    options: PipelineOptions,
+}
+
+/// How `iter` shapes the batches it hands out.
+#[derive(Debug, Clone)]
+pub struct IterOptions {
+    /// Rows per batch (re-chunked; the last may be smaller). `None`: as produced.
+    pub batch_size: Option<usize>,
+    /// Batches ready ahead of the caller.
+    pub prefetch_batches: usize,
+    /// Drop the last batch if it is smaller than `batch_size`.
+    pub drop_last: bool,
+    /// `(buffer rows, seed)`: shuffle rows within a buffer of at least this many rows.
+    pub local_shuffle: Option<(usize, Option<u64>)>,
+}
+
+impl Default for IterOptions {
+    fn default() -> Self {
+        IterOptions {
+            batch_size: None,
+            prefetch_batches: 4,
+            drop_last: false,
+            local_shuffle: None,
+        }
+    }
+}
+
+impl Pipeline {
+    pub fn new(source: Source) -> Pipeline {
+        Pipeline {
+            source,
+            steps: Vec::new(),
+            options: PipelineOptions::default(),
+        }
+    }
+
+    /// Apply a map stage.
+    pub fn map(mut self, stage: MapStage) -> Pipeline {
+        self.steps.push(Step::Map(stage));
+        self
+    }
+
+    /// Stop after `rows` rows (upstream stops reading once they are through).
+    pub fn limit(mut self, rows: u64) -> Pipeline {
+        self.steps.push(Step::Limit(rows));
+        self
+    }
+
+    pub fn with_options(mut self, options: PipelineOptions) -> Pipeline {
+        self.options = options;
+        self
+    }
+
+    pub fn with_memory_limit(mut self, bytes: usize) -> Pipeline {
+        self.options.memory_limit = bytes;
+        self
+    }
+
+    pub fn with_preserve_order(mut self, preserve: bool) -> Pipeline {
+        self.options.preserve_order = preserve;
+        self
+    }
+
+    pub fn with_progress(mut self, progress: bool) -> Pipeline {
+        self.options.progress = progress;
+        self
+    }
+
+    pub fn with_events(mut self, events: EventSink) -> Pipeline {
+        self.options.events = Some(events);
+        self
+    }
+
+    /// The source's schema (the output's, when no step changes columns).
+    pub fn source_schema(&self) -> SchemaRef {
+        self.source.schema()
+    }
+
+    /// Start the run and stream its output.
+    pub fn iter(self, iter: IterOptions) -> Result<BatchStream> {
+        if iter.batch_size == Some(0) {
+            return Err(EngineError::InvalidArgument(
+                "batch_size must be at least 1".into(),
+            ));
+        }
+        let options = self.options.clone();
+        let (mut run, last) = self.start("iter_batches", 0, None)?;
+        let ready_holder = run.resources.pool().consumer("iter_batches (prefetched)");
+        let ready: Arc<BatchQueue<Vec<EngineBatch>>> = Arc::new(BatchQueue::new(
+            ready_holder,
+            iter.prefetch_batches.max(1),
+            usize::MAX,
+            1,
+        ));
+        run.resources.register_queue(ready.clone());
+        let shaping_holder = run.resources.pool().consumer("iter_batches");
+        let counters = run.add_counters("iter_batches");
+        let (resources, ready_in, rows) =
+            (run.resources.clone(), ready.clone(), run.rows_out.clone());
+        run.spawn("iter_batches", move || {
+            let result = shape(
+                &last,
+                &ready_in,
+                &resources,
+                &shaping_holder,
+                &iter,
+                &counters,
+                &rows,
+            );
+            ready_in.sender_done();
+            result
+        });
+        run.start_progress("iter_batches", options.progress);
+        Ok(BatchStream {
+            ready,
+            run: Some(run),
+            last_stats: None,
+        })
+    }
+
+    /// Run to completion, writing Parquet files; returns what was written.
+    pub fn write_parquet(self, sink: ParquetSink) -> Result<WriteStats> {
+        self.start_write(sink)?.wait()
+    }
+
+    /// Start writing; the caller waits with [`RunningWrite::wait_timeout`] (to stay
+    /// responsive, e.g. to Ctrl-C) or [`RunningWrite::wait`].
+    pub fn start_write(self, sink: ParquetSink) -> Result<RunningWrite> {
+        if let Source::Parquet(dataset) = &self.source {
+            let deletes = sink.mode == crate::writer::WriteMode::Overwrite;
+            check_write_locations(dataset, &sink.root, None, deletes)?;
+        }
+        self.start_write_inner(sink, None)
+    }
+
+    /// Write exactly once and resumably: each file commits with the ids of its rows and the
+    /// inputs it finishes (see the `commit` module docs). A run started again after any
+    /// interruption recovers the checkpoint, skips finished input files and row groups
+    /// unread and drops rows whose id is done, right after the source.
+    pub fn write_parquet_checkpointed(
+        self,
+        sink: ParquetSink,
+        checkpoint: Checkpoint,
+    ) -> Result<WriteStats> {
+        self.start_write_checkpointed(sink, checkpoint)?.wait()
+    }
+
+    /// [`write_parquet_checkpointed`](Self::write_parquet_checkpointed), waited on by the
+    /// caller.
+    pub fn start_write_checkpointed(
+        mut self,
+        sink: ParquetSink,
+        checkpoint: Checkpoint,
+    ) -> Result<RunningWrite> {
+        let Source::Parquet(dataset) = &self.source else {
+            return Err(EngineError::InvalidArgument(
+                "checkpointed writes read Parquet (a source with file provenance)".into(),
+            ));
+        };
+        check_write_locations(dataset, &sink.root, Some(&checkpoint.path), false)?;
+        let book = Arc::new(LineageBook::default());
+        let output = crate::storage::Dir::open(&sink.root, &sink.storage_options)
+            .map_err(|e| EngineError::write("write_parquet", e.path, e.reason))?;
+        let prepared = CommitLog::prepare(&checkpoint, output, dataset, book.clone())?;
+        let inputs = dataset.files().len();
+        if inputs > 0 && prepared.report.files_done == inputs {
+            if let Some(events) = &self.options.events {
+                events(&PipelineEvent::Warning {
+                    message: format!(
+                        "the checkpoint {} records every one of the {inputs} input file(s) as \
+                         finished: this job is done, and this run writes nothing (delete the \
+                         checkpoint directory to run it again from the start)",
+                        checkpoint.path
+                    ),
+                });
+            }
+        }
+        let id_column = checkpoint.id_column.clone();
+        // Finished rows are dropped inside the scan, as their ids are decoded: they go no
+        // further, and the rest of their columns is never decoded.
+        let resume_filter = Arc::new(ResumeFilter::new(prepared.index.clone(), &id_column));
+        let dataset = prepared.dataset.with_row_filter(resume_filter.clone());
+        for step in &mut self.steps {
+            if let Step::Map(m) = step {
+                if !m.required_columns.contains(&id_column) {
+                    m.required_columns.push(id_column.clone());
+                }
+            }
+        }
+        self.source = Source::Parquet(dataset.clone());
+        let commits = CheckpointRun {
+            log: prepared.log.clone(),
+            delete_on_success: checkpoint.delete_on_success,
+            report: prepared.report,
+            io_before: dataset.metrics().io,
+            dataset,
+            resume_filter,
+        };
+        let sink = sink.with_unique_column(id_column);
+        self.start_write_inner(sink, Some((book, commits)))
+    }
+
+    fn start_write_inner(
+        self,
+        sink: ParquetSink,
+        checkpoint: Option<(Arc<LineageBook>, CheckpointRun)>,
+    ) -> Result<RunningWrite> {
+        let (book, commits) = match checkpoint {
+            Some((book, run)) => (Some(book), Some(run)),
+            None => (None, None),
+        };
+        let target = Arc::new(OutputTarget::open(
+            sink,
+            commits.as_ref().map(|c| c.log.clone()),
+        )?);
+        let workers = target.concurrency();
+        let progress = self.options.progress;
+        let (mut run, last) = self.start("write_parquet", workers, book)?;
+        let counters = run.add_counters("write_parquet");
+        let holder = run.resources.pool().consumer("write_parquet");
+        for worker in 0..workers {
+            let (target, last, resources, holder, rows) = (
+                target.clone(),
+                last.clone(),
+                run.resources.clone(),
+                holder.clone(),
+                run.rows_out.clone(),
+            );
+            let counters = counters.clone();
+            run.spawn("write_parquet", move || {
+                run_writer(target, worker, last, resources, holder, rows, &counters)?;
+                Ok(())
+            });
+        }
+        if let Some(c) = &commits {
+            let resume_filter = c.resume_filter.clone();
+            run.rows_settled_early = Some(Arc::new(move || resume_filter.rows_dropped()));
+        }
+        run.start_progress("write_parquet", progress);
+        Ok(RunningWrite {
+            run: Some(run),
+            target,
+            commits,
+            last_stats: None,
+        })
+    }
+
+    /// Start the source and the steps; returns the run and the queue after the last step.
+    fn start(
+        self,
+        sink_name: &str,
+        sink_workers: usize,
+        lineage: Option<Arc<LineageBook>>,
+    ) -> Result<(Run, Arc<BatchQueue>)> {
+        let Pipeline {
+            source,
+            steps,
+            options,
+        } = self;
+        if options.memory_limit == 0 {
+            return Err(EngineError::InvalidArgument(
+                "memory_limit must be positive".into(),
+            ));
+        }
+        let pool = MemoryPool::for_process(options.memory_limit);
+        let store_capacity = options.store_capacity.unwrap_or(options.memory_limit / 4);
+        let resources = RunResources::new(
+            pool,
+            StoreSettings {
+                capacity: store_capacity,
+                spill_dir: options.spill_dir.clone(),
+            },
+            options.events.clone(),
+        );
+        let resources = match lineage {
+            Some(book) => resources.with_lineage(book),
+            None => resources,
+        };
+        let mut names = vec![source.name().to_string()];
+        names.extend(steps.iter().map(Step::name));
+        names.push(sink_name.to_string());
+        resources.emit(PipelineEvent::Started {
+            stages: names,
+            memory_limit: options.memory_limit as u64,
+        });
+        let mut run = Run {
+            resources,
+            threads: Vec::new(),
+            started: Instant::now(),
+            counters: Vec::new(),
+            rows_out: Arc::new(AtomicU64::new(0)),
+            progress: None,
+            known_rows: None,
+            rows_settled_early: None,
+        };
+        if let Source::Parquet(d) = &source {
+            let d = d.clone();
+            // Exact; a checkpointed write counts the done ids it drops as settled.
+            run.known_rows = Some(Box::new(move || d.rows_to_read()));
+        }
+        // Downstream workers, for the source's headroom.
+        let downstream: usize =
+            steps.iter().map(Step::workers).sum::<usize>() + sink_workers.max(1);
+        let queue_bytes = (options.memory_limit / 8).max(1);
+        let new_queue = |run: &Run, after: &str, senders: usize| {
+            let q = Arc::new(BatchQueue::new(
+                run.resources
+                    .pool()
+                    .consumer(format!("queue after {after}")),
+                options.queue_batches,
+                queue_bytes,
+                senders,
+            ));
+            run.resources.register_queue(q.clone());
+            q
+        };
+        let source_name = source.name().to_string();
+        let mut queue = new_queue(&run, &source_name, 1);
+        let counters = run.add_counters(&source_name);
+        {
+            let (q, resources) = (queue.clone(), run.resources.clone());
+            run.spawn(&source_name, move || {
+                let r = run_source(source, q.clone(), resources, counters, downstream);
+                q.sender_done();
+                r
+            });
+        }
+        let reorder_budget = options.memory_limit / 8;
+        for step in steps {
+            let name = step.name();
+            let next = new_queue(&run, &name, step.workers());
+            let counters = run.add_counters(&name);
+            match step {
+                Step::Map(stage) => {
+                    let threads = spawn_stage(
+                        stage,
+                        queue.clone(),
+                        next.clone(),
+                        run.resources.clone(),
+                        counters,
+                        options.preserve_order,
+                        reorder_budget,
+                    );
+                    run.threads.extend(threads);
+                }
+                Step::Limit(rows) => {
+                    let (input, output, resources) =
+                        (queue.clone(), next.clone(), run.resources.clone());
+                    run.spawn(&name, move || {
+                        let r = limit(rows, &input, &output, &resources, &counters);
+                        output.sender_done();
+                        r
+                    });
+                }
+            }
+            queue = next;
+        }
+        Ok((run, queue))
+    }
+}
