@@ -35,6 +35,17 @@
 //! runtime from the caller's thread and refuse to run inside an async runtime (tokio would
 //! panic); async embedders use the `_async` methods there. The runtime lives until the
 //! target and every location are dropped, then waits (bounded) for pending deletes.
+//!
+//! | module    | what                                                     |
+//! |-----------|----------------------------------------------------------|
+//! | this one  | the config, the target, its files and locations, stats    |
+//! | `upload`  | a round written: one PUT or a multipart upload             |
+//! | `restore` | a round read back, verified                                |
+//! | `names`   | process directories, and stale ones of dead processes     |
+
+mod names;
+mod restore;
+mod upload;
 
 use std::future::Future;
 use std::ops::Deref;
@@ -43,22 +54,17 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    GetOptions, GetRange, MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload,
-};
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::area::SpillObject;
 use crate::error::{Result, SpillError};
-use crate::format::{
-    align_up, check_head, check_payload, head_len, length_table, padding, payload_checksum, Header,
-    HEADER_LEN, ZEROS,
-};
 use crate::location::{ObjectExtent, PendingRound};
+
+use names::{host_name, parse_process_dir, process_alive, process_dir_name};
+use upload::write_round;
 
 /// How a [`RemoteSpillTarget`] uploads.
 #[derive(Debug, Clone)]
@@ -309,67 +315,6 @@ fn remote_error(uri: &str, action: String, source: object_store::Error) -> Spill
     }
 }
 
-/// A path segment naming this process: `<pid>-<nonce>-<host>`.
-fn process_dir_name() -> String {
-    let nonce = {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        xxhash_rust::xxh3::xxh3_64(&[now.to_le_bytes().as_slice(), &seq.to_le_bytes()].concat())
-    };
-    format!("{}-{nonce:016x}-{}", std::process::id(), host_name())
-}
-
-/// This machine's host name, reduced to characters safe in any object store key.
-fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is writable for its whole length; gethostname writes at most that
-    // many bytes and we only read up to the first NUL (or the end).
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let raw = if rc == 0 {
-        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::new()
-    };
-    let safe: String = raw
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if safe.is_empty() {
-        "unknown-host".into()
-    } else {
-        safe
-    }
-}
-
-/// The pid and host of a directory name written by [`process_dir_name`].
-fn parse_process_dir(name: &str) -> Option<(u32, &str)> {
-    let (pid, rest) = name.split_once('-')?;
-    let (nonce, host) = rest.split_once('-')?;
-    if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    Some((pid.parse().ok()?, host))
-}
-
-fn process_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") {
-        std::path::Path::new("/proc").join(pid.to_string()).exists()
-    } else {
-        true
-    }
-}
-
 impl RemoteSpillTarget {
     /// Open a target under `prefix` of `store`. `display_prefix` is prepended to object paths
     /// in messages and URIs (for example `s3://bucket/`). Directories left under `prefix` by
@@ -521,165 +466,6 @@ impl RemoteSpillTarget {
             .map_err(|_| SpillError::InvalidArgument("internal error: spill task failed".into()))?
     }
 
-    /// Restore into memory the caller provides: `destinations[i]` receives buffer `i` and must
-    /// have exactly its length. One ranged GET is streamed into them (the only copy: out of the
-    /// network buffers); the head and checksum are then verified, so on error the
-    /// destinations' contents are unspecified but never silently wrong.
-    pub fn restore_into(
-        &self,
-        loc: &RemoteSpillLocation,
-        destinations: &mut [&mut [u8]],
-    ) -> Result<()> {
-        self.block_on(self.restore_into_async(loc, destinations))?
-    }
-
-    /// [`RemoteSpillTarget::restore_into`] for async callers.
-    pub async fn restore_into_async(
-        &self,
-        loc: &RemoteSpillLocation,
-        destinations: &mut [&mut [u8]],
-    ) -> Result<()> {
-        let lens: Vec<u64> = destinations.iter().map(|d| d.len() as u64).collect();
-        if lens.as_slice() != loc.buffer_lens() {
-            return Err(SpillError::DestinationMismatch {
-                path: PathBuf::from(loc.uri()),
-                offset: loc.offset,
-                reason: format!(
-                    "buffers are {:?} bytes, destinations {lens:?}",
-                    loc.buffer_lens
-                ),
-            });
-        }
-        let mut head = vec![0u8; loc.head_len() as usize];
-        let pads: usize = loc.buffer_lens.iter().map(|l| padding(*l)).sum();
-        let mut pad_sink = vec![0u8; pads];
-        {
-            let mut segments: Vec<&mut [u8]> = Vec::with_capacity(1 + 2 * destinations.len());
-            segments.push(&mut head);
-            let mut pad_rest: &mut [u8] = &mut pad_sink;
-            for dest in destinations.iter_mut() {
-                let pad = padding(dest.len() as u64);
-                segments.push(&mut **dest);
-                let (this_pad, rest) = std::mem::take(&mut pad_rest).split_at_mut(pad);
-                pad_rest = rest;
-                segments.push(this_pad);
-            }
-            let mut stream = self.get_stream(loc).await?;
-            let mut filler = SegmentFiller::new(segments);
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| self.read_error(loc, e))?;
-                if !filler.fill(&chunk) {
-                    return Err(loc.corrupt("the store returned more bytes than the object has"));
-                }
-            }
-            if !filler.is_full() {
-                return Err(loc.truncated());
-            }
-        }
-        let header =
-            check_head(&head, &loc.buffer_lens, loc.object_id).map_err(|r| loc.corrupt(r))?;
-        let padding_clean = pad_sink.iter().all(|b| *b == 0);
-        check_payload(
-            &loc.buffer_lens,
-            header.checksum,
-            padding_clean,
-            destinations.iter().map(|d| &**d),
-        )
-        .map_err(|r| loc.corrupt(r))?;
-        self.count_restore(loc);
-        Ok(())
-    }
-
-    /// Restore into the downloaded bytes: each buffer is a slice of the one ranged GET's
-    /// response (64-byte aligned within it), checksum verified.
-    pub fn restore(&self, loc: &RemoteSpillLocation) -> Result<Vec<Bytes>> {
-        self.block_on(self.restore_async(loc))?
-    }
-
-    /// [`RemoteSpillTarget::restore`] for async callers.
-    pub async fn restore_async(&self, loc: &RemoteSpillLocation) -> Result<Vec<Bytes>> {
-        let stream = self.get_stream(loc).await?;
-        let chunks: Vec<Bytes> = stream
-            .try_collect()
-            .await
-            .map_err(|e| self.read_error(loc, e))?;
-        let bytes = if chunks.len() == 1 {
-            chunks.into_iter().next().expect("one chunk")
-        } else {
-            // Several network chunks: one contiguous copy, so buffers can be slices.
-            let mut all = Vec::with_capacity(loc.len as usize);
-            chunks.iter().for_each(|c| all.extend_from_slice(c));
-            Bytes::from(all)
-        };
-        if (bytes.len() as u64) < loc.len {
-            return Err(loc.truncated());
-        }
-        if bytes.len() as u64 > loc.len {
-            return Err(loc.corrupt("the store returned more bytes than the object has"));
-        }
-        let head_end = loc.head_len() as usize;
-        let header = check_head(&bytes[..head_end], &loc.buffer_lens, loc.object_id)
-            .map_err(|r| loc.corrupt(r))?;
-        let mut buffers = Vec::with_capacity(loc.buffer_lens.len());
-        let mut at = head_end;
-        let mut padding_clean = true;
-        for len in loc.buffer_lens.iter() {
-            let len = *len as usize;
-            let padded = align_up(len as u64) as usize;
-            padding_clean &= bytes[at + len..at + padded].iter().all(|b| *b == 0);
-            buffers.push(bytes.slice(at..at + len));
-            at += padded;
-        }
-        check_payload(
-            &loc.buffer_lens,
-            header.checksum,
-            padding_clean,
-            buffers.iter().map(|b| &b[..]),
-        )
-        .map_err(|r| loc.corrupt(r))?;
-        self.count_restore(loc);
-        Ok(buffers)
-    }
-
-    async fn get_stream(
-        &self,
-        loc: &RemoteSpillLocation,
-    ) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>> {
-        self.shared
-            .counters
-            .get_requests
-            .fetch_add(1, Ordering::Relaxed);
-        let options = GetOptions {
-            range: Some(GetRange::Bounded(loc.range())),
-            ..Default::default()
-        };
-        let result = self
-            .shared
-            .store
-            .get_opts(&loc.file.path, options)
-            .await
-            .map_err(|e| self.read_error(loc, e))?;
-        Ok(result.into_stream())
-    }
-
-    fn read_error(&self, loc: &RemoteSpillLocation, source: object_store::Error) -> SpillError {
-        remote_error(
-            &loc.uri(),
-            format!(
-                "read spilled object at offset {} ({} bytes)",
-                loc.offset, loc.len
-            ),
-            source,
-        )
-    }
-
-    fn count_restore(&self, loc: &RemoteSpillLocation) {
-        let c = &self.shared.counters;
-        c.objects_restored.fetch_add(1, Ordering::Relaxed);
-        c.bytes_restored
-            .fetch_add(loc.payload_len(), Ordering::Relaxed);
-    }
-
     pub fn stats(&self) -> RemoteSpillStats {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -711,245 +497,5 @@ impl RemoteSpillTarget {
             std::thread::sleep(Duration::from_millis(1));
         }
         true
-    }
-}
-
-/// Copies a stream of chunks into consecutive segments of caller memory.
-struct SegmentFiller<'a> {
-    segments: Vec<&'a mut [u8]>,
-    index: usize,
-    at: usize,
-}
-
-impl<'a> SegmentFiller<'a> {
-    fn new(segments: Vec<&'a mut [u8]>) -> Self {
-        let mut filler = SegmentFiller {
-            segments,
-            index: 0,
-            at: 0,
-        };
-        filler.skip_full();
-        filler
-    }
-
-    fn skip_full(&mut self) {
-        while self.index < self.segments.len() && self.at == self.segments[self.index].len() {
-            self.index += 1;
-            self.at = 0;
-        }
-    }
-
-    /// Copy `data` in; false if it does not fit (more bytes than expected).
-    fn fill(&mut self, mut data: &[u8]) -> bool {
-        while !data.is_empty() {
-            if self.index == self.segments.len() {
-                return false;
-            }
-            let segment = &mut self.segments[self.index][self.at..];
-            let n = segment.len().min(data.len());
-            segment[..n].copy_from_slice(&data[..n]);
-            data = &data[n..];
-            self.at += n;
-            self.skip_full();
-        }
-        true
-    }
-
-    fn is_full(&self) -> bool {
-        self.index == self.segments.len()
-    }
-}
-
-/// Upload one round as one remote object; on error nothing of it remains.
-async fn write_round(
-    shared: &Arc<Shared>,
-    objects: Vec<SpillObject>,
-) -> Result<Vec<RemoteSpillLocation>> {
-    let round = shared.next_round.fetch_add(1, Ordering::Relaxed);
-    let path = shared.root.clone().join(format!("{round}.spill"));
-    let uri = shared.uri_of(&path);
-    let c = &shared.counters;
-    let result = async {
-        // Checksums are CPU work over every payload byte: off the runtime's I/O threads.
-        let (objects, heads) = tokio::task::spawn_blocking(move || {
-            let heads: Result<Vec<Bytes>> = objects.iter().map(encode_head).collect();
-            (objects, heads)
-        })
-        .await
-        .map_err(|_| SpillError::InvalidArgument("internal error: checksum task failed".into()))?;
-        let heads = heads?;
-        let mut chunks = Vec::new();
-        let mut extents = Vec::with_capacity(objects.len());
-        let mut size = 0u64;
-        for (object, head) in objects.iter().zip(heads) {
-            let lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
-            let extent = ObjectExtent::new(size, object.id, lens.into());
-            size = extent.end();
-            extents.push(extent);
-            chunks.push(head);
-            for buffer in &object.buffers {
-                if !buffer.is_empty() {
-                    chunks.push(buffer.clone()); // a handle, not a copy
-                }
-                let pad = padding(buffer.len() as u64);
-                if pad > 0 {
-                    chunks.push(Bytes::from_static(&ZEROS[..pad]));
-                }
-            }
-        }
-        upload(shared, &path, &uri, chunks, size).await?;
-        Ok::<_, SpillError>((extents, size))
-    }
-    .await;
-    match result {
-        Ok((extents, size)) => {
-            c.rounds.fetch_add(1, Ordering::Relaxed);
-            c.objects_spilled
-                .fetch_add(extents.len() as u64, Ordering::Relaxed);
-            let payload: u64 = extents.iter().map(|e| e.payload_len()).sum();
-            c.bytes_spilled.fetch_add(payload, Ordering::Relaxed);
-            let file = Arc::new(RemoteSpillFile {
-                shared: shared.clone(),
-                path,
-                size,
-            });
-            Ok(extents
-                .into_iter()
-                .map(|extent| RemoteSpillLocation {
-                    file: file.clone(),
-                    extent,
-                })
-                .collect())
-        }
-        Err(e) => {
-            c.failed_rounds.fetch_add(1, Ordering::Relaxed);
-            Err(e)
-        }
-    }
-}
-
-/// An object's head (header with its checksum, length table, padding) as bytes.
-fn encode_head(object: &SpillObject) -> Result<Bytes> {
-    let lens: Vec<u64> = object.buffers.iter().map(|b| b.len() as u64).collect();
-    let table = length_table(&lens);
-    let header = Header {
-        buffer_count: u32::try_from(lens.len()).map_err(|_| {
-            SpillError::InvalidArgument(format!(
-                "object {} has {} buffers, more than 2^32",
-                object.id,
-                lens.len()
-            ))
-        })?,
-        payload_len: lens.iter().sum(),
-        checksum: payload_checksum(&table, object.buffers.iter().map(|b| &b[..])),
-        object_id: object.id,
-    };
-    let mut head = Vec::with_capacity(head_len(lens.len()) as usize);
-    head.extend_from_slice(&header.encode());
-    head.extend_from_slice(&table);
-    head.resize(head_len(lens.len()) as usize, 0);
-    debug_assert_eq!(head.len() % HEADER_LEN, 0);
-    Ok(Bytes::from(head))
-}
-
-/// Upload `chunks` (`total` bytes) to `path`: one PUT, or a multipart upload of fixed-size
-/// parts that is aborted on any failure.
-async fn upload(
-    shared: &Shared,
-    path: &ObjectPath,
-    uri: &str,
-    chunks: Vec<Bytes>,
-    total: u64,
-) -> Result<()> {
-    let c = &shared.counters;
-    let part_size = shared.config.part_size;
-    if total <= part_size as u64 {
-        shared
-            .store
-            .put(path, chunks.into_iter().collect::<PutPayload>())
-            .await
-            .map_err(|e| remote_error(uri, "upload spill object".into(), e))?;
-        c.single_puts.fetch_add(1, Ordering::Relaxed);
-        return Ok(());
-    }
-    let mut upload = shared
-        .store
-        .put_multipart(path)
-        .await
-        .map_err(|e| remote_error(uri, "start multipart upload".into(), e))?;
-    c.multipart_uploads.fetch_add(1, Ordering::Relaxed);
-    let parts = PartSplitter {
-        chunks: chunks.into_iter(),
-        carry: None,
-        part_size,
-    };
-    let outcome = match upload_parts(&mut *upload, parts, shared.config.parts_in_flight, c).await {
-        Ok(()) => upload
-            .complete()
-            .await
-            .map(|_| ())
-            .map_err(|e| remote_error(uri, "complete multipart upload".into(), e)),
-        Err((part, e)) => Err(remote_error(uri, format!("upload part {part}"), e)),
-    };
-    if outcome.is_err() {
-        // Best effort: the upload's parts would otherwise linger (and cost) until a bucket
-        // lifecycle rule removes them.
-        let _ = upload.abort().await;
-        c.aborted_uploads.fetch_add(1, Ordering::Relaxed);
-    }
-    outcome
-}
-
-async fn upload_parts(
-    upload: &mut dyn MultipartUpload,
-    mut parts: PartSplitter,
-    parts_in_flight: usize,
-    counters: &Counters,
-) -> std::result::Result<(), (usize, object_store::Error)> {
-    let mut in_flight = FuturesUnordered::new();
-    let mut started = 0usize;
-    loop {
-        while in_flight.len() < parts_in_flight {
-            let Some(part) = parts.next() else { break };
-            let number = started;
-            started += 1;
-            let put = upload.put_part(part);
-            in_flight.push(async move { put.await.map_err(|e| (number, e)) });
-        }
-        match in_flight.next().await {
-            Some(done) => {
-                done?;
-                counters.parts_uploaded.fetch_add(1, Ordering::Relaxed);
-            }
-            None => return Ok(()),
-        }
-    }
-}
-
-/// Cuts a list of chunks into payloads of exactly `part_size` bytes (the last may be
-/// shorter) by slicing the chunks' handles: no bytes are copied.
-struct PartSplitter {
-    chunks: std::vec::IntoIter<Bytes>,
-    carry: Option<Bytes>,
-    part_size: usize,
-}
-
-impl Iterator for PartSplitter {
-    type Item = PutPayload;
-
-    fn next(&mut self) -> Option<PutPayload> {
-        let mut part = Vec::new();
-        let mut room = self.part_size;
-        while room > 0 {
-            let Some(mut chunk) = self.carry.take().or_else(|| self.chunks.next()) else {
-                break;
-            };
-            if chunk.len() > room {
-                self.carry = Some(chunk.split_off(room));
-            }
-            room -= chunk.len();
-            part.push(chunk);
-        }
-        (!part.is_empty()).then(|| part.into_iter().collect())
     }
 }
