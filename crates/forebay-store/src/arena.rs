@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use crate::dir::io_err;
 use crate::error::Result;
-use crate::io_err;
 
 /// Alignment of every region, and of every object's data within its region.
 pub const ALIGN: usize = 64;

@@ -57,7 +57,7 @@ pub fn encode(schema: &Schema, batches: &[RecordBatch]) -> Result<Vec<Buffer>, A
 const VIEW_SLACK_BYTES: usize = 64 << 10;
 
 /// `batch` with every top-level Utf8View/BinaryView column whose data buffers hold more than
-/// twice the bytes its views point at (and [`VIEW_SLACK_BYTES`] more) replaced by a compacted
+/// twice the bytes its views point at (and `VIEW_SLACK_BYTES` more) replaced by a compacted
 /// copy. Views that share bytes (a dictionary-decoded column repeats the same strings) count
 /// once per view, so such columns are left alone. Nested view arrays are written as they are.
 pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
