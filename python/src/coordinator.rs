@@ -13,7 +13,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::dataset::RsDataset;
-use crate::engine::{checkpoint_from_args, engine_err, CheckpointArgs};
+use crate::errors::engine_err;
+use crate::pipeline::{checkpoint_from_args, CheckpointArgs};
 
 /// The driver's side: recovery, the inputs earlier runs finished, one commit at a time.
 #[pyclass(module = "forebay._forebay", frozen)]

@@ -191,7 +191,7 @@ impl RsDataset {
     /// `RsCommitCoordinator.finished_inputs`).
     fn with_finished_inputs(&self, py: Python<'_>, finished: &str) -> PyResult<RsDataset> {
         let finished = forebay_engine::FinishedInputs::from_json(finished)
-            .map_err(|e| crate::engine::engine_err(py, e))?;
+            .map_err(|e| crate::errors::engine_err(py, e))?;
         Ok(RsDataset {
             dataset: self.dataset.with_skip(std::sync::Arc::new(finished)),
         })

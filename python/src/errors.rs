@@ -1,5 +1,6 @@
 //! The exception hierarchy under `forebay.ForebayError`, the conversions from each
-//! component's Rust error into it, and the two helpers that run Rust work with the GIL
+//! component's Rust error into it (an engine error carrying a user function's exception
+//! becomes that exception again), and the two helpers that run Rust work with the GIL
 //! released (a panic becomes a `ForebayError`, never an abort across FFI).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -10,8 +11,11 @@ use forebay_store::{ErrorKind as StoreErrorKind, StoreError as RsStoreError};
 // The exceptions live in module `forebay` (their `__module__`), which re-exports every one:
 // tracebacks name them as users import them, and they pickle by reference (a worker
 // process's error reaches the parent as its own type).
+use forebay_engine::process::RemoteError;
+use forebay_engine::EngineError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 create_exception!(
@@ -210,4 +214,69 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("WriteError", py.get_type::<WriteError>())?;
     m.add("MemoryLimitExceeded", py.get_type::<MemoryLimitExceeded>())?;
     Ok(())
+}
+
+/// A Python exception raised by a user's function, carried through the engine unchanged.
+#[derive(Debug)]
+pub(crate) struct PyUserError(pub(crate) PyErr);
+
+impl std::fmt::Display for PyUserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for PyUserError {}
+
+/// Turn an engine error into the Python exception a user should see.
+pub(crate) fn engine_err(py: Python<'_>, err: EngineError) -> PyErr {
+    let message = err.to_string();
+    match err {
+        EngineError::UserFunction {
+            stage,
+            batch,
+            error,
+        } => {
+            let note = format!("raised by the function of stage '{stage}' on {batch}");
+            let error = match error.downcast::<PyUserError>() {
+                Ok(py_error) => {
+                    let exc = py_error.0;
+                    let _ = exc.value(py).call_method1("add_note", (note,));
+                    return exc;
+                }
+                Err(e) => e,
+            };
+            if let Some(remote) = error.downcast_ref::<RemoteError>() {
+                let rebuilt = py
+                    .import("forebay._udf")
+                    .and_then(|m| {
+                        m.call_method1(
+                            "remote_exception",
+                            (
+                                remote.text.clone(),
+                                pyo3::types::PyBytes::new(py, &remote.payload),
+                                note,
+                            ),
+                        )
+                    })
+                    .map(|exc| PyErr::from_value(exc));
+                return rebuilt.unwrap_or_else(|e| e);
+            }
+            StageError::new_err(message)
+        }
+        // The only row filter the bindings install is a checkpointed write's resume filter.
+        EngineError::Source(e) if e.kind() == ErrorKind::RowFilter => {
+            checkpoint_err_message(message)
+        }
+        EngineError::Source(e) => to_py_err(e),
+        EngineError::WorkerDied { .. } => WorkerDiedError::new_err(message),
+        EngineError::Write { .. } => WriteError::new_err(message),
+        EngineError::MemoryLimit { .. } => MemoryLimitExceeded::new_err(message),
+        EngineError::Checkpoint { stage, source } => {
+            checkpoint_err_message(format!("stage '{stage}': {source}"))
+        }
+        EngineError::InvalidArgument(_) => PyValueError::new_err(message),
+        EngineError::Cancelled => ForebayError::new_err("the pipeline was cancelled"),
+        _ => StageError::new_err(message),
+    }
 }

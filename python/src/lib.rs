@@ -21,13 +21,15 @@ mod arrow_import;
 mod checkpoint;
 mod coordinator;
 mod dataset;
-mod engine;
 mod errors;
 mod lookahead;
+mod pipeline;
 mod remote_spill;
+mod report;
 mod spill;
 mod store;
 mod thread_state;
+mod udf;
 
 use pyo3::prelude::*;
 
@@ -66,7 +68,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     spill::register(m)?;
     remote_spill::register(m)?;
     store::register(m)?;
-    engine::register(m)?;
+    pipeline::register(m)?;
     coordinator::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

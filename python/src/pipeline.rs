@@ -1,24 +1,32 @@
 //! Glue for running `forebay.Dataset` pipelines: the Python plan becomes a forebay-engine
-//! `Pipeline`; Python functions run as the engine's map workers (the GIL is held only inside
-//! each call); streams and writes are waited on in short slices with the GIL released, so
-//! the Python caller sees Ctrl-C at once; engine errors become Python exceptions, a user
-//! function's own exception re-raised as itself. Shaping of batches (formats, output
-//! normalisation) lives in `forebay/_udf.py`.
+//! `Pipeline` ([`RsPipeline`]); streams and writes are waited on in short slices with the GIL
+//! released, so the Python caller sees Ctrl-C at once. Python functions run as the engine's
+//! map workers (`udf`, `lookahead`), what a run reports goes back as Python values (`report`),
+//! and engine errors become Python exceptions (`errors::engine_err`). Shaping of batches
+//! (formats, output normalisation) lives in `forebay/_udf.py`.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow::array::RecordBatch;
 use arrow_pyarrow::ToPyArrow;
-use forebay_engine::process::{ProcessPool, RemoteError};
+use forebay_engine::process::ProcessPool;
 use forebay_engine::{
-    BatchStream, Checkpoint, EngineError, IterOptions, MapFn, MapStage, MapWorker, OnChangedInput,
-    ParquetSink, Pipeline, PipelineEvent, PipelineOptions, Poll, PrepareNext, RunStats,
-    RunningWrite, StageFailure, WorkerContext, WriteMode,
+    BatchStream, Checkpoint, IterOptions, MapFn, MapStage, OnChangedInput, ParquetSink, Pipeline,
+    PipelineEvent, PipelineOptions, Poll, RunningWrite, WriteMode,
 };
-use forebay_parquet::ErrorKind;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::checkpoint::RsCheckpointIndex;
+use crate::dataset::RsDataset;
+use crate::errors::engine_err;
+use crate::errors::ForebayError;
+use crate::report::{stats_dict, EventLog};
+use crate::udf::PyFunction;
 
 /// `(id_column, path, num_shards, delete_on_success, on_changed_input, storage_options)`.
 pub(crate) type CheckpointArgs = (
@@ -50,279 +58,6 @@ pub(crate) fn checkpoint_from_args(args: CheckpointArgs) -> PyResult<Checkpoint>
         c = c.with_num_shards(n);
     }
     Ok(c)
-}
-use pyo3::exceptions::PyValueError;
-use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
-
-use crate::arrow_export::BatchExporter;
-use crate::arrow_import::import_map_output;
-use crate::checkpoint::RsCheckpointIndex;
-use crate::dataset::RsDataset;
-use crate::errors::{
-    checkpoint_err_message, to_py_err, ForebayError, MemoryLimitExceeded, StageError,
-    WorkerDiedError, WriteError,
-};
-use crate::lookahead::{NextBatchPreparer, PreparedInputs};
-use crate::thread_state::KeptThreadState;
-
-/// A Python exception raised by a user's function, carried through the engine unchanged.
-#[derive(Debug)]
-struct PyUserError(PyErr);
-
-impl std::fmt::Display for PyUserError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl std::error::Error for PyUserError {}
-
-/// A Python exception from a map call: a `StageError` the glue raised about the output
-/// (wrong type, ...) or the user's own exception.
-fn failure(err: PyErr) -> StageFailure {
-    Python::attach(|py| {
-        if err.is_instance_of::<StageError>(py) {
-            StageFailure::BadOutput(err.value(py).to_string())
-        } else {
-            StageFailure::User(Box::new(PyUserError(err)))
-        }
-    })
-}
-
-/// A Python map function run on engine threads. `make_worker()` is called once per worker
-/// and returns its `forebay._udf.Runner`: `prepare(pyarrow.RecordBatch)` makes the function's
-/// input, `run(input)` calls the function, `finish(output)` turns what it returned into a list
-/// of `pyarrow.RecordBatch`.
-struct PyFunction {
-    make_worker: Py<PyAny>,
-}
-
-struct PyFunctionWorker {
-    prepare: Py<PyAny>,
-    run: Py<PyAny>,
-    finish: Py<PyAny>,
-    /// Inputs made ahead by the worker's `NextBatchPreparer` (see `lookahead`).
-    prepared: Arc<PreparedInputs>,
-    /// Batches it converts itself go to pyarrow through this.
-    exporter: BatchExporter,
-    /// Declared last: dropped after the Python objects.
-    _thread_state: KeptThreadState,
-}
-
-impl MapFn for PyFunction {
-    fn start_worker(&self, _: &WorkerContext<'_>) -> Result<Box<dyn MapWorker>, StageFailure> {
-        let thread_state = KeptThreadState::new();
-        let (prepare, run, finish) = Python::attach(|py| -> PyResult<_> {
-            let runner = self.make_worker.call0(py)?;
-            Ok((
-                runner.getattr(py, "prepare")?,
-                runner.getattr(py, "run")?,
-                runner.getattr(py, "finish")?,
-            ))
-        })
-        .map_err(failure)?;
-        Ok(Box::new(PyFunctionWorker {
-            prepare,
-            run,
-            finish,
-            prepared: PreparedInputs::new(),
-            exporter: BatchExporter::default(),
-            _thread_state: thread_state,
-        }))
-    }
-}
-
-impl MapWorker for PyFunctionWorker {
-    fn next_batch_preparer(&mut self) -> Option<Box<dyn PrepareNext>> {
-        let preparer = Python::attach(|py| {
-            NextBatchPreparer::new(py, self.prepared.clone(), self.prepare.clone_ref(py))
-        });
-        // Without a preparer the worker converts each batch itself, as it always can.
-        preparer.ok().map(|p| Box::new(p) as Box<dyn PrepareNext>)
-    }
-
-    fn call(
-        &mut self,
-        batch: RecordBatch,
-        _: &WorkerContext<'_>,
-    ) -> Result<Vec<RecordBatch>, StageFailure> {
-        let prepared = self.prepared.take(&batch);
-        Python::attach(|py| -> PyResult<Vec<RecordBatch>> {
-            let input = match prepared {
-                Some(input) => input?,
-                None => self
-                    .prepare
-                    .call1(py, (self.exporter.export(py, &batch)?,))?,
-            };
-            self.prepared.allow_next();
-            let out = self.run.call1(py, (input,));
-            self.prepared.function_returned();
-            let out = self.finish.call1(py, (out?,))?;
-            out.bind(py)
-                .try_iter()?
-                .map(|item| import_map_output(&item?, &batch))
-                .collect()
-        })
-        .map_err(failure)
-    }
-
-    fn close(&mut self) {
-        self.prepared.clear();
-        // Drop the Python objects with the GIL held.
-        Python::attach(|py| {
-            let _ = std::mem::replace(&mut self.prepare, py.None());
-            let _ = std::mem::replace(&mut self.run, py.None());
-            let _ = std::mem::replace(&mut self.finish, py.None());
-            self.exporter = BatchExporter::default();
-        });
-    }
-}
-
-/// Turn an engine error into the Python exception a user should see.
-pub(crate) fn engine_err(py: Python<'_>, err: EngineError) -> PyErr {
-    let message = err.to_string();
-    match err {
-        EngineError::UserFunction {
-            stage,
-            batch,
-            error,
-        } => {
-            let note = format!("raised by the function of stage '{stage}' on {batch}");
-            let error = match error.downcast::<PyUserError>() {
-                Ok(py_error) => {
-                    let exc = py_error.0;
-                    let _ = exc.value(py).call_method1("add_note", (note,));
-                    return exc;
-                }
-                Err(e) => e,
-            };
-            if let Some(remote) = error.downcast_ref::<RemoteError>() {
-                let rebuilt = py
-                    .import("forebay._udf")
-                    .and_then(|m| {
-                        m.call_method1(
-                            "remote_exception",
-                            (
-                                remote.text.clone(),
-                                pyo3::types::PyBytes::new(py, &remote.payload),
-                                note,
-                            ),
-                        )
-                    })
-                    .map(|exc| PyErr::from_value(exc));
-                return rebuilt.unwrap_or_else(|e| e);
-            }
-            StageError::new_err(message)
-        }
-        // The only row filter the bindings install is a checkpointed write's resume filter.
-        EngineError::Source(e) if e.kind() == ErrorKind::RowFilter => {
-            checkpoint_err_message(message)
-        }
-        EngineError::Source(e) => to_py_err(e),
-        EngineError::WorkerDied { .. } => WorkerDiedError::new_err(message),
-        EngineError::Write { .. } => WriteError::new_err(message),
-        EngineError::MemoryLimit { .. } => MemoryLimitExceeded::new_err(message),
-        EngineError::Checkpoint { stage, source } => {
-            checkpoint_err_message(format!("stage '{stage}': {source}"))
-        }
-        EngineError::InvalidArgument(_) => PyValueError::new_err(message),
-        EngineError::Cancelled => ForebayError::new_err("the pipeline was cancelled"),
-        _ => StageError::new_err(message),
-    }
-}
-
-fn stats_dict<'py>(py: Python<'py>, stats: &RunStats) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("wall_s", stats.wall.as_secs_f64())?;
-    d.set_item("memory_limit", stats.memory_limit)?;
-    d.set_item("peak_bytes", stats.peak_bytes)?;
-    d.set_item("store_spilled_bytes", stats.store_spilled_bytes)?;
-    let stages = PyList::empty(py);
-    for s in &stats.stages {
-        let sd = PyDict::new(py);
-        sd.set_item("name", &s.name)?;
-        sd.set_item("rows_in", s.rows_in)?;
-        sd.set_item("rows_out", s.rows_out)?;
-        sd.set_item("batches_in", s.batches_in)?;
-        sd.set_item("batches_out", s.batches_out)?;
-        sd.set_item("busy_s", s.busy.as_secs_f64())?;
-        sd.set_item("peak_bytes", s.peak_bytes)?;
-        sd.set_item("spilled_bytes", s.spilled_bytes)?;
-        stages.append(sd)?;
-    }
-    d.set_item("stages", stages)?;
-    Ok(d)
-}
-
-/// Events of a run, collected for the Python side to log.
-#[derive(Clone, Default)]
-struct EventLog(Arc<Mutex<Vec<PipelineEvent>>>);
-
-impl EventLog {
-    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let events = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
-        let out = PyList::empty(py);
-        for e in events {
-            let (level, text) = match e {
-                PipelineEvent::Started {
-                    stages,
-                    memory_limit,
-                } => (
-                    "debug",
-                    format!(
-                        "pipeline started: {} (memory limit {memory_limit} bytes)",
-                        stages.join(" -> ")
-                    ),
-                ),
-                PipelineEvent::WorkerStarted { stage, pid } => (
-                    "debug",
-                    format!("stage '{stage}': worker process {pid} started"),
-                ),
-                PipelineEvent::WorkerDied {
-                    stage,
-                    pid,
-                    how,
-                    retrying,
-                } => (
-                    "warning",
-                    format!(
-                        "stage '{stage}': worker process {pid} died ({how}){}",
-                        if retrying {
-                            "; retrying its batch on a new worker"
-                        } else {
-                            ""
-                        }
-                    ),
-                ),
-                PipelineEvent::Spilled { stage, bytes } => (
-                    "info",
-                    format!("stage '{stage}': moved {bytes} bytes of held batches out of memory"),
-                ),
-                PipelineEvent::FileWritten { path, rows, bytes } => (
-                    "debug",
-                    format!("wrote {path} ({rows} rows, {bytes} bytes)"),
-                ),
-                PipelineEvent::Warning { message } => ("warning", message.clone()),
-                PipelineEvent::Finished {
-                    rows,
-                    seconds,
-                    error,
-                } => match error {
-                    None => (
-                        "info",
-                        format!("pipeline finished: {rows} rows in {seconds:.3} s"),
-                    ),
-                    Some(e) => (
-                        "info",
-                        format!("pipeline stopped after {seconds:.3} s: {e}"),
-                    ),
-                },
-            };
-            out.append((level, text))?;
-        }
-        Ok(out)
-    }
 }
 
 /// A pipeline being described (the Rust half of running a `forebay.Dataset`).
