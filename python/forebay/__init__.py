@@ -16,8 +16,8 @@ from ._cpu import require_cpu_features
 require_cpu_features()  # before the extension loads: a clear error, not SIGILL
 
 from . import _forebay
-from ._checkpoint import CheckpointFilter
-from ._checkpointing import Checkpoint
+from ._checkpoint_config import Checkpoint
+from ._checkpoint_filter import CheckpointFilter
 from ._config import configure
 from ._dataset import Dataset, read_parquet
 from ._forebay import (

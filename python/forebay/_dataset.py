@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from . import _config, _forebay, _runs
 from ._args import integer, optional_integer
-from ._checkpointing import Checkpoint
+from ._checkpoint_config import Checkpoint
 from ._filters import normalize_filter
 from ._udf import (
     ITER_FORMATS,

@@ -56,7 +56,7 @@ def test_flat_ray_layout_load_contains_filter(tmp_path):
     (done / "_SUCCESS").write_text("")
     ckpt = forebay.CheckpointFilter.load(str(done), "id")
     assert len(ckpt) == len(reference)
-    assert ckpt.num_shards == forebay._checkpoint.DEFAULT_NUM_SHARDS
+    assert ckpt.num_shards == forebay._checkpoint_filter.DEFAULT_NUM_SHARDS
     assert ckpt.memory_bytes < 64 * len(reference) + 1_000_000
 
     probes = random_ids(rng, 10_000)

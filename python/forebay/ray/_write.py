@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 
 import forebay
 
-from .._checkpointing import Checkpoint
+from .._checkpoint_config import Checkpoint
 from .._forebay import RsCommitCoordinator, RsCommitStager
 from ._checkpoint import ShardedCheckpointFilter, default_num_actors, forebay_cause
 from ._datasource import ForebayParquetDatasource, cluster_cpus
