@@ -44,6 +44,24 @@
 //! * **Worker processes** ([`process`]): batches travel through a forebay-store by object id;
 //!   a dead worker is detected by its socket and its batch retried or reported.
 //!
+//! ## Where new things go
+//!
+//! * **A new compute mode** (async calls, a GPU worker, a remote endpoint): one
+//!   [`MapFn`] implementation. Its `start_worker` makes a [`MapWorker`] for each of the
+//!   stage's threads; the worker's `call` maps one batch, `next_batch_preparer` may start on
+//!   the next batch while a call runs, `close` releases what the worker holds. The stage
+//!   (module `stage`) already gives it batching, ordering, memory accounting, errors naming
+//!   the batch and cancellation; a `MapStage::new(name, your_fn)` adds it to a pipeline. The
+//!   existing ones: Rust closures (`stage`), Python on threads (`python/src/udf.rs`), worker
+//!   processes ([`process`]). On the Python side it is one more value of
+//!   `map_batches(compute=...)` in `python/forebay/_dataset.py`.
+//! * **A new output format** (there is no format trait yet, issue 35 item 4): the encoder
+//!   and its rolling of files live in `writer` ([`ParquetSink`], `run_writer`); the names of
+//!   committed data files (`part-<commit>.parquet`) in `commit::log` (`next_commit`) and
+//!   [`coordinator`] (files staged by other processes); where a write may go in `locations`
+//!   (every format must call `check_write_locations`). The id files of a checkpoint stay
+//!   Parquet whatever the output's format.
+//!
 //! ```no_run
 //! use forebay_engine::{IterOptions, MapStage, ParquetSink, Pipeline, Source};
 //! use forebay_parquet::{DatasetSource, ParquetDataset};
