@@ -66,7 +66,6 @@
 //! # Ok::<(), forebay_checkpoint::CheckpointError>(())
 //! ```
 
-pub mod durable;
 pub mod error;
 pub mod fingerprint;
 mod huge_pages;
@@ -81,6 +80,8 @@ mod write;
 
 pub use error::{CheckpointError, Result};
 pub use fingerprint::{IdFamily, FINGERPRINT_BITS};
+/// Durable local writes and process liveness (forebay-io's, here under their old path).
+pub use forebay_io::durable;
 pub use id_parts::IdPartsWriter;
 pub use index::{CheckpointIndex, DEFAULT_NUM_SHARDS, MAX_NUM_SHARDS};
 pub use layout::MANIFEST_FILE;

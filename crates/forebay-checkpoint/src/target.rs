@@ -26,7 +26,7 @@ use forebay_parquet::StorageOptions;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::durable::{create_dir_all_noting_parents, in_parallel};
+use crate::durable::{self, create_dir_all_noting_parents, in_parallel};
 use crate::error::{CheckpointError, Result};
 use crate::layout::{parse_shard_dir, temp_name, temp_writer_pid, Manifest, MANIFEST_FILE};
 
@@ -98,7 +98,7 @@ impl Target {
             Target::Remote { store, prefix, .. } => {
                 let store = store.clone();
                 let location = Self::remote_path(prefix, MANIFEST_FILE);
-                let got = forebay_parquet::block_on(async move {
+                let got = forebay_io::block_on(async move {
                     match store.get(&location).await {
                         Ok(r) => r.bytes().await.map(Some),
                         Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -151,13 +151,14 @@ impl Target {
                 shown,
             } => {
                 let (store, prefix) = (store.clone(), prefix.clone());
-                let listing = forebay_parquet::block_on(async move {
-                    store.list_with_delimiter(Some(&prefix)).await
-                })
-                .map_err(|source| CheckpointError::Store {
-                    path: shown.clone(),
-                    source: Box::new(source),
-                })?;
+                let listing =
+                    forebay_io::block_on(
+                        async move { store.list_with_delimiter(Some(&prefix)).await },
+                    )
+                    .map_err(|source| CheckpointError::Store {
+                        path: shown.clone(),
+                        source: Box::new(source),
+                    })?;
                 let dirs = listing
                     .common_prefixes
                     .iter()
@@ -193,9 +194,9 @@ impl Target {
             }
             Target::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), Self::remote_path(prefix, relative));
-                forebay_parquet::block_on(async move {
-                    store.put(&location, PutPayload::from(bytes)).await
-                })
+                forebay_io::block_on(
+                    async move { store.put(&location, PutPayload::from(bytes)).await },
+                )
                 .map_err(|source| CheckpointError::Store {
                     path: shown.clone(),
                     source: Box::new(source),
@@ -321,7 +322,7 @@ impl Target {
                     }
                 })
                 .collect();
-            forebay_parquet::block_on(async move { futures::future::try_join_all(puts).await })
+            forebay_io::block_on(async move { futures::future::try_join_all(puts).await })
                 .map_err(|(relative, source)| CheckpointError::Store {
                     path: self.shown(&relative),
                     source: Box::new(source),
@@ -374,28 +375,12 @@ pub(crate) fn io_err(path: &FsPath) -> impl Fn(std::io::Error) -> CheckpointErro
 }
 
 pub(crate) fn fsync_dir(dir: &FsPath) -> Result<()> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
+    durable::sync_dir(dir).map_err(io_err(dir))
 }
 
 /// `mkdir -p` that also makes each new directory's entry durable.
 pub(crate) fn create_dir_all_durable(dir: &FsPath) -> Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dir_all_durable(parent)?;
-    }
-    match fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(io_err(dir)(e)),
-    }
-    if let Some(parent) = dir.parent() {
-        fsync_dir(parent)?;
-    }
-    Ok(())
+    durable::create_dir_all_durable(dir).map_err(|e| io_err(&e.path)(e.source))
 }
 
 /// Write `bytes` to `path` with the commit protocol (temp file, fsync, rename, fsync dir).
@@ -545,7 +530,7 @@ mod tests {
         for (relative, bytes) in &files {
             let location = ObjectPath::from(format!("put-all/ckpt/{relative}"));
             let store = store.clone();
-            let got = forebay_parquet::block_on(async move {
+            let got = forebay_io::block_on(async move {
                 store.get(&location).await.unwrap().bytes().await.unwrap()
             });
             assert_eq!(&got[..], &bytes[..], "{relative}");

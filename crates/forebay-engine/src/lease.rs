@@ -132,7 +132,7 @@ impl LeaseRecord {
         now_ms.saturating_sub(self.renewed_at_ms) > self.ttl_ms
             || (self.machine == this_machine()
                 && self.pid != std::process::id()
-                && !forebay_checkpoint::durable::process_alive(self.pid))
+                && !forebay_io::durable::process_alive(self.pid))
     }
 }
 
@@ -187,7 +187,7 @@ impl Lease {
         let put = |record: &LeaseRecord, mode: PutMode| {
             let (store, path) = (store.clone(), path.clone());
             let body = serde_json::to_vec(record).expect("lease records serialise");
-            forebay_parquet::block_on(async move {
+            forebay_io::block_on(async move {
                 store
                     .put_opts(
                         &path,
@@ -213,7 +213,7 @@ impl Lease {
             // Someone holds it, or held it and died.
             let read = {
                 let (store, path) = (store.clone(), path.clone());
-                forebay_parquet::block_on(async move {
+                forebay_io::block_on(async move {
                     let got = store.get(&path).await?;
                     let version = UpdateVersion {
                         e_tag: got.meta.e_tag.clone(),
@@ -357,7 +357,7 @@ impl LeaseShared {
         let started = Instant::now();
         let (store, path) = (self.store.clone(), self.path.clone());
         let body = serde_json::to_vec(&record).expect("lease records serialise");
-        let result = forebay_parquet::block_on(async move {
+        let result = forebay_io::block_on(async move {
             store
                 .put_opts(
                     &path,
@@ -389,7 +389,7 @@ impl LeaseShared {
         }
         let owner = lock(&self.record).owner.clone();
         let (store, path) = (self.store.clone(), self.path.clone());
-        let _ = forebay_parquet::block_on(async move {
+        let _ = forebay_io::block_on(async move {
             let got = store.get(&path).await?;
             let held: Option<LeaseRecord> = serde_json::from_slice(&got.bytes().await?).ok();
             if held.is_some_and(|h| h.owner == owner) {

@@ -146,9 +146,9 @@ impl Dir {
             }
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
-                forebay_parquet::block_on(async move {
-                    store.put(&location, PutPayload::from(bytes)).await
-                })
+                forebay_io::block_on(
+                    async move { store.put(&location, PutPayload::from(bytes)).await },
+                )
                 .map(drop)
                 .map_err(|e| self.error(relative, e))
             }
@@ -165,7 +165,7 @@ impl Dir {
             },
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
-                forebay_parquet::block_on(async move {
+                forebay_io::block_on(async move {
                     match store.get(&location).await {
                         Ok(r) => r.bytes().await.map(Some),
                         Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -182,7 +182,7 @@ impl Dir {
             Dir::Local(root) => Ok(root.join(relative).exists()),
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
-                forebay_parquet::block_on(async move {
+                forebay_io::block_on(async move {
                     match store.head(&location).await {
                         Ok(_) => Ok(true),
                         Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -208,7 +208,7 @@ impl Dir {
             },
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
-                let listing = forebay_parquet::block_on(async move {
+                let listing = forebay_io::block_on(async move {
                     store.list_with_delimiter(Some(&location)).await
                 })
                 .map_err(|e| self.error(relative, e))?;
@@ -230,7 +230,7 @@ impl Dir {
             },
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
-                forebay_parquet::block_on(async move {
+                forebay_io::block_on(async move {
                     match store.delete(&location).await {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                         Err(e) => Err(e),
@@ -253,7 +253,7 @@ impl Dir {
             }
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
-                forebay_parquet::block_on(async move {
+                forebay_io::block_on(async move {
                     // Listed and deleted as one stream: stores with a bulk delete (S3's
                     // DeleteObjects) remove up to 1,000 objects a request.
                     let listed = store
@@ -316,7 +316,7 @@ impl Dir {
                     .first()
                     .map(|(from, _)| from.clone())
                     .unwrap_or_default();
-                return forebay_parquet::block_on(async move {
+                return forebay_io::block_on(async move {
                     futures::stream::iter(objects)
                         .map(|(from, src, dst)| {
                             let store = store.clone();
@@ -453,27 +453,11 @@ fn object_path(prefix: &ObjectPath, relative: &str) -> ObjectPath {
         .fold(prefix.clone(), |p, part| p.clone().join(part))
 }
 
-pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
+pub(crate) use forebay_io::durable::sync_dir;
 
 /// `mkdir -p` that makes each new directory's entry durable.
 pub(crate) fn create_dir_all_durable(dir: &Path) -> std::io::Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dir_all_durable(parent)?;
-    }
-    match fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    if let Some(parent) = dir.parent() {
-        sync_dir(parent)?;
-    }
-    Ok(())
+    forebay_io::durable::create_dir_all_durable(dir).map_err(|e| e.source)
 }
 
 /// Temp file, fsync, rename, fsync of the directory.

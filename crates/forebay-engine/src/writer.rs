@@ -411,7 +411,7 @@ impl OpenFile {
             FileWriter::Remote { writer } => {
                 let mut w = writer.take().expect("open");
                 let b = batch.clone();
-                let (w, result) = forebay_parquet::block_on(async move {
+                let (w, result) = forebay_io::block_on(async move {
                     let r = w.write(&b).await;
                     (w, r)
                 });
@@ -469,7 +469,7 @@ impl OpenFile {
             }
             FileWriter::Remote { writer } => {
                 let w = writer.take().expect("open");
-                forebay_parquet::block_on(async move {
+                forebay_io::block_on(async move {
                     let mut w = w;
                     // Flushes and completes the upload (the object appears now).
                     w.finish().await?;
@@ -501,7 +501,7 @@ impl Drop for OpenFile {
             FileWriter::Remote { writer } => {
                 if let Some(w) = writer.take() {
                     let mut upload = w.into_inner();
-                    forebay_parquet::block_on(async move {
+                    forebay_io::block_on(async move {
                         let _ = upload.abort().await;
                     });
                 }

@@ -13,6 +13,8 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 use crossbeam_channel::Sender;
 
+use forebay_io::durable::process_alive;
+
 use crate::error::{Result, SpillError};
 use crate::format::{align_up, check_head, check_payload, length_table, padding, Header};
 use crate::location::{ObjectExtent, PendingRound};
@@ -254,14 +256,6 @@ fn spill_file_name(seq: u64) -> String {
 fn spill_file_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix("forebay-")?.strip_suffix(".spill")?;
     rest.split_once('-')?.0.parse().ok()
-}
-
-fn process_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") {
-        Path::new("/proc").join(pid.to_string()).exists()
-    } else {
-        true
-    }
 }
 
 fn free_space(dir: &Path) -> u64 {

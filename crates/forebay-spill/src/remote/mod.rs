@@ -63,7 +63,8 @@ use crate::area::SpillObject;
 use crate::error::{Result, SpillError};
 use crate::location::{ObjectExtent, PendingRound};
 
-use names::{host_name, parse_process_dir, process_alive, process_dir_name};
+use forebay_io::durable::process_alive;
+use names::{host_name, parse_process_dir, process_dir_name};
 use upload::write_round;
 
 /// How a [`RemoteSpillTarget`] uploads.

@@ -55,11 +55,3 @@ pub(super) fn parse_process_dir(name: &str) -> Option<(u32, &str)> {
     }
     Some((pid.parse().ok()?, host))
 }
-
-pub(super) fn process_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") {
-        std::path::Path::new("/proc").join(pid.to_string()).exists()
-    } else {
-        true
-    }
-}
