@@ -21,7 +21,7 @@ import pyarrow as pa
 
 import forebay
 
-from .._checkpoint import DEFAULT_NUM_SHARDS, CheckpointFilter
+from .._checkpoint_filter import DEFAULT_NUM_SHARDS, CheckpointFilter
 from .._forebay import CheckpointError, DatasetNotFoundError
 
 try:
