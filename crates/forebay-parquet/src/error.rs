@@ -90,6 +90,19 @@ fn location_suffix(row_group: Option<usize>) -> String {
     }
 }
 
+impl From<forebay_io::location::LocationError> for ParquetError {
+    fn from(err: forebay_io::location::LocationError) -> Self {
+        match err {
+            forebay_io::location::LocationError::Invalid(message) => {
+                ParquetError::InvalidArgument(message)
+            }
+            forebay_io::location::LocationError::Store { uri, source } => {
+                ParquetError::from_store(uri, source)
+            }
+        }
+    }
+}
+
 impl ParquetError {
     /// Map an object_store error on `path` into the right variant (not found vs I/O).
     pub(crate) fn from_store(path: impl Into<String>, err: object_store::Error) -> Self {

@@ -3,57 +3,32 @@
 //! * A local path (`/data/x.parquet`, `data/`) or a `file://` URI is listed and its footer
 //!   read through object_store's `LocalFileSystem`; its column chunks are read directly
 //!   (`local.rs`: `pread` into uninitialised memory, no thread hand-off when cached).
-//! * `s3://`, `gs://`, `az://`/`abfs://` open object_store's builder for the scheme from the
-//!   environment (`AWS_*`, `GOOGLE_*`, `AZURE_*` variables, as the clouds' own tools read
-//!   them), then apply the user's `storage_options` (e.g. `aws_endpoint`, `aws_allow_http`,
-//!   `aws_region`), which win; `http(s)://` goes through `object_store::parse_url_opts`.
-//! * `memory://` is one process-wide in-memory store ([`global_memory_store`]), handy for
-//!   tests and for embedders that stage bytes in memory.
+//! * `s3://`, `gs://`, `az://`/`abfs://`, `http(s)://` and `memory://` open their store as
+//!   forebay-io's `location` module says (from the environment, then the user's
+//!   `storage_options`, which win); `memory://` is one process-wide in-memory store
+//!   ([`global_memory_store`]).
 //!
 //! A directory (or prefix) is listed recursively and its files are read in lexicographic
 //! order. Like pyarrow and Spark, names beginning with `_` or `.` (`_SUCCESS`, `.crc`,
 //! `_metadata`, temporary files) are skipped. A glob (`*`, `?`, `[...]`, `**`) is matched
 //! against the listing of its longest literal prefix. Explicit file lists keep their order.
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::TryStreamExt;
-use object_store::local::LocalFileSystem;
-use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
-use url::Url;
+
+pub use forebay_io::location::{global_memory_store, StorageOptions};
+use forebay_io::location::{StoreRoot, Stores};
 
 use crate::error::{ParquetError, Result};
 use crate::io::{FileEntry, IoMetrics};
 
-/// The store behind every `memory://` URI in this process.
-pub fn global_memory_store() -> Arc<InMemory> {
-    static STORE: OnceLock<Arc<InMemory>> = OnceLock::new();
-    STORE.get_or_init(|| Arc::new(InMemory::new())).clone()
-}
-
 /// Store `data` at a `memory://` URI in [`global_memory_store`] (blocking).
 pub fn put_memory_object(uri: &str, data: Vec<u8>) -> Result<()> {
-    let key = uri
-        .strip_prefix("memory://")
-        .ok_or_else(|| ParquetError::InvalidArgument(format!("{uri}: not a memory:// URI")))?;
-    let location = Path::parse(key.trim_start_matches('/')).map_err(|e| {
-        ParquetError::InvalidArgument(format!("{uri}: not a valid object path: {e}"))
-    })?;
-    let uri = uri.to_string();
-    crate::scan::block_on(async move {
-        global_memory_store()
-            .put(&location, data.into())
-            .await
-            .map(|_| ())
-            .map_err(|e| ParquetError::from_store(uri, e))
-    })
+    forebay_io::location::put_memory_object(uri, data).map_err(ParquetError::from)
 }
-
-/// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...).
-pub type StorageOptions = HashMap<String, String>;
 
 /// Where a dataset's files come from.
 #[derive(Clone)]
@@ -110,22 +85,7 @@ pub fn open_location(
     uri: &str,
     options: &StorageOptions,
 ) -> Result<(Arc<dyn ObjectStore>, Path, String)> {
-    let (root, path) = store_for(uri, options, &mut HashMap::new())?;
-    let parsed = Path::parse(&path).map_err(|e| {
-        ParquetError::InvalidArgument(format!("{uri}: not a valid object path: {e}"))
-    })?;
-    let shown = format!("{}{}", root.display_prefix, parsed);
-    Ok((root.store, parsed, shown))
-}
-
-/// A store plus how to display its paths.
-#[derive(Clone)]
-struct StoreRoot {
-    store: Arc<dyn ObjectStore>,
-    /// Set when the store is the local file system: maps object paths to file paths.
-    local: Option<Arc<LocalFileSystem>>,
-    /// Prefix prepended to an object path to form its display URI (`s3://bucket/`, `/`).
-    display_prefix: String,
+    forebay_io::location::open_location(uri, options).map_err(ParquetError::from)
 }
 
 /// The name endings a directory listing keeps by default (see
@@ -148,9 +108,9 @@ pub(crate) async fn resolve(
             if uris.is_empty() {
                 return Err(ParquetError::InvalidArgument("no paths given".into()));
             }
-            let mut stores: HashMap<String, StoreRoot> = HashMap::new();
+            let mut stores = Stores::default();
             for uri in uris {
-                let (root, path) = store_for(uri, storage_options, &mut stores)?;
+                let (root, path) = stores.open(uri, storage_options)?;
                 files.extend(expand(&root, uri, &path, extensions, metrics).await?);
             }
         }
@@ -173,153 +133,6 @@ pub(crate) async fn resolve(
         }
     }
     Ok(files)
-}
-
-/// `path` without `.` components, each `..` removing the component before it.
-fn lexically_normal(path: &std::path::Path) -> std::path::PathBuf {
-    use std::path::Component;
-    let mut out = std::path::PathBuf::new();
-    for part in path.components() {
-        match part {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out
-}
-
-/// Find (or build) the store for one user-given location; returns it with the path inside
-/// it as a plain '/'-separated string (still possibly containing glob characters).
-fn store_for(
-    uri: &str,
-    options: &StorageOptions,
-    stores: &mut HashMap<String, StoreRoot>,
-) -> Result<(StoreRoot, String)> {
-    let bad = |reason: String| ParquetError::InvalidArgument(format!("{uri}: {reason}"));
-    if !uri.contains("://") {
-        // A plain local path: make it absolute without requiring it to exist yet (globs), and
-        // resolve `.` and `..` as Python's os.path.abspath does (object store paths have no
-        // such components).
-        let abs = std::path::absolute(uri).map_err(|e| bad(format!("bad local path: {e}")))?;
-        let abs = lexically_normal(&abs);
-        let text = abs
-            .to_str()
-            .ok_or_else(|| bad("local path is not valid UTF-8".into()))?;
-        return Ok((local_root(stores), text.trim_start_matches('/').to_string()));
-    }
-    let url = Url::parse(uri).map_err(|e| bad(format!("not a valid URI: {e}")))?;
-    let path = percent_decode(url.path())
-        .trim_start_matches('/')
-        .to_string();
-    match url.scheme() {
-        "file" => Ok((local_root(stores), path)),
-        "memory" => {
-            // memory://bucket/key: the "host" is part of the key space.
-            let host = url.host_str().unwrap_or("");
-            let key = if host.is_empty() {
-                path
-            } else {
-                format!("{host}/{path}")
-            };
-            let root = StoreRoot {
-                local: None,
-                store: global_memory_store(),
-                display_prefix: "memory://".to_string(),
-            };
-            Ok((root, key.trim_end_matches('/').to_string()))
-        }
-        _ => {
-            let base = format!("{}://{}", url.scheme(), url.authority());
-            if let Some(root) = stores.get(&base) {
-                return Ok((root.clone(), path));
-            }
-            let base_url = Url::parse(&base).map_err(|e| bad(format!("not a valid URI: {e}")))?;
-            let store = open_remote(&base_url, options)
-                .map_err(|e| bad(format!("cannot open object store: {e}")))?;
-            let root = StoreRoot {
-                local: None,
-                store: Arc::from(store),
-                display_prefix: format!("{base}/"),
-            };
-            stores.insert(base, root.clone());
-            Ok((root, path))
-        }
-    }
-}
-
-/// The object store of a remote URI's scheme and authority. S3, GCS and Azure start from
-/// the environment, as their own tools and pyarrow, polars and DuckDB do (`AWS_ACCESS_KEY_ID`,
-/// `AWS_ENDPOINT_URL`, `AWS_REGION`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
-/// ...); `storage_options` override what the environment says. Unknown option keys are
-/// ignored, as `object_store::parse_url_opts` ignores them.
-fn open_remote(
-    url: &Url,
-    options: &StorageOptions,
-) -> std::result::Result<Box<dyn ObjectStore>, object_store::Error> {
-    use object_store::aws::AmazonS3Builder;
-    use object_store::azure::MicrosoftAzureBuilder;
-    use object_store::gcp::GoogleCloudStorageBuilder;
-    use object_store::ObjectStoreScheme;
-
-    /// `builder` with each option its config keys know.
-    macro_rules! configured {
-        ($builder:expr) => {
-            options.iter().fold($builder, |builder, (key, value)| {
-                match key.to_ascii_lowercase().parse() {
-                    Ok(key) => builder.with_config(key, value),
-                    Err(_) => builder,
-                }
-            })
-        };
-    }
-    let (scheme, _) = ObjectStoreScheme::parse(url)?;
-    Ok(match scheme {
-        ObjectStoreScheme::AmazonS3 => {
-            Box::new(configured!(AmazonS3Builder::from_env().with_url(url.as_str())).build()?)
-        }
-        ObjectStoreScheme::GoogleCloudStorage => Box::new(
-            configured!(GoogleCloudStorageBuilder::from_env().with_url(url.as_str())).build()?,
-        ),
-        ObjectStoreScheme::MicrosoftAzure => {
-            Box::new(configured!(MicrosoftAzureBuilder::from_env().with_url(url.as_str())).build()?)
-        }
-        _ => object_store::parse_url_opts(url, options.iter())?.0,
-    })
-}
-
-fn local_root(stores: &mut HashMap<String, StoreRoot>) -> StoreRoot {
-    stores
-        .entry("file://".into())
-        .or_insert_with(|| {
-            let local = Arc::new(LocalFileSystem::new());
-            StoreRoot {
-                store: local.clone(),
-                local: Some(local),
-                display_prefix: "/".into(),
-            }
-        })
-        .clone()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn is_glob(path: &str) -> bool {
@@ -535,11 +348,5 @@ mod tests {
         assert!(is_hidden("_SUCCESS"));
         assert!(is_hidden("a/.tmp-1.parquet"));
         assert!(!is_hidden("shard=1/part-0.parquet"));
-    }
-
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(percent_decode("a%20b"), "a b");
-        assert_eq!(percent_decode("100%"), "100%");
     }
 }
