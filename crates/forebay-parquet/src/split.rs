@@ -13,12 +13,11 @@
 //!                    (rg 1 starts at 90, inside the first range)
 //! ```
 //!
-//! [`AllSkips`] combines skips (a resume's finished input and a task's range): a file or
+//! [`AllSkips`](crate::AllSkips) combines skips (a resume's finished input and a task's range): a file or
 //! row group is skipped when any of them says so.
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
 
 use parquet::file::metadata::ParquetMetaData;
 
@@ -85,33 +84,10 @@ impl ScanSkip for ByteRangeSplit {
     }
 }
 
-/// Skips that add up: a file or row group is skipped when any of them skips it.
-#[derive(Clone)]
-pub struct AllSkips(pub Vec<Arc<dyn ScanSkip>>);
-
-impl ScanSkip for AllSkips {
-    fn skip_file(&self, file: &FileEntry) -> bool {
-        self.0.iter().any(|s| s.skip_file(file))
-    }
-
-    fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool {
-        self.0.iter().any(|s| s.skip_row_group(file, row_group))
-    }
-
-    fn skip_row_group_in(
-        &self,
-        file: &FileEntry,
-        footer: &ParquetMetaData,
-        row_group: usize,
-    ) -> bool {
-        self.0
-            .iter()
-            .any(|s| s.skip_row_group_in(file, footer, row_group))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use arrow::array::{AsArray, Int64Array, RecordBatch};
     use arrow::datatypes::Int64Type;
     use parquet::arrow::ArrowWriter;

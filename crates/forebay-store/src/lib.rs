@@ -46,6 +46,7 @@
 //! | module     | what                                                                  |
 //! |------------|-----------------------------------------------------------------------|
 //! | `store`    | [`ObjectStore`]: put, get, create, delete; owner or attached            |
+//! | `backend`  | how a handle reaches the object table: the owner's core or a client     |
 //! | `pinned`   | [`PinnedObject`]: an object read in place, its region pinned            |
 //! | `writer`   | [`ObjectWriter`]: an object written in place, then sealed               |
 //! | `config`   | [`StoreConfig`], [`StoreStats`]                                         |
@@ -66,6 +67,7 @@
 //! ```
 
 pub mod arena;
+mod backend;
 mod client;
 mod config;
 mod dir;

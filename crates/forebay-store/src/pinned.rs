@@ -9,10 +9,10 @@ use arrow_buffer::Buffer;
 use arrow_schema::SchemaRef;
 use bytes::Bytes;
 
+use crate::backend::Backend;
 pub use crate::error::{Result, StoreError};
 use crate::ipc;
 pub use crate::layout::{Format, ObjectHeader, ObjectId};
-use crate::store::Backend;
 
 /// The pin on one object: while it lives the object's region stays where it is.
 pub(crate) struct Pin {

@@ -10,74 +10,18 @@ use arrow_schema::{Schema, SchemaRef};
 use forebay_spill::{SpillArea, SpillConfig};
 
 use crate::arena::Arena;
+use crate::backend::Backend;
 use crate::client::ClientCore;
 use crate::config::{StoreConfig, StoreStats};
 use crate::dir::{prepare_dir, random_nonce, reclaim_dead_stores};
 pub use crate::error::{Result, StoreError};
 pub use crate::layout::{Format, ObjectHeader, ObjectId};
-use crate::owner::{Creator, OwnerCore};
+use crate::owner::OwnerCore;
 use crate::pinned::Pin;
 use crate::pinned::PinnedObject;
 use crate::server::Server;
 use crate::writer::ObjectWriter;
 use crate::{ipc, layout, server, ARENA_FILE, SOCKET_FILE};
-
-/// Owner or attached: the two ways a handle reaches the object table.
-#[derive(Clone)]
-pub(crate) enum Backend {
-    Owner(Arc<OwnerCore>),
-    Client(Arc<ClientCore>),
-}
-
-impl Backend {
-    pub(crate) fn arena(&self) -> &Arc<Arena> {
-        match self {
-            Backend::Owner(c) => c.arena(),
-            Backend::Client(c) => c.arena(),
-        }
-    }
-    pub(crate) fn dir(&self) -> &Path {
-        match self {
-            Backend::Owner(c) => c.dir(),
-            Backend::Client(c) => c.dir(),
-        }
-    }
-    fn create(
-        &self,
-        format: Format,
-        meta_len: usize,
-        data_len: usize,
-    ) -> Result<(ObjectId, usize)> {
-        match self {
-            Backend::Owner(c) => c.create(format, meta_len, data_len, Creator::Local),
-            Backend::Client(c) => c.create(format, meta_len, data_len),
-        }
-    }
-    pub(crate) fn seal(&self, id: ObjectId) -> Result<()> {
-        match self {
-            Backend::Owner(c) => c.seal(id, Creator::Local),
-            Backend::Client(c) => c.seal(id),
-        }
-    }
-    pub(crate) fn abort(&self, id: ObjectId) {
-        match self {
-            Backend::Owner(c) => c.abort(id, Creator::Local),
-            Backend::Client(c) => c.abort(id),
-        }
-    }
-    fn pin(&self, id: ObjectId) -> Result<usize> {
-        match self {
-            Backend::Owner(c) => c.pin(id),
-            Backend::Client(c) => c.pin(id),
-        }
-    }
-    pub(crate) fn unpin(&self, id: ObjectId) {
-        match self {
-            Backend::Owner(c) => c.unpin(id),
-            Backend::Client(c) => c.unpin(id),
-        }
-    }
-}
 
 /// A handle on an object store: the owner (created with [`ObjectStore::new`]) or an attached
 /// process ([`ObjectStore::attach`]). Methods are the same on both.

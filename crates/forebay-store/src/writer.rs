@@ -1,8 +1,8 @@
 //! Writing an object in place: [`ObjectWriter`] (`create` → write → `seal`).
 
+use crate::backend::Backend;
 pub use crate::error::Result;
 pub use crate::layout::{ObjectHeader, ObjectId};
-use crate::store::Backend;
 
 /// An object being written in place (`create` → write → `seal`). Dropped unsealed, its
 /// memory is freed.

@@ -1,13 +1,10 @@
 //! Binding a [`Predicate`] to a file's schema: each column found, each literal cast once to
 //! the type it is compared in; the result, a [`BoundPredicate`], evaluates rows and prunes.
 
-use arrow::array::{Array, ArrayRef, BooleanArray};
+use arrow::array::{Array, ArrayRef};
 use arrow::compute::{cast_with_options, CastOptions};
 use arrow::datatypes::{DataType, Schema};
-use arrow::record_batch::RecordBatch;
 
-use super::evaluate::{eval_node, null_as_false};
-use super::prune::{prune_node, ContainerStats};
 use super::{CompareOp, Literal, Predicate};
 use crate::error::column_not_found;
 use crate::error::{ParquetError, Result};
@@ -173,7 +170,7 @@ fn bind_literal(column: &str, column_type: &DataType, literal: &Literal) -> Resu
 /// A [`Predicate`] checked against a schema, ready to evaluate rows or statistics.
 #[derive(Debug, Clone)]
 pub struct BoundPredicate {
-    root: Node,
+    pub(super) root: Node,
 }
 
 #[derive(Debug, Clone)]
@@ -214,25 +211,5 @@ impl BoundPredicate {
         }
         walk(&self.root, &mut out);
         out
-    }
-
-    /// Evaluate on a batch that contains (at least) the referenced columns. The result has no
-    /// nulls: rows whose predicate is null are `false`, as in a filter.
-    pub fn evaluate(
-        &self,
-        batch: &RecordBatch,
-    ) -> std::result::Result<BooleanArray, arrow::error::ArrowError> {
-        let result = eval_node(&self.root, batch)?;
-        Ok(null_as_false(&result))
-    }
-
-    /// For `n` containers, whether each may hold a row matching the predicate. `stats` gives
-    /// a column's statistics over those containers, or `None` when they are not known.
-    pub fn may_match(
-        &self,
-        n: usize,
-        stats: &mut dyn FnMut(&str) -> Option<ContainerStats>,
-    ) -> Vec<bool> {
-        prune_node(&self.root, n, stats)
     }
 }

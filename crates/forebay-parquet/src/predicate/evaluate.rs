@@ -8,8 +8,20 @@ use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
 use arrow::record_batch::RecordBatch;
 
 use super::bind::value_type;
-use super::bind::{Node, Operand};
+use super::bind::{BoundPredicate, Node, Operand};
 use super::CompareOp;
+
+impl BoundPredicate {
+    /// Evaluate on a batch that contains (at least) the referenced columns. The result has no
+    /// nulls: rows whose predicate is null are `false`, as in a filter.
+    pub fn evaluate(
+        &self,
+        batch: &RecordBatch,
+    ) -> std::result::Result<BooleanArray, arrow::error::ArrowError> {
+        let result = eval_node(&self.root, batch)?;
+        Ok(null_as_false(&result))
+    }
+}
 
 pub(super) fn null_as_false(array: &BooleanArray) -> BooleanArray {
     match array.nulls() {

@@ -6,7 +6,7 @@ use arrow::compute::kernels::{boolean, cmp};
 use arrow::datatypes::DataType;
 
 use super::bind::is_float;
-use super::bind::{Node, Operand};
+use super::bind::{BoundPredicate, Node, Operand};
 use super::evaluate::{nan_mask, null_as_false, to_compare_type};
 use super::CompareOp;
 
@@ -46,6 +46,18 @@ impl ContainerStats {
                 out
             }
         }
+    }
+}
+
+impl BoundPredicate {
+    /// For `n` containers, whether each may hold a row matching the predicate. `stats` gives
+    /// a column's statistics over those containers, or `None` when they are not known.
+    pub fn may_match(
+        &self,
+        n: usize,
+        stats: &mut dyn FnMut(&str) -> Option<ContainerStats>,
+    ) -> Vec<bool> {
+        prune_node(&self.root, n, stats)
     }
 }
 

@@ -39,6 +39,31 @@ pub trait ScanSkip: Send + Sync {
     }
 }
 
+/// Skips that add up: a file or row group is skipped when any of them skips it.
+#[derive(Clone)]
+pub struct AllSkips(pub Vec<Arc<dyn ScanSkip>>);
+
+impl ScanSkip for AllSkips {
+    fn skip_file(&self, file: &FileEntry) -> bool {
+        self.0.iter().any(|s| s.skip_file(file))
+    }
+
+    fn skip_row_group(&self, file: &FileEntry, row_group: usize) -> bool {
+        self.0.iter().any(|s| s.skip_row_group(file, row_group))
+    }
+
+    fn skip_row_group_in(
+        &self,
+        file: &FileEntry,
+        footer: &ParquetMetaData,
+        row_group: usize,
+    ) -> bool {
+        self.0
+            .iter()
+            .any(|s| s.skip_row_group_in(file, footer, row_group))
+    }
+}
+
 /// A [`ScanSkip`] in the builder (which derives `Debug`).
 #[derive(Clone)]
 pub(super) struct Skip(pub(super) Arc<dyn ScanSkip>);

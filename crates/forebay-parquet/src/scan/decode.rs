@@ -17,10 +17,9 @@ use parquet::arrow::parquet_to_arrow_field_levels;
 use parquet::arrow::ProjectionMask;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::driver::BatchResult;
-use super::driver::Unit;
+use super::stream::BatchResult;
 use super::stream::{BatchProvenance, ProvenancedBatch};
-use super::{DatasetInner, FlatColumn, OpenedFile};
+use super::{DatasetInner, FlatColumn, OpenedFile, Unit};
 use crate::error::{corrupt, ParquetError, Result};
 use crate::flat::{self, FlatDecoder};
 use crate::io::ObjectFileReader;

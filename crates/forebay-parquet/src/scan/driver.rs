@@ -7,44 +7,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
-use parquet::arrow::arrow_reader::RowSelection;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::decode::decode_unit;
 use super::footer::FOOTER_CONCURRENCY;
 use super::runtime::panic_message;
-use super::stream::ProvenancedBatch;
-use super::{DatasetInner, OpenedFile};
-use crate::error::{ParquetError, Result};
-
-/// What the scan decodes as one piece: a row group of a file, or the rows of it a page-index
-/// selection keeps.
-pub(super) struct Unit {
-    pub(super) file: Arc<str>,
-    pub(super) file_index: usize,
-    pub(super) row_group: usize,
-    pub(super) first_row: u64,
-    pub(super) selection: Option<RowSelection>,
-}
-
-impl Unit {
-    pub(super) fn new(
-        file: &OpenedFile,
-        row_group: usize,
-        first_row: u64,
-        selection: Option<RowSelection>,
-    ) -> Self {
-        Unit {
-            file: file.entry.uri.clone(),
-            file_index: file.index,
-            row_group,
-            first_row,
-            selection,
-        }
-    }
-}
-
-pub(super) type BatchResult = Result<ProvenancedBatch>;
+use super::stream::BatchResult;
+use super::{DatasetInner, OpenedFile, Unit};
+use crate::error::ParquetError;
 
 /// Rows per batch of the scan's first unit (when `batch_size` is larger).
 const FIRST_UNIT_BATCH_ROWS: usize = 8192;

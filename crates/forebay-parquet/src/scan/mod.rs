@@ -44,7 +44,7 @@ mod runtime;
 mod schema;
 mod stream;
 
-pub use builder::{ParquetDatasetBuilder, ScanSkip};
+pub use builder::{AllSkips, ParquetDatasetBuilder, ScanSkip};
 pub use decode::DEFAULT_MAX_COLUMN_CHUNK_BYTES;
 pub use metrics::ScanMetricsSnapshot;
 pub use runtime::{block_on, runtime};
@@ -57,7 +57,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::datatypes::{SchemaRef, TimeUnit};
 use futures::{FutureExt, StreamExt};
-use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection};
 use parquet::arrow::ProjectionMask;
 use tokio::sync::mpsc;
 
@@ -182,7 +182,7 @@ impl ParquetDataset {
     /// resume's finished input). Its metrics start from zero.
     pub fn and_skip(&self, skip: Arc<dyn ScanSkip>) -> ParquetDataset {
         let skip = match &self.inner.options.skip {
-            Some(Skip(present)) => Arc::new(crate::split::AllSkips(vec![present.clone(), skip])),
+            Some(Skip(present)) => Arc::new(AllSkips(vec![present.clone(), skip])),
             None => skip,
         };
         self.with_skip(skip)
@@ -376,6 +376,33 @@ impl ParquetDataset {
             rx,
             schema: self.schema(),
             driver,
+        }
+    }
+}
+
+/// What the scan decodes as one piece: a row group of a file, or the rows of it a page-index
+/// selection keeps.
+struct Unit {
+    file: Arc<str>,
+    file_index: usize,
+    row_group: usize,
+    first_row: u64,
+    selection: Option<RowSelection>,
+}
+
+impl Unit {
+    fn new(
+        file: &OpenedFile,
+        row_group: usize,
+        first_row: u64,
+        selection: Option<RowSelection>,
+    ) -> Self {
+        Unit {
+            file: file.entry.uri.clone(),
+            file_index: file.index,
+            row_group,
+            first_row,
+            selection,
         }
     }
 }

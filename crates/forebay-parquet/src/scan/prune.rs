@@ -7,8 +7,7 @@ use arrow::array::Array;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::RowSelection;
 
-use super::driver::Unit;
-use super::{DatasetInner, OpenedFile};
+use super::{DatasetInner, OpenedFile, Unit};
 use crate::predicate::ContainerStats;
 
 impl DatasetInner {

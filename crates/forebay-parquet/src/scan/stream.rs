@@ -9,8 +9,6 @@ use arrow::datatypes::SchemaRef;
 use futures::Stream;
 use tokio::sync::mpsc;
 
-use super::driver::BatchResult;
-
 /// Where a batch came from. Lets the engine skip finished work on resume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchProvenance {
@@ -29,6 +27,9 @@ pub struct BatchProvenance {
     /// Ordinal of this batch among those of its row group.
     pub batch_index: usize,
 }
+
+/// A batch of the scan, or the error that ended it.
+pub(super) type BatchResult = crate::error::Result<ProvenancedBatch>;
 
 /// A decoded batch and where it came from.
 #[derive(Debug, Clone)]
