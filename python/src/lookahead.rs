@@ -151,17 +151,20 @@ impl PreparedInputs {
         }
     }
 
-    /// Wait until batch `index` may be converted and claim it; false if the worker took it
+    /// Wait until batch `index` may be converted and claim it; `None` if the worker took it
     /// first, the worker has gone or preparing stopped.
-    fn claim(&self, index: u64, worker_done: &CancelToken) -> bool {
+    fn claim(&self, index: u64, worker_done: &CancelToken) -> Option<Claim<'_>> {
         let mut state = self.lock();
         loop {
             if state.stopped || worker_done.is_cancelled() || state.calls > index {
-                return false;
+                return None;
             }
             if state.allowed_through >= index {
                 state.converting = Some(index);
-                return true;
+                return Some(Claim {
+                    inputs: self,
+                    index,
+                });
             }
             state = self
                 .changed
@@ -170,26 +173,44 @@ impl PreparedInputs {
                 .0;
         }
     }
+}
 
-    /// Hand over the input made for batch `index` (claimed before); wakes a call waiting for
-    /// it. Returns the state for the caller's bookkeeping.
-    fn deliver(
-        &self,
-        index: u64,
-        batch: RecordBatch,
-        input: PyResult<Py<PyAny>>,
-    ) -> MutexGuard<'_, State> {
-        let mut state = self.lock();
-        let replaced = state.ready.replace((index, batch, input));
+/// The preparer's claim on one batch: delivered with its input, or, dropped undelivered (a
+/// panic while converting), released so that the call waiting for it converts it itself.
+struct Claim<'a> {
+    inputs: &'a PreparedInputs,
+    index: u64,
+}
+
+impl<'a> Claim<'a> {
+    /// Hand over the input made for the claimed batch; wakes a call waiting for it. Returns
+    /// the state for the caller's bookkeeping.
+    fn deliver(self, batch: RecordBatch, input: PyResult<Py<PyAny>>) -> MutexGuard<'a, State> {
+        let inputs = self.inputs;
+        let mut state = inputs.lock();
+        let replaced = state.ready.replace((self.index, batch, input));
         state.converting = None;
-        self.changed.notify_all();
+        inputs.changed.notify_all();
+        // Released above, under the lock this function still holds (dropping the claim would
+        // take it again).
+        std::mem::forget(self);
         if replaced.is_some() {
             // Never expected (see `ready`): an input nobody will take.
             drop(state);
             Python::attach(|_| drop(replaced));
-            state = self.lock();
+            state = inputs.lock();
         }
         state
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut state = self.inputs.lock();
+        if state.converting == Some(self.index) {
+            state.converting = None;
+            self.inputs.changed.notify_all();
+        }
     }
 }
 
@@ -244,9 +265,9 @@ impl PrepareNext for NextBatchPreparer {
         let Some(prepare) = &self.prepare else {
             return;
         };
-        if !self.inputs.claim(index, worker_done) {
+        let Some(claim) = self.inputs.claim(index, worker_done) else {
             return;
-        }
+        };
         self.thread_state.get_or_insert_with(KeptThreadState::new);
         let asked = Instant::now();
         let (input, waited, during_call) = Python::attach(|py| {
@@ -258,7 +279,7 @@ impl PrepareNext for NextBatchPreparer {
                 .and_then(|b| prepare.call1(py, (b,)));
             (input, waited, during_call)
         });
-        let mut state = self.inputs.deliver(index, next.clone(), input);
+        let mut state = claim.deliver(next.clone(), input);
         if index == 0 {
             // No call runs before the first batch: nothing to learn about the function.
             return;
