@@ -34,6 +34,7 @@ lint-fast: venv
 	$(VENV)/bin/ruff check .
 	cd python && ../$(VENV)/bin/mypy forebay
 	$(PY) .ci/check_features.py
+	$(PY) .ci/check_module_cycles.py
 
 # Everything `make test` lints, clippy as a build of its own (make test runs clippy inside
 # its one build instead; see CLIPPY below).
