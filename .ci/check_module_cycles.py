@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CRATE_SOURCES = sorted(ROOT.glob("crates/*/src")) + [ROOT / "python" / "src"]
+CRATE_SOURCES = [*sorted(ROOT.glob("crates/*/src")), ROOT / "python" / "src"]
 
 
 def module_of(src: Path, file: Path) -> str:
@@ -61,7 +61,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     def visit(module: str, path: list[str]) -> None:
         for target in sorted(edges.get(module, ())):
             if target in path:
-                found.append(path[path.index(target) :] + [target])
+                found.append([*path[path.index(target) :], target])
             elif target not in done:
                 visit(target, [*path, target])
         done.add(module)
