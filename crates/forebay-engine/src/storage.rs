@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use forebay_checkpoint::durable::{create_dir_all_noting_parents, in_parallel};
+use forebay_io::durable::{create_dir_all_noting_parents, in_parallel};
 use forebay_parquet::StorageOptions;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
