@@ -5,7 +5,9 @@
 //! filtering, bounded prefetch with parallel decoding, object_store I/O with request metrics,
 //! and the provenance of each batch (file, row group, first row). It does not own memory
 //! policy or checkpoints: those belong to `forebay-engine` and `forebay-checkpoint`, which
-//! plugs its "is this id done?" test in as a [`ScanRowFilter`].
+//! plugs its "is this id done?" test in as a [`ScanRowFilter`]. Opening a path or URI's
+//! object store and the runtime everything runs on come from `forebay-io` (re-exported here
+//! as [`open_location`], [`StorageOptions`], [`block_on`], [`runtime`]).
 //!
 //! ```text
 //!  paths / dirs / globs / URIs ──► source::resolve ──► [FileEntry]
