@@ -147,6 +147,17 @@ def _prepare_threads(monkeypatch, fn) -> tuple[list[int], set[int]]:
     return prepared_on, called_on
 
 
+def _map_ids_in_pandas_batches_of_500(data, fn) -> None:
+    """Run ``fn`` on one worker over the ids as pandas batches of 500; check every id comes
+    back."""
+    out = (
+        forebay.read_parquet(str(data), columns=["id"])
+        .map_batches(fn, batch_size=500, batch_format="pandas", concurrency=1)
+        .to_arrow()
+    )
+    assert sorted(out.column("id").to_pylist()) == list(range(ROWS))
+
+
 @pytest.fixture
 def long_switch_interval():
     """A switch interval far above any scheduling delay: the preparer tells a function that
@@ -171,12 +182,7 @@ def test_the_next_batch_is_prepared_while_the_function_waits(
 
     prepared_on, called_on = _prepare_threads(monkeypatch, wait)
 
-    out = (
-        forebay.read_parquet(str(data), columns=["id"])
-        .map_batches(wait, batch_size=500, batch_format="pandas", concurrency=1)
-        .to_arrow()
-    )
-    assert sorted(out.column("id").to_pylist()) == list(range(ROWS))
+    _map_ids_in_pandas_batches_of_500(data, wait)
     assert len(prepared_on) == ROWS // 500, "each batch converted once"
     assert not set(prepared_on) & called_on, "every batch was converted ahead, off the worker"
 
@@ -199,12 +205,7 @@ def test_a_conversion_slower_than_the_call_is_waited_for_not_done_twice(data, mo
         return recording_prepare(self, batch)
 
     monkeypatch.setattr(_udf.Runner, "prepare", slow_prepare)
-    out = (
-        forebay.read_parquet(str(data), columns=["id"])
-        .map_batches(wait, batch_size=500, batch_format="pandas", concurrency=1)
-        .to_arrow()
-    )
-    assert sorted(out.column("id").to_pylist()) == list(range(ROWS))
+    _map_ids_in_pandas_batches_of_500(data, wait)
     assert len(prepared_on) == ROWS // 500, "each batch converted once"
 
 
