@@ -31,19 +31,17 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from measure import (
     SystemMemorySampler,
+    alternate,
     median_of,
     peak_rss_mb,
     process_cpu_seconds,
-    run_child,
-    wait_for_ray_exit,
-    warm_page_cache,
+    tpch_lineitem,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -51,25 +49,7 @@ BATCH = 65_536
 
 
 def lineitem(data_dir: Path, sf: float) -> list[str]:
-    out = data_dir / f"sf{sf:g}" / "lineitem"
-    if not out.exists():
-        cli = Path(sys.executable).with_name("tpchgen-cli")
-        subprocess.run(
-            [
-                str(cli),
-                "parquet",
-                "-s",
-                f"{sf:g}",
-                "--tables",
-                "lineitem",
-                "--parts",
-                "8",
-                "--output-dir",
-                str(out.parent),
-            ],
-            check=True,
-        )
-    return sorted(str(p) for p in out.glob("*.parquet"))
+    return sorted(str(p) for p in tpch_lineitem(data_dir, sf).glob("*.parquet"))
 
 
 # ---------------------------------------------------------------- children
@@ -312,23 +292,6 @@ def child_overcap(files: list[str], limit: str, consumer_ms: float) -> dict:
 # ---------------------------------------------------------------- parent
 
 
-def alternate(
-    engines: list[str], rounds: int, files: list[str], kind: str, *args: str
-) -> dict[str, list[dict]]:
-    """Run each engine `rounds` times, rotating which goes first (A B C, B C A, ...), each
-    run after the input `files` were read once (`warm_page_cache`)."""
-    results: dict[str, list[dict]] = {e: [] for e in engines}
-    for r in range(rounds):
-        first = r % len(engines)
-        for e in engines[first:] + engines[:first]:
-            wait_for_ray_exit()
-            warm_page_cache(files)
-            res = run_child(__file__, kind, e, *args)
-            results[e].append(res)
-            print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
-    return results
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, engine, *rest = sys.argv[2:]
@@ -363,7 +326,9 @@ def main() -> None:
     if args.scenario == "iter":
         engines = (args.engines or "forebay,polars,pyarrow,ray").split(",")
         columns = args.columns.split(",") if args.columns else None
-        res = alternate(engines, args.rounds, files, "iter", json.dumps(files), json.dumps(columns))
+        res = alternate(
+            __file__, engines, args.rounds, files, "iter", json.dumps(files), json.dumps(columns)
+        )
         base = median_of(res["forebay"], "seconds")
         batch_mb = median_of(res["forebay"], "batch_mb")
         print(
@@ -384,7 +349,9 @@ def main() -> None:
             )
     elif args.scenario == "gil":
         engines = (args.engines or "forebay-threads,forebay-processes,ray").split(",")
-        res = alternate(engines, args.rounds, files, "gil", json.dumps(files), str(args.rows))
+        res = alternate(
+            __file__, engines, args.rounds, files, "gil", json.dumps(files), str(args.rows)
+        )
         base = median_of(res["forebay-threads"], "seconds")
         print(
             f"\nGIL-holding map_batches (Python over l_comment), {args.rows} rows, concurrency 2, "
@@ -396,7 +363,9 @@ def main() -> None:
             print(f"{e:<20}{s:>9.3f}{base / s:>20.2f}x{median_of(res[e], 'rise_mb'):>13.0f}")
     elif args.scenario == "sleep":
         engines = (args.engines or "forebay,ray").split(",")
-        res = alternate(engines, args.rounds, files, "sleep", json.dumps(files), str(args.rows))
+        res = alternate(
+            __file__, engines, args.rounds, files, "sleep", json.dumps(files), str(args.rows)
+        )
         print(
             f"\nsleep-bound map_batches ({SLEEP_S * 1000:.0f} ms per 10,000 rows), {args.rows} rows, "
             f"one worker; medians of {args.rounds} ({today})"
@@ -407,6 +376,7 @@ def main() -> None:
             print(f"{e:<10}{wall:>9.3f}{own:>10.3f}{(wall / own - 1) * 100:>9.1f}%")
     else:
         res = alternate(
+            __file__,
             ["forebay"],
             args.rounds,
             files,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 
 def used_memory() -> int:
@@ -173,3 +174,46 @@ def run_child(script: str, *args: str) -> dict:
 def median_of(results: list[dict], key: str) -> float:
     """The median of ``key`` over a list of child results."""
     return statistics.median(r[key] for r in results)
+
+
+def tpch_lineitem(data_dir: Path, sf: float) -> Path:
+    """The directory of TPC-H lineitem at scale factor ``sf`` in 8 Parquet files under
+    ``data_dir/sf<sf>/lineitem``, generated with tpchgen-cli the first time."""
+    out = data_dir / f"sf{sf:g}" / "lineitem"
+    if not out.exists():
+        cli = Path(sys.executable).with_name("tpchgen-cli")
+        subprocess.run(
+            [
+                str(cli),
+                "parquet",
+                "-s",
+                f"{sf:g}",
+                "--tables",
+                "lineitem",
+                "--parts",
+                "8",
+                "--output-dir",
+                str(out.parent),
+            ],
+            check=True,
+        )
+    return out
+
+
+def alternate(
+    script: str, engines: list[str], rounds: int, files: list[str], kind: str, *args: str
+) -> dict[str, list[dict]]:
+    """Run ``script --child kind engine *args`` for each engine ``rounds`` times, rotating
+    which goes first (A B C, B C A, ...), each run in a fresh interpreter after the input
+    ``files`` were read once (``warm_page_cache``) and Ray's processes of an earlier run have
+    exited."""
+    results: dict[str, list[dict]] = {e: [] for e in engines}
+    for r in range(rounds):
+        first = r % len(engines)
+        for e in engines[first:] + engines[:first]:
+            wait_for_ray_exit()
+            warm_page_cache(files)
+            res = run_child(script, kind, e, *args)
+            results[e].append(res)
+            print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
+    return results

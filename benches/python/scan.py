@@ -27,31 +27,14 @@ import sys
 import time
 from pathlib import Path
 
-from measure import SystemMemorySampler, peak_rss_mb
+from measure import SystemMemorySampler, peak_rss_mb, tpch_lineitem
 
 COLUMNS_2 = ["l_orderkey", "l_extendedprice"]
 CUTOFF = dt.date(1998, 9, 1)
 
 
 def generate(data_dir: Path, sf: float) -> tuple[Path, Path]:
-    raw = data_dir / f"sf{sf:g}" / "lineitem"
-    if not raw.exists():
-        cli = Path(sys.executable).with_name("tpchgen-cli")
-        subprocess.run(
-            [
-                str(cli),
-                "parquet",
-                "-s",
-                f"{sf:g}",
-                "--tables",
-                "lineitem",
-                "--parts",
-                "8",
-                "--output-dir",
-                str(raw.parent),
-            ],
-            check=True,
-        )
+    raw = tpch_lineitem(data_dir, sf)
     clustered = data_dir / f"sf{sf:g}" / "lineitem_by_shipdate"
     if not clustered.exists():
         import duckdb
