@@ -32,11 +32,12 @@ use parquet::file::metadata::{KeyValue, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 
+use crate::directory::{open_dir, WriteSummary};
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of};
 use crate::index::{id_value_type, shard_bits_for};
 use crate::layout::{NUM_SHARDS_KEY, SHARDS_KEY};
-use crate::target::{Target, WriteSummary};
+use forebay_io::Dir;
 
 /// Raw ids gathered before they are split by shard: large enough that each shard's share
 /// of a block is hundreds of ids (one encoder call, not one per batch), small enough to be
@@ -52,7 +53,7 @@ const PAGE_BYTES: usize = 32 * 1024;
 /// [`IdPartsWriter::push`] the ids (chunks of one column, any number, nulls skipped), then
 /// [`IdPartsWriter::finish`].
 pub struct IdPartsWriter {
-    target: Target,
+    target: Dir,
     id_column: String,
     /// The ids' value type: the first chunk's, unless the caller fixed it. Later chunks of
     /// another type (a dictionary, a wider string) are cast to it.
@@ -80,7 +81,7 @@ impl IdPartsWriter {
     ) -> Result<IdPartsWriter> {
         let part_name = part_name.to_string();
         IdPartsWriter::with_names(
-            Target::parse(root, storage_options)?,
+            open_dir(root, storage_options)?,
             id_column,
             None,
             shard_bits_for(num_shards)?,
@@ -100,7 +101,7 @@ impl IdPartsWriter {
         name: &str,
     ) -> Result<IdPartsWriter> {
         let mut writer = IdPartsWriter::with_names(
-            Target::parse(root, storage_options)?,
+            open_dir(root, storage_options)?,
             id_column,
             None,
             shard_bits_for(num_shards)?,
@@ -113,7 +114,7 @@ impl IdPartsWriter {
     /// The general form: ids of `id_type` (or the first chunk's type), shard `k`'s part named
     /// `name_of(k)`.
     pub(crate) fn with_names(
-        target: Target,
+        target: Dir,
         id_column: &str,
         id_type: Option<DataType>,
         shard_bits: u32,
@@ -210,18 +211,19 @@ impl IdPartsWriter {
                 });
             }
             let shown = self.target.shown(&name);
-            let file = self.target.put_atomic_written(&name, |out| {
+            self.target.put_atomic_written(&name, |out| {
                 join_shards(shards, out).map_err(|e| CheckpointError::Encode {
                     what: shown.clone(),
                     reason: e.to_string(),
                 })
             })?;
             return Ok(WriteSummary {
-                files: vec![file],
+                files: vec![shown],
                 ids: self.ids,
             });
         }
         let (target, name_of) = (&self.target, &self.name_of);
+        let mut files = Vec::new();
         let parts = self
             .shards
             .iter_mut()
@@ -229,6 +231,7 @@ impl IdPartsWriter {
             .filter_map(|(k, writer)| {
                 let writer = writer.take()?;
                 let relative = format!("shard={k}/{}", name_of(k));
+                files.push(target.shown(&relative));
                 Some(match writer.into_inner() {
                     Ok(bytes) => Ok((relative, bytes)),
                     Err(e) => Err(CheckpointError::Encode {
@@ -237,8 +240,9 @@ impl IdPartsWriter {
                     }),
                 })
             });
+        target.put_all_atomic(parts)?;
         Ok(WriteSummary {
-            files: target.put_all_atomic(parts)?,
+            files,
             ids: self.ids,
         })
     }

@@ -121,17 +121,6 @@ pub(crate) fn declared_shard(file: &str) -> Option<usize> {
     file.rsplit('/').skip(1).find_map(parse_shard_dir)
 }
 
-/// Temp file name for `final_name` written by this process.
-pub(crate) fn temp_name(final_name: &str) -> String {
-    format!(".{final_name}.{}.tmp", std::process::id())
-}
-
-/// The writer pid encoded in a temp file name, if the name is one of ours.
-pub(crate) fn temp_writer_pid(name: &str) -> Option<u32> {
-    let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
-    inner.rsplit_once('.')?.1.parse().ok()
-}
-
 pub(crate) fn unique_part_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -161,10 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn temp_names_parse() {
-        let t = temp_name("part-1.parquet");
-        assert_eq!(temp_writer_pid(&t), Some(std::process::id()));
-        assert_eq!(temp_writer_pid("part-1.parquet"), None);
+    fn a_files_shard_is_its_shard_directory() {
         assert_eq!(
             declared_shard("s3://b/ck/shard=12/part-1.parquet"),
             Some(12)

@@ -47,7 +47,7 @@
 //! | `load`        | [`CheckpointLoader`]: Parquet files to an index, on several threads    |
 //! | `id_parts`    | [`IdPartsWriter`]: ids encoded into their shards' parts as they come    |
 //! | `write`       | an index or chunks of ids written as parts, with the manifest          |
-//! | `target`      | where parts go: a local directory (made durable) or an object store    |
+//! | `directory`   | the checkpoint's forebay-io `Dir`: manifest, top level, dead temp files |
 //! | `stream`      | filtering batches against a shared index on several threads            |
 //! | `durable`     | fsync helpers and `process_alive`                                      |
 //!
@@ -66,6 +66,7 @@
 //! # Ok::<(), forebay_checkpoint::CheckpointError>(())
 //! ```
 
+mod directory;
 pub mod error;
 pub mod fingerprint;
 mod huge_pages;
@@ -75,9 +76,9 @@ mod layout;
 mod load;
 pub mod shard;
 mod stream;
-mod target;
 mod write;
 
+pub use directory::{clean_stale_temp_files, WriteSummary};
 pub use error::{CheckpointError, Result};
 pub use fingerprint::{IdFamily, FINGERPRINT_BITS};
 /// Durable local writes and process liveness (forebay-io's, here under their old path).
@@ -87,5 +88,4 @@ pub use index::{CheckpointIndex, DEFAULT_NUM_SHARDS, MAX_NUM_SHARDS};
 pub use layout::MANIFEST_FILE;
 pub use load::CheckpointLoader;
 pub use stream::{filter_in_parallel, FilteredBatches, SharedCheckpointIndex};
-pub use target::{clean_stale_temp_files, WriteSummary};
 pub use write::{manifest_num_shards, write_id_parts};

@@ -12,6 +12,7 @@ use forebay_parquet::{
 };
 use parquet::file::metadata::ParquetMetaData;
 
+use crate::directory::{clean_stale_temp_files, open_dir, read_manifest, top_level};
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of, FINGERPRINT_BITS};
 use crate::huge_pages::advise_huge_pages;
@@ -20,7 +21,7 @@ use crate::index::{
 };
 use crate::layout::{declared_shard, MANIFEST_FILE, NUM_SHARDS_KEY, SHARDS_KEY};
 use crate::shard::{Packed96, ShardTable};
-use crate::target::{clean_stale_temp_files, Target};
+use forebay_io::Dir;
 
 /// Loads a [`CheckpointIndex`] from Parquet files. Build with [`CheckpointIndex::loader`].
 #[derive(Debug, Clone)]
@@ -96,13 +97,13 @@ impl CheckpointLoader {
 
     /// Read the files and build the index.
     pub fn load(self) -> Result<CheckpointIndex> {
-        let target = Target::parse(&self.path, &self.storage_options)?;
-        if let Target::Local(dir) = &target {
+        let target = open_dir(&self.path, &self.storage_options)?;
+        if let Dir::Local(dir) = &target {
             if dir.is_dir() {
                 clean_stale_temp_files(dir);
             }
         }
-        let manifest = target.read_manifest()?;
+        let manifest = read_manifest(&target)?;
         if let Some(m) = &manifest {
             if m.id_column != self.id_column {
                 return Err(CheckpointError::ColumnNotFound {
@@ -135,7 +136,7 @@ impl CheckpointLoader {
         // hashed here and kept for the owned shards only).
         let uris = if layout_matches && owned.iter().any(|o| !o) {
             let base = self.path.trim_end_matches('/');
-            let (shards, others) = target.top_level()?;
+            let (shards, others) = top_level(&target)?;
             shards
                 .into_iter()
                 .filter(|k| *k < num_shards && owned[*k])

@@ -5,11 +5,12 @@ use arrow::array::ArrayRef;
 use arrow::datatypes::DataType;
 use forebay_parquet::StorageOptions;
 
+use crate::directory::{clean_stale_temp_files, open_dir, read_manifest, WriteSummary};
 use crate::error::{CheckpointError, Result};
 use crate::id_parts::IdPartsWriter;
 use crate::index::CheckpointIndex;
 use crate::layout::{unique_part_name, Manifest, MANIFEST_FILE};
-use crate::target::{clean_stale_temp_files, Target, WriteSummary};
+use forebay_io::Dir;
 
 impl CheckpointIndex {
     /// Persist the ids inserted since the last write into the checkpoint at `path`, one new
@@ -43,15 +44,15 @@ impl CheckpointIndex {
         self.prepare_target(path, storage_options).map(drop)
     }
 
-    fn prepare_target(&self, path: &str, storage_options: &StorageOptions) -> Result<Target> {
-        let target = Target::parse(path, storage_options)?;
+    fn prepare_target(&self, path: &str, storage_options: &StorageOptions) -> Result<Dir> {
+        let target = open_dir(path, storage_options)?;
         let wanted = Manifest {
             num_shards: self.num_shards(),
             family: self.family,
             id_column: self.id_column.clone(),
             id_type: self.id_type.clone(),
         };
-        match target.read_manifest()? {
+        match read_manifest(&target)? {
             Some(m) => {
                 if m.num_shards != wanted.num_shards
                     || m.family != wanted.family
@@ -71,7 +72,7 @@ impl CheckpointIndex {
                 target.put_atomic(MANIFEST_FILE, wanted.to_text().into_bytes())?;
             }
         }
-        if let Target::Local(dir) = &target {
+        if let Dir::Local(dir) = &target {
             clean_stale_temp_files(dir);
         }
         Ok(target)
@@ -81,8 +82,8 @@ impl CheckpointIndex {
 /// The shard count the manifest at `path` declares, or `None` when `path` has no manifest
 /// (no checkpoint yet, or ids written by another writer).
 pub fn manifest_num_shards(path: &str, storage_options: &StorageOptions) -> Result<Option<usize>> {
-    let target = Target::parse(path, storage_options)?;
-    Ok(target.read_manifest()?.map(|m| m.num_shards))
+    let target = open_dir(path, storage_options)?;
+    Ok(read_manifest(&target)?.map(|m| m.num_shards))
 }
 
 /// Write `ids` (of column `id_column`; the chunks of one column, e.g. the batches of one
@@ -110,7 +111,7 @@ pub fn write_id_parts(
 /// Write `chunks` (ids of type `id_type`) into one part file per shard that gets ids, each
 /// with a name of its own; null ids are skipped.
 fn write_parts(
-    target: Target,
+    target: Dir,
     chunks: &[ArrayRef],
     id_column: &str,
     id_type: &DataType,

@@ -37,8 +37,8 @@ use crate::commit::{
 use crate::error::{EngineError, Result};
 use crate::lineage::Completed;
 use crate::stats::WrittenFile;
-use crate::storage::Dir;
 use crate::writer::{OutputTarget, ParquetSink};
+use forebay_io::Dir;
 
 const STAGE: &str = "write_parquet";
 
@@ -118,7 +118,7 @@ impl CommitStager {
             .with_unique_column(&spec.id_column);
         let output = OutputTarget::open(sink, None)?;
         let state = Dir::open(&spec.state, &spec.state_options)
-            .map_err(|e| EngineError::write("checkpoint", e.path, e.reason))?;
+            .map_err(|e| EngineError::write("checkpoint", e.path(), e.reason()))?;
         Ok(CommitStager {
             spec,
             output,
@@ -165,7 +165,7 @@ impl CommitStager {
                 ids: None,
             });
         }
-        let name = format!("part-{commit}.parquet");
+        let name = format!("part-{commit}.{}", self.output.extension());
         let staged = format!("{}/{name}", crate::commit::STAGING);
         let written: WrittenFile = self.output.stage_file(&staged, batches)?;
         let ids = stage_id_parts(
@@ -233,7 +233,7 @@ impl CommitCoordinator {
             false,
         )?;
         let output = Dir::open(&sink.root, &sink.storage_options)
-            .map_err(|e| EngineError::write(STAGE, e.path, e.reason))?;
+            .map_err(|e| EngineError::write(STAGE, e.path(), e.reason()))?;
         let (log, finished, report) = CommitLog::prepare_without_ids(checkpoint, output, dataset)?;
         let spec = StagerSpec {
             output: sink.root.clone(),
@@ -320,7 +320,7 @@ impl CommitCoordinator {
                 }
                 (s.commit, s.data, s.ids)
             }
-            None => (self.log.next_commit().0, None, None),
+            None => (self.log.next_commit_id(), None, None),
         };
         let published = data.as_ref().map(|d| WrittenFile {
             path: self.log.output().shown(&d.final_name),

@@ -41,7 +41,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::storage::Dir;
+use forebay_io::Dir;
 
 const LOCK: &str = "_forebay_lock";
 const LEASE: &str = "_forebay_lease";

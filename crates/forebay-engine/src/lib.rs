@@ -11,7 +11,7 @@
 //!             ┌──────────────────── MemoryPool (hard cap; every batch in flight reserved) ───────────────────┐
 //!  Parquet ──► source ──► queue ──► map stage ──► queue ──► … ──► sink
 //!  (scan)    (waits for    (bytes +   dispatcher      │             ├─ iter: re-chunk / shuffle ─► prefetch ─► caller
-//!             room: back-   batches)  (batch_size)    │             └─ write_parquet: workers ─► temp ─► rename (atomic)
+//!             room: back-   batches)  (batch_size)    │             └─ write_parquet: workers ─► FileFormat ─► temp ─► rename
 //!             pressure)               workers × N     │
 //!                                     ordered? ──► reorder buffer ──over budget──► forebay-store ──► forebay-spill
 //!                                     processes? ──► batches by object id through forebay-store
@@ -55,12 +55,15 @@
 //!   existing ones: Rust closures (`stage`), Python on threads (`python/src/udf.rs`), worker
 //!   processes ([`process`]). On the Python side it is one more value of
 //!   `map_batches(compute=...)` in `python/forebay/_dataset.py`.
-//! * **A new output format** (there is no format trait yet, issue 35 item 4): the encoder
-//!   and its rolling of files live in `writer` ([`ParquetSink`], `run_writer`); the names of
-//!   committed data files (`part-<commit>.parquet`) in `commit::log` (`next_commit`) and
-//!   [`coordinator`] (files staged by other processes); where a write may go in `locations`
-//!   (every format must call `check_write_locations`). The id files of a checkpoint stay
-//!   Parquet whatever the output's format.
+//! * **A new output format** (CSV, JSON lines, Arrow IPC): one [`format::FileFormat`]
+//!   implementation (its extension, and `open` giving a [`format::FormatWriter`] that
+//!   encodes batches into the [`format::FileSink`] it is given and reports the memory it
+//!   holds), plus a way to choose it (today `ParquetSink::format` builds the Parquet one).
+//!   Everything around a file is the same for every format and stays where it is: rolling
+//!   files, temporary names, uploads and cleanup in `writer`; the names of committed data
+//!   files (`part-<commit>.<extension>`) in `commit::log` and [`coordinator`]; where a write
+//!   may go in `locations`. The id files of a checkpoint stay Parquet whatever the output's
+//!   format.
 //!
 //! ```no_run
 //! use forebay_engine::{IterOptions, MapStage, ParquetSink, Pipeline, Source};
@@ -83,6 +86,7 @@ mod concat;
 pub mod coordinator;
 mod error;
 mod events;
+pub mod format;
 mod lease;
 mod lineage;
 mod locations;
@@ -101,7 +105,6 @@ mod shuffle;
 mod source;
 mod stage;
 mod stats;
-mod storage;
 mod writer;
 
 pub use batch::{EngineBatch, Origin};

@@ -1,10 +1,13 @@
-//! The Parquet sink: batches to files, each published atomically under its final name.
+//! The file sink: batches to files, each published atomically under its final name.
 //!
 //! ```text
-//!  queue ──► writer worker(s) ──ArrowWriter──► local: <dir>/.<name>.tmp ─fsync─rename─fsync(dir)─► <dir>/<name>
+//!  queue ──► writer worker(s) ──FormatWriter──► local: <dir>/.<name>.tmp ─fsync─rename─fsync(dir)─► <dir>/<name>
 //!                 │ roll over at rows_per_file     remote: multipart upload ─complete─► s3://bucket/dir/<name>
-//!                 └─ the row group being encoded is reserved in the pool (no hidden buffer)
+//!                 └─ what the format holds (the row group being encoded) is reserved in the pool
 //! ```
+//!
+//! The encoding is a [`FileFormat`](crate::format::FileFormat)'s (today Parquet); names,
+//! temporary files, uploads, staging and cleanup are this module's, the same for every format.
 //!
 //! A reader of the output directory never sees a partial file: locally the temporary name
 //! starts with `.` (readers, forebay's and pyarrow's, skip such names) and becomes final by
@@ -16,7 +19,6 @@
 //! the commit protocol (`commit` module) together with their ids and the inputs they finish.
 
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,29 +28,24 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use forebay_checkpoint::IdPartsWriter;
 use forebay_parquet::StorageOptions;
-use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
-use parquet::file::properties::WriterProperties;
-use parquet::schema::types::ColumnPath;
 
 use crate::commit::{stage_ids, wrong_id_type, CommitLog, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
+use crate::format::{FileFormat, FileSink, FormatWriter, ParquetFormat, DEFAULT_ROW_GROUP_ROWS};
 use crate::lineage::UnitTicket;
 use crate::memory::{arrays_memory, Admission, MemoryConsumer, Reservation};
 use crate::output_schema::check_schema;
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
 use crate::stats::{StageCounters, WriteStats, WrittenFile};
-use crate::storage::{create_dir_all_durable, sync_dir, Dir, StorageError};
+use forebay_io::durable::{create_dir_all_durable, sync_dir};
+use forebay_io::{Dir, DirError};
 
 const STAGE: &str = "write_parquet";
 /// Rows per file when `rows_per_file` is not set.
 pub const DEFAULT_ROWS_PER_FILE: usize = 1 << 20;
-/// Bytes a row group may take while it is encoded in memory before it is flushed.
-const ROW_GROUP_BYTES: usize = 64 << 20;
-/// Part size of multipart uploads (object_store's BufWriter default).
-const UPLOAD_PART: usize = 10 << 20;
 
 /// What to do with data files already in the output directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +83,7 @@ impl ParquetSink {
             compression: Compression::ZSTD(ZstdLevel::default()),
             compression_name: "zstd".into(),
             rows_per_file: DEFAULT_ROWS_PER_FILE,
-            row_group_rows: 128 * 1024,
+            row_group_rows: DEFAULT_ROW_GROUP_ROWS,
             concurrency: 1,
             mode: WriteMode::Append,
             unique_columns: Vec::new(),
@@ -152,11 +149,21 @@ impl ParquetSink {
         }
         self
     }
+
+    /// The format of the files: Parquet with this sink's settings.
+    pub(crate) fn format(&self) -> ParquetFormat {
+        ParquetFormat {
+            compression: self.compression,
+            row_group_rows: self.row_group_rows,
+            unique_columns: self.unique_columns.clone(),
+        }
+    }
 }
 
 /// The output directory, opened once for the run.
 pub(crate) struct OutputTarget {
     sink: ParquetSink,
+    format: Arc<dyn FileFormat>,
     dir: Dir,
     run_id: String,
     next_file: AtomicU64,
@@ -165,8 +172,8 @@ pub(crate) struct OutputTarget {
     commits: Option<Arc<CommitLog>>,
 }
 
-fn storage_err(e: StorageError) -> EngineError {
-    EngineError::write(STAGE, e.path, e.reason)
+fn storage_err(e: DirError) -> EngineError {
+    EngineError::write(STAGE, e.path(), e.reason())
 }
 
 impl OutputTarget {
@@ -199,6 +206,7 @@ impl OutputTarget {
         }
         let target = OutputTarget {
             run_id: run_id(),
+            format: Arc::new(sink.format()),
             sink,
             dir,
             next_file: AtomicU64::new(0),
@@ -213,6 +221,11 @@ impl OutputTarget {
         self.sink.concurrency
     }
 
+    /// The extension of the files written (`"parquet"`), without the dot.
+    pub(crate) fn extension(&self) -> &str {
+        self.format.extension()
+    }
+
     fn apply_mode(&self) -> Result<()> {
         if self.sink.mode == WriteMode::Append {
             return Ok(());
@@ -224,8 +237,9 @@ impl OutputTarget {
                     .into(),
             ));
         }
+        let suffix = format!(".{}", self.extension());
         let is_data = |name: &str| {
-            name.ends_with(".parquet") && !name.starts_with('.') && !name.starts_with('_')
+            name.ends_with(&suffix) && !name.starts_with('.') && !name.starts_with('_')
         };
         let existing: Vec<String> = self
             .dir
@@ -254,33 +268,18 @@ impl OutputTarget {
         }
     }
 
-    fn properties(&self) -> WriterProperties {
-        let builder = WriterProperties::builder()
-            .set_compression(self.sink.compression)
-            .set_max_row_group_row_count(Some(self.sink.row_group_rows))
-            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES));
-        self.sink
-            .unique_columns
-            .iter()
-            .fold(builder, |b, column| {
-                b.set_column_dictionary_enabled(ColumnPath::from(column.as_str()), false)
-            })
-            .build()
-    }
-
     /// A new file: written under a hidden temporary name and renamed to `name` when
     /// published (local), or uploaded to `name` (object stores; `name` may be a staging
     /// path, which the commit protocol publishes).
     fn open_file(&self, name: &str, schema: SchemaRef, staged: bool) -> Result<OpenFile> {
         let shown = self.dir.shown(name);
-        let props = self.properties();
-        let writer = match (self.dir.local_path(name), self.dir.object(name)) {
+        let (sink, local) = match (self.dir.local_path(name), self.dir.object(name)) {
             (Some(path), _) => {
                 let dir = path.parent().unwrap_or(Path::new("/")).to_path_buf();
                 // A staged file is named by its commit record once it is complete: the
                 // staging directory's own entry must survive a power loss as well.
                 let made = if staged {
-                    create_dir_all_durable(&dir)
+                    create_dir_all_durable(&dir).map_err(|e| e.source)
                 } else {
                     fs::create_dir_all(&dir)
                 };
@@ -288,7 +287,7 @@ impl OutputTarget {
                 let file_name = path
                     .file_name()
                     .and_then(|n| n.to_str())
-                    .unwrap_or("part.parquet")
+                    .unwrap_or("part")
                     .to_string();
                 let temp = if staged {
                     path.clone()
@@ -296,30 +295,29 @@ impl OutputTarget {
                     dir.join(format!(".{file_name}.tmp"))
                 };
                 let file = File::create(&temp).map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                let writer = ArrowWriter::try_new(BufWriter::new(file), schema, Some(props))
-                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                FileWriter::Local {
-                    writer: Some(writer),
+                let local = LocalFile {
                     temp,
                     path: (!staged).then_some(path),
-                }
+                };
+                (FileSink::local(file), Some(local))
             }
-            (None, Some((store, location))) => {
-                let upload = object_store::buffered::BufWriter::new(store, location);
-                let writer = AsyncArrowWriter::try_new(upload, schema, Some(props))
-                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                FileWriter::Remote {
-                    writer: Some(writer),
-                }
-            }
+            (None, Some((store, location))) => (FileSink::upload(store, location), None),
             (None, None) => unreachable!("a directory is local or remote"),
         };
-        Ok(OpenFile {
-            writer,
+        let mut file = OpenFile {
+            writer: None,
+            local,
             shown,
             rows: 0,
             published: false,
-        })
+        };
+        // Opened after `file` exists, so that a failure removes the temporary file.
+        file.writer = Some(
+            self.format
+                .open(schema, sink)
+                .map_err(|e| EngineError::write(STAGE, &file.shown, e))?,
+        );
+        Ok(file)
     }
 
     /// Write `batches` as one file at `name` and leave it there unpublished: a commit
@@ -376,22 +374,19 @@ fn run_id() -> String {
     )
 }
 
-enum FileWriter {
-    Local {
-        writer: Option<ArrowWriter<BufWriter<File>>>,
-        /// Where the bytes are written.
-        temp: PathBuf,
-        /// The final name to rename to when published (None: staged, the commit protocol
-        /// publishes it).
-        path: Option<PathBuf>,
-    },
-    Remote {
-        writer: Option<AsyncArrowWriter<object_store::buffered::BufWriter>>,
-    },
+/// A local file being written: where its bytes go, and the name it gets when published.
+struct LocalFile {
+    temp: PathBuf,
+    /// The final name to rename to when published (None: staged, the commit protocol
+    /// publishes it).
+    path: Option<PathBuf>,
 }
 
 struct OpenFile {
-    writer: FileWriter,
+    /// `None` only while opening and once finished.
+    writer: Option<Box<dyn FormatWriter>>,
+    /// Set for a local file (an upload is completed or aborted by its sink).
+    local: Option<LocalFile>,
     shown: String,
     rows: u64,
     /// Set once the file is complete (under its final name, or staged for a commit); until
@@ -401,83 +396,48 @@ struct OpenFile {
 
 impl OpenFile {
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        let shown = &self.shown;
-        match &mut self.writer {
-            FileWriter::Local { writer, .. } => writer
-                .as_mut()
-                .expect("open")
-                .write(batch)
-                .map_err(|e| EngineError::write(STAGE, shown, e))?,
-            FileWriter::Remote { writer } => {
-                let mut w = writer.take().expect("open");
-                let b = batch.clone();
-                let (w, result) = forebay_io::block_on(async move {
-                    let r = w.write(&b).await;
-                    (w, r)
-                });
-                *writer = Some(w);
-                result.map_err(|e| EngineError::write(STAGE, shown, e))?
-            }
-        }
+        self.writer
+            .as_mut()
+            .expect("open")
+            .write(batch)
+            .map_err(|e| EngineError::write(STAGE, &self.shown, e))?;
         self.rows += batch.num_rows() as u64;
         Ok(())
     }
 
-    /// Bytes the writer holds in memory (encoded row group in progress, upload buffer).
+    /// Bytes the writer holds in memory (encoded row group in progress, upload buffers).
     fn memory(&self) -> usize {
-        match &self.writer {
-            FileWriter::Local { writer, .. } => writer.as_ref().map_or(0, |w| w.memory_size()),
-            FileWriter::Remote { writer } => {
-                writer.as_ref().map_or(0, |w| w.memory_size()) + UPLOAD_PART
-            }
-        }
+        self.writer.as_ref().map_or(0, |w| w.memory())
     }
 
     /// Finish the file: durable, and under its final name unless it is staged. Returns its
     /// size.
     fn finish(mut self) -> Result<WrittenFile> {
         let shown = self.shown.clone();
-        let bytes = match &mut self.writer {
-            FileWriter::Local { writer, temp, path } => {
-                let w = writer.take().expect("open");
-                let mut out = w
-                    .into_inner()
-                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                out.flush()
-                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                let file = out
-                    .into_inner()
-                    .map_err(|e| EngineError::write(STAGE, &shown, e.error().to_string()))?;
-                file.sync_all()
-                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-                drop(file);
-                // Durable under its final name, or (staged) under its staging name: the
-                // commit record written next names it, so its directory entry must be on
-                // disk before that record is.
-                let named: &Path = match path.as_deref() {
-                    Some(path) => {
-                        fs::rename(&*temp, path)
-                            .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                        path
-                    }
-                    None => temp,
-                };
-                sync_dir(named.parent().unwrap_or(Path::new("/")))
-                    .map_err(|e| EngineError::write(STAGE, &shown, e))?;
-                size
-            }
-            FileWriter::Remote { writer } => {
-                let w = writer.take().expect("open");
-                forebay_io::block_on(async move {
-                    let mut w = w;
-                    // Flushes and completes the upload (the object appears now).
-                    w.finish().await?;
-                    Ok::<u64, parquet::errors::ParquetError>(w.bytes_written() as u64)
-                })
-                .map_err(|e| EngineError::write(STAGE, &shown, e))?
-            }
-        };
+        let write_err =
+            |e: &dyn std::fmt::Display| EngineError::write(STAGE, &shown, e.to_string());
+        let sink = self
+            .writer
+            .take()
+            .expect("open")
+            .finish()
+            .map_err(|e| write_err(&e))?;
+        let bytes = sink.bytes_written();
+        // Flushed and synced (local), or the upload completed: the object appears now.
+        sink.complete().map_err(|e| write_err(&e))?;
+        if let Some(local) = &self.local {
+            // Durable under its final name, or (staged) under its staging name: the commit
+            // record written next names it, so its directory entry must be on disk before
+            // that record is.
+            let named: &Path = match local.path.as_deref() {
+                Some(path) => {
+                    fs::rename(&local.temp, path).map_err(|e| write_err(&e))?;
+                    path
+                }
+                None => &local.temp,
+            };
+            sync_dir(named.parent().unwrap_or(Path::new("/"))).map_err(|e| write_err(&e))?;
+        }
         self.published = true;
         Ok(WrittenFile {
             path: shown,
@@ -492,20 +452,11 @@ impl Drop for OpenFile {
         if self.published {
             return;
         }
-        // An error or a cancellation: remove the partial file / abort the upload.
-        match &mut self.writer {
-            FileWriter::Local { writer, temp, .. } => {
-                drop(writer.take());
-                let _ = fs::remove_file(&*temp);
-            }
-            FileWriter::Remote { writer } => {
-                if let Some(w) = writer.take() {
-                    let mut upload = w.into_inner();
-                    forebay_io::block_on(async move {
-                        let _ = upload.abort().await;
-                    });
-                }
-            }
+        // An error or a cancellation: the sink aborts an upload as it drops; a partial
+        // local file is removed.
+        drop(self.writer.take());
+        if let Some(local) = &self.local {
+            let _ = fs::remove_file(&local.temp);
         }
     }
 }
@@ -568,7 +519,11 @@ fn write_plain(
         while offset < batch.num_rows() {
             if file.is_none() {
                 let n = target.next_file.fetch_add(1, Ordering::Relaxed);
-                let name = format!("part-{}-{worker:02}-{n:05}.parquet", target.run_id);
+                let name = format!(
+                    "part-{}-{worker:02}-{n:05}.{}",
+                    target.run_id,
+                    target.extension()
+                );
                 file = Some(target.open_file(&name, batch.schema(), false)?);
             }
             let open = file.as_mut().expect("just opened");
@@ -659,7 +614,7 @@ fn write_checkpointed(
         let mut offset = 0;
         loop {
             if pending.is_none() {
-                let (commit, staged, final_name) = log.next_commit();
+                let (commit, staged, final_name) = log.next_commit(target.extension());
                 pending = Some(Pending {
                     file: target.open_file(&staged, batch.batch.schema(), true)?,
                     ids: log.id_parts_writer(&commit)?,

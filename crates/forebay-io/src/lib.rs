@@ -8,19 +8,31 @@
 //!  forebay-checkpoint ─────────┤
 //!  forebay-parquet ────────────┼──► forebay-io ─┬─ runtime: one tokio pool, block_on from any thread
 //!  forebay-spill ──────────────┘                ├─ location: path or URI ─► object store, path, shown URI
+//!                                               ├─ dir: a local directory or an object-store prefix
+//!                                               │       that readers see whole files of (atomic
+//!                                               │       puts, publish by rename/copy, list, delete)
 //!                                               └─ durable: mkdir -p and fsync of directories,
 //!                                                  syncs on several threads, process liveness
 //! ```
 //!
+//! ```text
+//!            location::open_location            Dir::put_atomic / put_all_atomic
+//!  "s3://b/out" ──────────────────► Dir::Remote ──► PUT (atomic), 8 in flight
+//!  "/data/out"  ──────────────────► Dir::Local  ──► .name.<pid>.tmp ─► fsync ─► rename ─► fsync dir
+//!                                        │
+//!                                        └─ get, list, entries, exists, publish(_all), delete(_tree)
+//! ```
+//!
 //! Each piece used to live in the crate that needed it first, and was copied into the next
-//! (three `process_alive`s, two durable `mkdir -p`s), or made other crates depend on
-//! forebay-parquet for it (the runtime, URI parsing; forebay-parquet re-exports both, so its
-//! API is unchanged). Still to come here (issue 35): one directory abstraction over local
-//! disks and object stores (today forebay-checkpoint's `Target` and forebay-engine's `Dir`,
-//! the same idea twice).
+//! (three `process_alive`s, two durable `mkdir -p`s, the checkpoint's `Target` and the
+//! engine's `Dir`), or made other crates depend on forebay-parquet for it (the runtime, URI
+//! parsing; forebay-parquet re-exports both, so its API is unchanged). Object-store work
+//! that every writer wants (retries, timeouts, request concurrency) belongs here.
 
+pub mod dir;
 pub mod durable;
 pub mod location;
 pub mod runtime;
 
+pub use dir::{Dir, DirError};
 pub use runtime::{block_on, runtime};

@@ -9,7 +9,7 @@ use forebay_parquet::StorageOptions;
 use super::records::IdPartsRecord;
 use super::{checkpoint_err, IDS, STAGING};
 use crate::error::{EngineError, Result};
-use crate::storage::Dir;
+use forebay_io::Dir;
 
 /// Step 1 of a commit for its ids: write them as hash-partitioned parts under the state
 /// directory's `_forebay_staging/<commit>/` (None when there are none).

@@ -19,7 +19,7 @@ use super::{checkpoint_err, storage_err, Checkpoint, ResumeReport, COMMITS, FORM
 use crate::error::{EngineError, Result};
 use crate::lease::RunLock;
 use crate::lineage::{Completed, LineageBook, UnitTicket};
-use crate::storage::Dir;
+use forebay_io::Dir;
 
 /// A data file the writer staged, ready to commit.
 #[derive(Debug, Clone)]
@@ -241,11 +241,17 @@ impl CommitLog {
         &self.output
     }
 
-    /// A new commit: its id, and where its data file is staged and published.
-    pub(crate) fn next_commit(&self) -> (String, String, String) {
+    /// A new commit's id.
+    pub(crate) fn next_commit_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let commit = format!("{}-{n:06}", self.run_id);
-        let name = format!("part-{commit}.parquet");
+        format!("{}-{n:06}", self.run_id)
+    }
+
+    /// A new commit: its id, and where its data file is staged and published.
+    /// `extension` is the data file format's (`"parquet"`).
+    pub(crate) fn next_commit(&self, extension: &str) -> (String, String, String) {
+        let commit = self.next_commit_id();
+        let name = format!("part-{commit}.{extension}");
         (commit, format!("{STAGING}/{name}"), name)
     }
 
@@ -358,7 +364,7 @@ impl CommitLog {
     /// After a successful run: record the last completions, fold the records into the
     /// inputs snapshot, and delete forebay's state if asked.
     pub(crate) fn finish(&self, delete: bool) -> Result<()> {
-        let (commit, _, _) = self.next_commit();
+        let commit = self.next_commit_id();
         self.commit(&commit, None, None, Vec::new())?;
         let published =
             std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));

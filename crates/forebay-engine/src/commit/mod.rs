@@ -114,7 +114,7 @@ use forebay_parquet::StorageOptions;
 
 use crate::error::EngineError;
 use crate::lease::DEFAULT_LEASE_TTL;
-use crate::storage::StorageError;
+use forebay_io::DirError;
 
 pub(crate) const STAGING: &str = "_forebay_staging";
 /// The directory of the commits' id files.
@@ -210,11 +210,11 @@ pub struct ResumeReport {
     pub files_changed: Vec<String>,
 }
 
-fn storage_err(e: StorageError) -> EngineError {
+fn storage_err(e: DirError) -> EngineError {
     EngineError::Write {
         stage: "checkpoint".into(),
-        path: e.path,
-        reason: e.reason,
+        path: e.path().to_string(),
+        reason: e.reason(),
     }
 }
 

@@ -9,7 +9,7 @@ use super::recovery::recover;
 use super::{changed_input_error, storage_err, Checkpoint, OnChangedInput, ResumeReport};
 use crate::error::{EngineError, Result};
 use crate::lease::RunLock;
-use crate::storage::Dir;
+use forebay_io::Dir;
 
 /// A checkpoint's state directory, recovered, with the inputs earlier runs finished.
 pub(super) struct OpenedState {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{corrupt, storage_err, FORMAT, INPUTS};
 use crate::error::{EngineError, Result};
-use crate::storage::Dir;
+use forebay_io::Dir;
 
 /// An identity of an input file, to notice that it changed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

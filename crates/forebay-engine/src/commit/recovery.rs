@@ -7,7 +7,7 @@ use super::crash::crash_point;
 use super::records::{load_inputs, CommitRecord, InputState};
 use super::{corrupt, storage_err, COMMITS, FORMAT, INPUTS, STAGING};
 use crate::error::{EngineError, Result};
-use crate::storage::Dir;
+use forebay_io::Dir;
 
 /// Roll every recorded commit forward, fold the records into the inputs snapshot, delete
 /// the records and everything staged. Returns the number of records found.

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::records::{load_inputs, CommitRecord, Identity, InputRecord};
 use super::recovery::{recover, recover_skipping};
 use super::*;
-use crate::storage::Dir;
+use forebay_io::Dir;
 
 fn dirs() -> (tempfile::TempDir, Dir, Dir) {
     dirs_on("local")

@@ -298,8 +298,8 @@ impl Pipeline {
         };
         check_write_locations(dataset, &sink.root, Some(&checkpoint.path), false)?;
         let book = Arc::new(LineageBook::default());
-        let output = crate::storage::Dir::open(&sink.root, &sink.storage_options)
-            .map_err(|e| EngineError::write("write_parquet", e.path, e.reason))?;
+        let output = forebay_io::Dir::open(&sink.root, &sink.storage_options)
+            .map_err(|e| EngineError::write("write_parquet", e.path(), e.reason()))?;
         let prepared = CommitLog::prepare(&checkpoint, output, dataset, book.clone())?;
         let inputs = dataset.files().len();
         if inputs > 0 && prepared.report.files_done == inputs {

@@ -1,0 +1,256 @@
+//! Output file formats: how batches become the bytes of one file. The seam where a new output
+//! format goes.
+//!
+//! ```text
+//!  writer (files, commits) ──► FileFormat::open(schema, FileSink) ──► FormatWriter
+//!                                                                      write(batch) ...
+//!                                                                      memory()  (charged to the pool)
+//!                                                                      finish() ──► FileSink
+//!  FileSink: local file (fsync, rename by the writer) or object-store upload (completed)
+//! ```
+//!
+//! The writer (`writer` module) owns everything around a file: its name (`part-...` plus
+//! [`FileFormat::extension`]), the temporary name and the rename, the upload, staging for a
+//! commit, the memory reservation, cleanup of a failed file. A format only encodes: it
+//! writes into the [`FileSink`] it is given and hands it back, complete, from
+//! [`FormatWriter::finish`]. [`ParquetFormat`] is the first implementation; a new format (CSV,
+//! JSON lines, Arrow IPC, Lance) is one more implementation here plus a way to choose it.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use bytes::Bytes;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
+
+/// An error of a format while encoding (its message is shown with the file's path).
+pub type FormatError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A file format the writer can produce.
+pub trait FileFormat: Send + Sync + fmt::Debug {
+    /// The file name extension of this format's files, without the dot (`"parquet"`): the
+    /// writer names files with it, and `mode="overwrite"`/`"error"` look for files that end
+    /// with it.
+    fn extension(&self) -> &str;
+
+    /// Start a file of batches of `schema` that writes into `sink`.
+    fn open(&self, schema: SchemaRef, sink: FileSink)
+        -> Result<Box<dyn FormatWriter>, FormatError>;
+}
+
+/// One file being encoded.
+pub trait FormatWriter: Send {
+    /// Encode `batch` (of the schema the file was opened with).
+    fn write(&mut self, batch: &RecordBatch) -> Result<(), FormatError>;
+
+    /// Bytes held in memory for the file (encoded data not yet in the sink, buffers): the
+    /// writer reserves them in the memory pool.
+    fn memory(&self) -> usize;
+
+    /// Write what remains (a footer) and give the sink back with every byte in it.
+    fn finish(self: Box<Self>) -> Result<FileSink, FormatError>;
+}
+
+/// Bytes buffered before they are handed to an upload: object_store's upload takes `Bytes`
+/// chunks, and a format writes many small slices (page headers).
+const UPLOAD_CHUNK: usize = 1 << 20;
+/// Part size of multipart uploads (object_store's BufWriter default).
+const UPLOAD_PART: usize = 10 << 20;
+
+/// Where a format's bytes go: a local file (the writer syncs and renames it) or an
+/// object-store upload (the object appears when [`FileSink::complete`] completes it).
+pub struct FileSink {
+    kind: SinkKind,
+    written: u64,
+}
+
+enum SinkKind {
+    Local(BufWriter<File>),
+    Remote {
+        /// `None` once completed or aborted. (Boxed: it is 7 times the size of a local
+        /// sink.)
+        upload: Option<Box<object_store::buffered::BufWriter>>,
+        chunk: Vec<u8>,
+    },
+}
+
+impl FileSink {
+    pub(crate) fn local(file: File) -> FileSink {
+        FileSink {
+            kind: SinkKind::Local(BufWriter::new(file)),
+            written: 0,
+        }
+    }
+
+    pub(crate) fn upload(store: Arc<dyn ObjectStore>, location: ObjectPath) -> FileSink {
+        FileSink {
+            kind: SinkKind::Remote {
+                upload: Some(Box::new(object_store::buffered::BufWriter::new(
+                    store, location,
+                ))),
+                chunk: Vec::with_capacity(UPLOAD_CHUNK),
+            },
+            written: 0,
+        }
+    }
+
+    /// Bytes the sink itself holds in memory at most (an upload's chunk and part buffers).
+    pub(crate) fn memory(&self) -> usize {
+        match &self.kind {
+            SinkKind::Local(_) => 0,
+            SinkKind::Remote { .. } => UPLOAD_CHUNK + UPLOAD_PART,
+        }
+    }
+
+    /// Bytes written into the sink.
+    pub fn bytes_written(&self) -> u64 {
+        self.written
+    }
+
+    /// Finish the file: a local file flushed and `fsync`ed (returned, to be renamed by the
+    /// writer); an upload completed (the object appears now).
+    pub(crate) fn complete(mut self) -> std::io::Result<Option<File>> {
+        match &mut self.kind {
+            SinkKind::Local(out) => {
+                out.flush()?;
+                let file = out.get_ref().try_clone()?;
+                file.sync_all()?;
+                Ok(Some(file))
+            }
+            SinkKind::Remote { upload, chunk } => {
+                let chunk = std::mem::take(chunk);
+                let mut upload = upload.take().expect("an upload is completed once");
+                forebay_io::block_on(async move {
+                    if !chunk.is_empty() {
+                        upload.put(Bytes::from(chunk)).await?;
+                    }
+                    let mut pinned = Pin::new(&mut *upload);
+                    futures::future::poll_fn(|cx| {
+                        tokio::io::AsyncWrite::poll_shutdown(pinned.as_mut(), cx)
+                    })
+                    .await?;
+                    Ok::<(), std::io::Error>(())
+                })?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl Write for FileSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = match &mut self.kind {
+            SinkKind::Local(out) => out.write(buf)?,
+            SinkKind::Remote { upload, chunk } => {
+                chunk.extend_from_slice(buf);
+                if chunk.len() >= UPLOAD_CHUNK {
+                    let full =
+                        Bytes::from(std::mem::replace(chunk, Vec::with_capacity(UPLOAD_CHUNK)));
+                    let mut taken = upload.take().expect("written before it is completed");
+                    let (taken, put) = forebay_io::block_on(async move {
+                        let put = taken.put(full).await;
+                        (taken, put)
+                    });
+                    *upload = Some(taken);
+                    put.map_err(std::io::Error::other)?;
+                }
+                buf.len()
+            }
+        };
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.kind {
+            SinkKind::Local(out) => out.flush(),
+            // Bytes reach the store when a chunk fills and at `complete`.
+            SinkKind::Remote { .. } => Ok(()),
+        }
+    }
+}
+
+impl Drop for FileSink {
+    /// An upload never completed (an error, a cancellation) is aborted, so that no parts of
+    /// it stay behind in the store. A local file is removed by the writer, which knows its
+    /// name.
+    fn drop(&mut self) {
+        if let SinkKind::Remote { upload, .. } = &mut self.kind {
+            if let Some(mut upload) = upload.take() {
+                forebay_io::block_on(async move {
+                    let _ = upload.abort().await;
+                });
+            }
+        }
+    }
+}
+
+/// Rows per row group when not set.
+pub const DEFAULT_ROW_GROUP_ROWS: usize = 128 * 1024;
+/// Bytes a row group may take while it is encoded in memory before it is flushed.
+const ROW_GROUP_BYTES: usize = 64 << 20;
+
+/// Parquet files, through the parquet crate's `ArrowWriter`.
+#[derive(Debug, Clone)]
+pub struct ParquetFormat {
+    pub compression: Compression,
+    pub row_group_rows: usize,
+    /// Columns written without dictionary encoding (nearly all values distinct).
+    pub unique_columns: Vec<String>,
+}
+
+impl ParquetFormat {
+    fn properties(&self) -> WriterProperties {
+        let builder = WriterProperties::builder()
+            .set_compression(self.compression)
+            .set_max_row_group_row_count(Some(self.row_group_rows))
+            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES));
+        self.unique_columns
+            .iter()
+            .fold(builder, |b, column| {
+                b.set_column_dictionary_enabled(ColumnPath::from(column.as_str()), false)
+            })
+            .build()
+    }
+}
+
+impl FileFormat for ParquetFormat {
+    fn extension(&self) -> &str {
+        "parquet"
+    }
+
+    fn open(
+        &self,
+        schema: SchemaRef,
+        sink: FileSink,
+    ) -> Result<Box<dyn FormatWriter>, FormatError> {
+        Ok(Box::new(ArrowWriter::try_new(
+            sink,
+            schema,
+            Some(self.properties()),
+        )?))
+    }
+}
+
+impl FormatWriter for ArrowWriter<FileSink> {
+    fn write(&mut self, batch: &RecordBatch) -> Result<(), FormatError> {
+        Ok(ArrowWriter::write(self, batch)?)
+    }
+
+    fn memory(&self) -> usize {
+        self.memory_size() + self.inner().memory()
+    }
+
+    fn finish(self: Box<Self>) -> Result<FileSink, FormatError> {
+        Ok(self.into_inner()?)
+    }
+}
