@@ -15,6 +15,8 @@ use forebay_engine::{
 };
 use forebay_parquet::{DatasetSource, ParquetDataset};
 
+mod common;
+
 const FILES: i64 = 6;
 const ROWS: i64 = 5_000; // per file, row groups of 1,000
 
@@ -78,25 +80,7 @@ fn dataset(dir: &Path) -> ParquetDataset {
 
 /// Ids in the output directory, with multiplicity.
 fn output_ids(dir: &Path) -> Vec<i64> {
-    if !dir.exists() {
-        return Vec::new();
-    }
-    let ds = match ParquetDataset::open([dir.display().to_string()]) {
-        Ok(d) => d,
-        Err(_) => return Vec::new(),
-    };
-    let mut ids = Vec::new();
-    for b in ds.scan() {
-        let b = b.unwrap().batch;
-        let col = b
-            .column_by_name("id")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap();
-        ids.extend(col.values().iter());
-    }
-    ids
+    common::i64_column_in(dir, "id")
 }
 
 fn assert_exactly_once(dir: &Path, expected: i64) {

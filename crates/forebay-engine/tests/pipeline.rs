@@ -258,9 +258,7 @@ fn a_missing_required_column_names_the_stage() {
 }
 
 fn read_back(dir: &std::path::Path) -> Vec<i64> {
-    let ds = forebay_parquet::ParquetDataset::open([dir.display().to_string()]).unwrap();
-    let batches: Vec<RecordBatch> = ds.scan().map(|b| b.unwrap().batch).collect();
-    values(&batches)
+    common::i64_column_in(dir, "x")
 }
 
 #[test]

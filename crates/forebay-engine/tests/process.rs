@@ -9,18 +9,15 @@ use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{Array, Int64Array};
 use forebay_engine::process::{ProcessPool, RemoteError};
 use forebay_engine::{
     EngineError, IterOptions, MapStage, Pipeline, PipelineEvent, Source, UserError,
 };
 use forebay_store::{ObjectId, ObjectStore};
 
-fn batch_of(values: impl IntoIterator<Item = i64>) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
-    RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(values))]).unwrap()
-}
+mod common;
+use common::batch_of;
 
 // ---------------------------------------------------------------- the worker side
 

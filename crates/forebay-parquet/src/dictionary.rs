@@ -170,26 +170,16 @@ mod tests {
     };
     use arrow::compute::cast;
     use arrow::datatypes::{Int32Type, Int64Type, UInt64Type};
-    use parquet::arrow::ArrowWriter;
     use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
-    use parquet::file::reader::{FileReader, SerializedFileReader};
 
     use super::*;
+    use crate::test_files::{metadata_of, parquet_bytes};
 
     /// Write `column` as column `c` of a one-row-group file; the file's metadata and bytes.
     fn write(column: ArrayRef, props: WriterPropertiesBuilder) -> (ParquetMetaData, Bytes) {
         let batch = RecordBatch::try_from_iter([("c", column)]).unwrap();
-        let mut bytes = Vec::new();
-        let mut writer =
-            ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props.build())).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let bytes = Bytes::from(bytes);
-        let meta = SerializedFileReader::new(bytes.clone())
-            .unwrap()
-            .metadata()
-            .clone();
-        (meta, bytes)
+        let bytes = parquet_bytes(&batch, props.build());
+        (metadata_of(&bytes), bytes)
     }
 
     /// The dictionary of column `c` decoded as `data_type`, or `None` where none is read.

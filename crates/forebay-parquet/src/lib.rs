@@ -56,6 +56,8 @@ pub mod row_filter;
 pub mod scan;
 pub mod source;
 pub mod split;
+#[cfg(test)]
+mod test_files;
 
 pub use error::{ErrorKind, ParquetError, Result};
 pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};

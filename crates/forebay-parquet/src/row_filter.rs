@@ -192,11 +192,11 @@ mod tests {
 
     use arrow::array::{AsArray, Int64Array, StringArray};
     use arrow::datatypes::Int64Type;
-    use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
     use parquet::file::reader::{FileReader, SerializedFileReader};
 
     use super::*;
+    use crate::test_files::write_parquet_file;
     use crate::{DatasetSource, ErrorKind, ParquetDataset, Predicate};
 
     /// Keeps odd ids and rows of row groups 1.. only, counting the rows it sees and the
@@ -246,11 +246,7 @@ mod tests {
         let props = WriterProperties::builder()
             .set_max_row_group_row_count(Some(100))
             .build();
-        let file = std::fs::File::create(&path).unwrap();
-        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        path.to_str().unwrap().to_string()
+        write_parquet_file(&path, &batch, props)
     }
 
     #[test]
@@ -500,14 +496,7 @@ mod tests {
         let props = WriterProperties::builder()
             .set_max_row_group_row_count(Some(100))
             .build();
-        let mut writer = ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
-            batch.schema(),
-            Some(props),
-        )
-        .unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
+        write_parquet_file(&path, &batch, props);
         let filter = DropsSet::new(0..150);
         let dataset = ParquetDataset::open([path.to_str().unwrap()])
             .unwrap()

@@ -90,11 +90,11 @@ mod tests {
 
     use arrow::array::{AsArray, Int64Array, RecordBatch};
     use arrow::datatypes::Int64Type;
-    use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
     use proptest::prelude::*;
 
     use super::*;
+    use crate::test_files::write_parquet_file;
     use crate::{DatasetSource, ParquetDataset};
 
     /// `rows` ids in row groups of `group` rows; returns the path and the file's size.
@@ -106,12 +106,9 @@ mod tests {
             .set_max_row_group_row_count(Some(group))
             .set_dictionary_enabled(false)
             .build();
-        let file = std::fs::File::create(&path).unwrap();
-        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
+        let path = write_parquet_file(&path, &batch, props);
         let size = std::fs::metadata(&path).unwrap().len();
-        (path.to_str().unwrap().to_string(), size)
+        (path, size)
     }
 
     /// Ids and row groups a scan of `path` limited to `range` yields.

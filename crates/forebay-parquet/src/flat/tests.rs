@@ -11,14 +11,13 @@ use arrow::array::{
 use arrow::compute::concat;
 use arrow::datatypes::{Field, Schema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::properties::{WriterProperties, WriterVersion};
-use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use super::*;
 use crate::io::FetchedRegion;
+use crate::test_files::{metadata_of, parquet_bytes};
 use parquet::column::page::{Page, PageReader};
 use parquet::file::serialized_reader::SerializedPageReader;
 
@@ -73,15 +72,8 @@ fn columns(rows: usize, distinct: u64) -> Vec<ArrayRef> {
 fn write(column: ArrayRef, props: WriterProperties) -> (Bytes, Arc<ParquetMetaData>) {
     let schema = Schema::new(vec![Field::new("c", column.data_type().clone(), false)]);
     let batch = RecordBatch::try_new(Arc::new(schema), vec![column]).unwrap();
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
-    let bytes = Bytes::from(out);
-    let metadata = SerializedFileReader::new(bytes.clone())
-        .unwrap()
-        .metadata()
-        .clone();
+    let bytes = parquet_bytes(&batch, props);
+    let metadata = metadata_of(&bytes);
     (bytes, Arc::new(metadata))
 }
 
@@ -214,12 +206,8 @@ fn types_outside_its_reach_are_left_to_the_parquet_crate() {
         Arc::new(Int64Array::from(vec![Some(1), None])) as ArrayRef,
     )])
     .unwrap();
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), None).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
-    let nullable = SerializedFileReader::new(Bytes::from(out)).unwrap();
-    let leaf = nullable.metadata().row_group(0).column(0).column_descr();
+    let nullable = metadata_of(&parquet_bytes(&batch, WriterProperties::builder().build()));
+    let leaf = nullable.row_group(0).column(0).column_descr();
     assert!(FlatType::of(leaf, &DataType::Int64).is_none());
     // Other encodings.
     let (_, delta) = write(

@@ -8,7 +8,7 @@ use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, StringArray, Strin
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::record_batch::RecordBatch;
-use forebay::parquet::{DatasetSource, ParquetDataset, Predicate};
+use forebay_parquet::{DatasetSource, ParquetDataset, Predicate};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
@@ -70,7 +70,7 @@ fn concat(batches: &[RecordBatch], schema: Arc<Schema>) -> RecordBatch {
 
 fn store_with(files: &[Vec<u8>]) -> Arc<InMemory> {
     let store = Arc::new(InMemory::new());
-    forebay::parquet::block_on({
+    forebay_parquet::block_on({
         let store = store.clone();
         let files = files.to_vec();
         async move {

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use forebay::spill::{
+use forebay_spill::{
     DirectoryChoice, SpillArea, SpillConfig, SpillError, SpillLocation, SpillObject, SyncPolicy,
 };
 

@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use forebay::spill::{SpillArea, SpillConfig, SpillObject};
+use forebay_spill::{SpillArea, SpillConfig, SpillObject};
 
 struct Counting;
 

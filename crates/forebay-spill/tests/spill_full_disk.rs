@@ -3,7 +3,7 @@
 //! working for rounds that fit. Its own test binary: the limit applies to the whole process.
 
 use bytes::Bytes;
-use forebay::spill::{SpillArea, SpillConfig, SpillError, SpillObject};
+use forebay_spill::{SpillArea, SpillConfig, SpillError, SpillObject};
 
 #[test]
 fn spill_beyond_the_file_size_limit_is_a_clean_error() {

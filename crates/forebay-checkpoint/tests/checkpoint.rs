@@ -10,7 +10,7 @@ use arrow::array::{
     LargeStringArray, RecordBatch, StringArray, StringViewArray, UInt64Array,
 };
 use arrow::datatypes::{DataType, Field, Int16Type, Schema};
-use forebay::checkpoint::{CheckpointError, CheckpointIndex, MANIFEST_FILE};
+use forebay_checkpoint::{CheckpointError, CheckpointIndex, MANIFEST_FILE};
 use parquet::arrow::ArrowWriter;
 use proptest::prelude::*;
 

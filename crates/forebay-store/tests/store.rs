@@ -9,7 +9,7 @@ use arrow::array::*;
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::*;
 use arrow::record_batch::RecordBatch;
-use forebay::store::{ErrorKind, Format, ObjectStore, StoreConfig};
+use forebay_store::{ErrorKind, Format, ObjectStore, StoreConfig};
 
 fn config(capacity: usize, spill: &tempfile::TempDir) -> StoreConfig {
     StoreConfig::new(capacity).with_spill_dirs([spill.path()])
@@ -302,7 +302,7 @@ fn a_slice_of_a_view_array_stores_only_the_strings_it_references() {
     let indices = UInt32Array::from_iter_values((0..20_000).map(|i| i % 2_000));
     let shared = arrow::compute::take(&dictionary, &indices, None).unwrap();
     let batch = RecordBatch::try_from_iter([("shared", shared)]).unwrap();
-    let compacted = forebay::store::ipc::compact_views(&batch).unwrap();
+    let compacted = forebay_store::ipc::compact_views(&batch).unwrap();
     assert!(Arc::ptr_eq(batch.column(0), compacted.column(0)));
 }
 
