@@ -48,26 +48,15 @@ class Checkpoint:
     def __post_init__(self) -> None:
         if not isinstance(self.id_column, str) or not self.id_column:
             raise ValueError("Checkpoint: id_column must be a column name")
+        if not isinstance(self.path, (str, os.PathLike)) or not isinstance(
+            os.fspath(self.path), str
+        ):
+            raise TypeError(
+                f"Checkpoint: path must be a str or os.PathLike of str, not {self.path!r}"
+            )
         if self.num_shards is not None and (
             self.num_shards < 1 or self.num_shards & (self.num_shards - 1)
         ):
             raise ValueError(
                 f"Checkpoint: num_shards must be a power of two, not {self.num_shards}"
             )
-
-    def _args(
-        self, on_changed_input: str
-    ) -> tuple[str, str, int | None, bool, str, dict[str, str] | None]:
-        options = (
-            {str(k): str(v) for k, v in self.storage_options.items()}
-            if self.storage_options
-            else None
-        )
-        return (
-            self.id_column,
-            os.fspath(self.path),
-            self.num_shards,
-            bool(self.delete_on_success),
-            on_changed_input,
-            options,
-        )

@@ -89,7 +89,7 @@ class CheckpointFilter:
             id_column,
             num_shards,
             None if shards is None else [int(k) for k in shards],
-            dict(storage_options) if storage_options else None,
+            storage_options,
             num_threads,
         )
         return obj
@@ -151,7 +151,7 @@ class CheckpointFilter:
         parts: loaded ids are not rewritten. Returns ``{"files": [...], "ids": n}``.
         ``storage_options`` are object_store options for ``s3://`` and other URIs.
         """
-        return self._inner.write(path, dict(storage_options) if storage_options else None)
+        return self._inner.write(path, storage_options)
 
     def shard_ids(self, ids: Any) -> pa.UInt32Array:
         """The shard of each of ``ids`` (the on-disk ``shard=<k>`` it is written to)."""

@@ -333,20 +333,17 @@ class Dataset:
         if concurrency is None:
             concurrency = 1 if preserve_order else _config.settings()["num_threads"]
         concurrency = integer("concurrency", concurrency, minimum=1)
-        if on_changed_input not in ("error", "reprocess"):
-            raise ValueError(
-                f"on_changed_input must be 'error' or 'reprocess', not {on_changed_input!r}"
-            )
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise TypeError("checkpoint must be a forebay.Checkpoint")
         running = self._pipeline(preserve_order).write(
             os.fspath(path),
-            {str(k): str(v) for k, v in storage_options.items()} if storage_options else None,
+            storage_options,
             compression,
             rows_per_file,
             concurrency,
             mode,
-            checkpoint._args(on_changed_input) if checkpoint is not None else None,
+            checkpoint,
+            on_changed_input,
         )
         try:
             with _runs.live(running):
@@ -539,7 +536,7 @@ def read_parquet(
         prefetch,
         num_threads,
         list(dictionary_columns) if dictionary_columns is not None else None,
-        {str(k): str(v) for k, v in storage_options.items()} if storage_options else None,
+        storage_options,
         int96_timestamp_unit,
         None if file_extensions is None else _extensions(file_extensions),
     )

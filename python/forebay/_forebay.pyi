@@ -3,10 +3,12 @@
 # These classes are the Rust halves of the public API; use the wrappers in ``forebay``
 # (``read_parquet``, ``Dataset``, ``CheckpointFilter``, ``SpillArea``, ``ObjectStore``, ...).
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, final
 
 import pyarrow as pa
+
+from ._checkpoint_config import Checkpoint
 
 __version__: str
 
@@ -46,7 +48,7 @@ class RsDataset:
         prefetch: int | None,
         num_threads: int | None,
         dictionary_columns: Sequence[str] | None,
-        storage_options: dict[str, str] | None,
+        storage_options: Mapping[str, Any] | None,
         int96_timestamp_unit: str = "ns",
         file_extensions: Sequence[str] | None = None,
     ) -> RsDataset: ...
@@ -86,7 +88,7 @@ class RsCheckpointIndex:
         id_column: str,
         num_shards: int | None = None,
         shards: list[int] | None = None,
-        storage_options: dict[str, str] | None = None,
+        storage_options: Mapping[str, Any] | None = ...,  # None: no options
         num_threads: int | None = None,
     ) -> RsCheckpointIndex: ...
     def insert(self, ids: pa.Array) -> int: ...
@@ -95,7 +97,9 @@ class RsCheckpointIndex:
     def filter_scan(self, dataset: RsDataset, num_threads: int | None = None) -> RsFilteredIter: ...
     def filter_batches(self, batches: list[pa.RecordBatch]) -> list[pa.RecordBatch | None]: ...
     def merge(self, other: RsCheckpointIndex) -> None: ...
-    def write(self, path: str, storage_options: dict[str, str] | None = None) -> dict[str, Any]: ...
+    def write(
+        self, path: str, storage_options: Mapping[str, Any] | None = ...
+    ) -> dict[str, Any]: ...
     def __len__(self) -> int: ...
     def memory_bytes(self) -> int: ...
     def num_shards(self) -> int: ...
@@ -152,7 +156,7 @@ class RsRemoteSpillTarget:
     def __new__(
         cls,
         uri: str,
-        storage_options: dict[str, str],
+        storage_options: Mapping[str, Any] | None,
         part_size: int,
         parts_in_flight: int,
         rounds_in_flight: int,
@@ -259,12 +263,13 @@ class RsPipeline:
     def write(
         self,
         path: str,
-        storage_options: dict[str, str] | None,
+        storage_options: Mapping[str, Any] | None,
         compression: str,
         rows_per_file: int | None,
         concurrency: int,
         mode: str,
-        checkpoint: tuple[str, str, int | None, bool, str, dict[str, str] | None] | None = None,
+        checkpoint: Checkpoint | None = None,
+        on_changed_input: str = "error",
     ) -> RsRunningWrite: ...
 
 @final
@@ -287,9 +292,10 @@ class RsCommitCoordinator:
     def __new__(
         cls,
         dataset: RsDataset,
-        checkpoint: tuple[str, str, int | None, bool, str, dict[str, str] | None],
+        checkpoint: Checkpoint,
+        on_changed_input: str,
         path: str,
-        storage_options: dict[str, str] | None,
+        storage_options: Mapping[str, Any] | None,
         compression: str,
         row_group_rows: int | None = None,
     ) -> RsCommitCoordinator: ...

@@ -99,9 +99,8 @@ class RemoteSpillTarget:
         parts_in_flight: int = 4,
         rounds_in_flight: int = 2,
     ):
-        options = {str(k): str(v) for k, v in (storage_options or {}).items()}
         self._inner = _forebay.RsRemoteSpillTarget(
-            str(uri), options, int(part_size), int(parts_in_flight), int(rounds_in_flight)
+            str(uri), storage_options, int(part_size), int(parts_in_flight), int(rounds_in_flight)
         )
 
     @property

@@ -13,6 +13,7 @@ use forebay_checkpoint::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::args::string_map;
 use crate::dataset::RsDataset;
 use crate::errors::{checkpoint_err, detached_py, CheckpointError};
 
@@ -67,18 +68,18 @@ impl RsCheckpointIndex {
     }
 
     #[staticmethod]
-    #[pyo3(signature = (path, id_column, num_shards=None, shards=None, storage_options=None, num_threads=None))]
+    #[pyo3(signature = (path, id_column, num_shards=None, shards=None, storage_options=HashMap::new(), num_threads=None))]
     fn load(
         py: Python<'_>,
         path: String,
         id_column: String,
         num_shards: Option<usize>,
         shards: Option<Vec<usize>>,
-        storage_options: Option<HashMap<String, String>>,
+        #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
         num_threads: Option<usize>,
     ) -> PyResult<Self> {
-        let mut loader = CheckpointIndex::loader(path, id_column)
-            .with_storage_options(storage_options.unwrap_or_default());
+        let mut loader =
+            CheckpointIndex::loader(path, id_column).with_storage_options(storage_options);
         if let Some(n) = num_shards {
             loader = loader.with_num_shards(n);
         }
@@ -189,14 +190,14 @@ impl RsCheckpointIndex {
         })
     }
 
-    #[pyo3(signature = (path, storage_options=None))]
+    #[pyo3(signature = (path, storage_options=HashMap::new()))]
     fn write<'py>(
         &self,
         py: Python<'py>,
         path: String,
-        storage_options: Option<HashMap<String, String>>,
+        #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let options = storage_options.unwrap_or_default();
+        let options = storage_options;
         let summary = detached_py(py, || {
             self.write_lock()?
                 .write(&path, &options)

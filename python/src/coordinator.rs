@@ -12,9 +12,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::args::string_map;
 use crate::dataset::RsDataset;
 use crate::errors::engine_err;
-use crate::pipeline::{checkpoint_from_args, CheckpointArgs};
+use crate::pipeline::CheckpointConfig;
 
 /// The driver's side: recovery, the inputs earlier runs finished, one commit at a time.
 #[pyclass(module = "forebay._forebay", frozen)]
@@ -36,19 +37,21 @@ impl RsCommitCoordinator {
 #[pymethods]
 impl RsCommitCoordinator {
     #[new]
-    #[pyo3(signature = (dataset, checkpoint, path, storage_options, compression, row_group_rows=None))]
+    #[pyo3(signature = (dataset, checkpoint, on_changed_input, path, storage_options, compression, row_group_rows=None))]
+    #[allow(clippy::too_many_arguments)] // each a keyword of forebay.ray.write_parquet
     fn new(
         py: Python<'_>,
         dataset: &RsDataset,
-        checkpoint: CheckpointArgs,
+        checkpoint: CheckpointConfig,
+        on_changed_input: &str,
         path: String,
-        storage_options: Option<HashMap<String, String>>,
+        #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
         compression: &str,
         row_group_rows: Option<usize>,
     ) -> PyResult<Self> {
-        let checkpoint = checkpoint_from_args(checkpoint)?;
+        let checkpoint = checkpoint.into_checkpoint(on_changed_input)?;
         let mut sink = ParquetSink::new(path)
-            .with_storage_options(storage_options.unwrap_or_default())
+            .with_storage_options(storage_options)
             .with_compression(compression)
             .map_err(|e| engine_err(py, e))?;
         if let Some(rows) = row_group_rows {

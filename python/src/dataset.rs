@@ -15,6 +15,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
+use crate::args::string_map;
 use crate::errors::{detached, ForebayError, InvalidFilterError};
 
 /// A literal from the tagged tuple built by `forebay._filters` (`("int", 5)`, ...).
@@ -123,7 +124,7 @@ impl RsDataset {
         prefetch: Option<usize>,
         num_threads: Option<usize>,
         dictionary_columns: Option<Vec<String>>,
-        storage_options: Option<HashMap<String, String>>,
+        #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
         int96_timestamp_unit: &str,
         file_extensions: Option<Vec<String>>,
     ) -> PyResult<Self> {
@@ -140,7 +141,7 @@ impl RsDataset {
         };
         let source = DatasetSource::Uris {
             uris: paths,
-            storage_options: storage_options.unwrap_or_default(),
+            storage_options,
         };
         let mut builder = ParquetDataset::builder(source)
             .with_batch_size(batch_size)

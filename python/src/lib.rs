@@ -16,6 +16,7 @@
 //! | `thread_state` | (none: glue) keeps an engine thread's Python thread state between `map_batches` calls |
 //! | `lookahead` | (none: glue) prepares a `map_batches` worker's next batch while its function runs |
 
+mod args;
 mod arrow_export;
 mod arrow_import;
 mod checkpoint;

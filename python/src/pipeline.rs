@@ -21,6 +21,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::args::{fspath, string_map};
 use crate::checkpoint::RsCheckpointIndex;
 use crate::dataset::RsDataset;
 use crate::errors::engine_err;
@@ -28,36 +29,44 @@ use crate::errors::ForebayError;
 use crate::report::{stats_dict, EventLog};
 use crate::udf::PyFunction;
 
-/// `(id_column, path, num_shards, delete_on_success, on_changed_input, storage_options)`.
-pub(crate) type CheckpointArgs = (
-    String,
-    String,
-    Option<usize>,
-    bool,
-    String,
-    Option<HashMap<String, String>>,
-);
+/// A `forebay.Checkpoint`, read by attribute name (`python/forebay/_checkpoint_config.py`
+/// checks the values when it is made).
+#[derive(FromPyObject)]
+pub(crate) struct CheckpointConfig {
+    #[pyo3(attribute)]
+    id_column: String,
+    #[pyo3(attribute, from_py_with = fspath)]
+    path: String,
+    #[pyo3(attribute)]
+    num_shards: Option<usize>,
+    #[pyo3(attribute)]
+    delete_on_success: bool,
+    #[pyo3(attribute, from_py_with = string_map)]
+    storage_options: HashMap<String, String>,
+}
 
-/// `forebay.Checkpoint._args(...)` as the engine's checkpoint.
-pub(crate) fn checkpoint_from_args(args: CheckpointArgs) -> PyResult<Checkpoint> {
-    let (id_column, path, num_shards, delete, changed, options) = args;
-    let on_changed = match changed.as_str() {
-        "error" => OnChangedInput::Error,
-        "reprocess" => OnChangedInput::Reprocess,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "on_changed_input must be 'error' or 'reprocess', not {other:?}"
-            )))
+impl CheckpointConfig {
+    /// The engine's checkpoint, with what the write does with changed inputs (`"error"` or
+    /// `"reprocess"`).
+    pub(crate) fn into_checkpoint(self, on_changed_input: &str) -> PyResult<Checkpoint> {
+        let on_changed = match on_changed_input {
+            "error" => OnChangedInput::Error,
+            "reprocess" => OnChangedInput::Reprocess,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "on_changed_input must be 'error' or 'reprocess', not {other:?}"
+                )))
+            }
+        };
+        let mut c = Checkpoint::new(self.id_column, self.path)
+            .with_delete_on_success(self.delete_on_success)
+            .with_on_changed_input(on_changed)
+            .with_storage_options(self.storage_options);
+        if let Some(n) = self.num_shards {
+            c = c.with_num_shards(n);
         }
-    };
-    let mut c = Checkpoint::new(id_column, path)
-        .with_delete_on_success(delete)
-        .with_on_changed_input(on_changed)
-        .with_storage_options(options.unwrap_or_default());
-    if let Some(n) = num_shards {
-        c = c.with_num_shards(n);
+        Ok(c)
     }
-    Ok(c)
 }
 
 /// A pipeline being described (the Rust half of running a `forebay.Dataset`).
@@ -218,20 +227,21 @@ impl RsPipeline {
         })
     }
 
-    /// `checkpoint`: `(id_column, path, num_shards, delete_on_success, on_changed_input,
-    /// storage_options)` for an exactly-once, resumable write.
-    #[pyo3(signature = (path, storage_options, compression, rows_per_file, concurrency, mode, checkpoint=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// `checkpoint`: a `forebay.Checkpoint`, for an exactly-once, resumable write;
+    /// `on_changed_input` applies with it.
+    #[pyo3(signature = (path, storage_options, compression, rows_per_file, concurrency, mode, checkpoint=None, on_changed_input="error"))]
+    #[allow(clippy::too_many_arguments)] // each a keyword of Dataset.write_parquet
     fn write(
         &self,
         py: Python<'_>,
         path: String,
-        storage_options: Option<HashMap<String, String>>,
+        #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
         compression: &str,
         rows_per_file: Option<usize>,
         concurrency: usize,
         mode: &str,
-        checkpoint: Option<CheckpointArgs>,
+        checkpoint: Option<CheckpointConfig>,
+        on_changed_input: &str,
     ) -> PyResult<RsRunningWrite> {
         let mode = match mode {
             "append" => WriteMode::Append,
@@ -244,7 +254,7 @@ impl RsPipeline {
             }
         };
         let mut sink = ParquetSink::new(path)
-            .with_storage_options(storage_options.unwrap_or_default())
+            .with_storage_options(storage_options)
             .with_compression(compression)
             .map_err(|e| engine_err(py, e))?
             .with_concurrency(concurrency)
@@ -252,7 +262,9 @@ impl RsPipeline {
         if let Some(rows) = rows_per_file {
             sink = sink.with_rows_per_file(rows);
         }
-        let checkpoint = checkpoint.map(checkpoint_from_args).transpose()?;
+        let checkpoint = checkpoint
+            .map(|c| c.into_checkpoint(on_changed_input))
+            .transpose()?;
         let pipeline = self.take()?;
         let running = py
             .detach(|| match checkpoint {

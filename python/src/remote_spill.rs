@@ -10,6 +10,7 @@ use forebay_spill::{RemoteSpillConfig, RemoteSpillLocation, RemoteSpillTarget};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::args::string_map;
 use crate::errors::{detached_py, spill_err, SpillError};
 use crate::spill::{spill_objects, FreeableLocation};
 
@@ -56,15 +57,15 @@ impl RsRemoteSpillTarget {
     fn new(
         py: Python<'_>,
         uri: String,
-        storage_options: Option<HashMap<String, String>>,
+        #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
         part_size: usize,
         parts_in_flight: usize,
         rounds_in_flight: usize,
     ) -> PyResult<Self> {
-        let options = storage_options.unwrap_or_default();
         let target = detached_py(py, move || {
-            let (store, path, shown) = forebay_parquet::source::open_location(&uri, &options)
-                .map_err(|e| SpillError::new_err(format!("remote spill target: {e}")))?;
+            let (store, path, shown) =
+                forebay_parquet::source::open_location(&uri, &storage_options)
+                    .map_err(|e| SpillError::new_err(format!("remote spill target: {e}")))?;
             let display_prefix = shown
                 .strip_suffix(path.as_ref())
                 .unwrap_or(shown.as_str())

@@ -48,6 +48,30 @@ def output_ids(out: Path) -> list[int]:
     return ids
 
 
+# ---------------------------------------------------------------- the write's arguments
+
+
+def test_wrong_checkpoint_arguments_are_refused_before_anything_is_written(data, tmp_path):
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    ds = forebay.read_parquet(str(data))
+    with pytest.raises(ValueError, match="on_changed_input must be 'error' or 'reprocess'"):
+        ds.write_parquet(
+            str(out), checkpoint=forebay.Checkpoint("id", ckpt), on_changed_input="ignore"
+        )
+    with pytest.raises(TypeError, match="Checkpoint: path must be a str"):
+        forebay.Checkpoint("id", bytes(ckpt))  # type: ignore[arg-type]
+    assert not ckpt.exists()
+    assert not out.exists() or not any(out.iterdir())
+    # The checkpoint's fields reach the engine by name (a pathlib path is taken as its
+    # string).
+    forebay.read_parquet(str(data)).write_parquet(
+        str(out), checkpoint=forebay.Checkpoint("id", ckpt, num_shards=4, storage_options={})
+    )
+    assert sorted(output_ids(out)) == list(range(ROWS))
+    manifest = (ckpt / "_forebay_checkpoint").read_text().splitlines()
+    assert "num_shards 4" in manifest and "id_column id" in manifest, manifest
+
+
 # ---------------------------------------------------------------- where a write may go
 
 

@@ -165,3 +165,29 @@ def test_s3_credentials_and_endpoint_from_the_environment(s3, tmp_path):
     )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert ok.stdout.strip() == str(expected.num_rows)
+
+
+def test_storage_options_of_any_mapping_and_value_type_mean_the_same_everywhere(s3, tmp_path):
+    """Every storage_options crosses into Rust the same way: any mapping, values taken as
+    their strings (``True`` is ``"True"``), in the reader, the checkpoint's index and the
+    checkpointed writer alike."""
+    from types import MappingProxyType
+
+    options, expected, _ = s3
+    mixed = MappingProxyType({**options, "aws_allow_http": True})
+    ds = forebay.read_parquet("s3://forebay-test/data/", columns=["id"], storage_options=mixed)
+    assert ds.count_rows() == expected.num_rows
+    done = forebay.CheckpointFilter(pa.int64(), id_column="id")
+    done.insert(pa.array(np.arange(0, 100, dtype=np.int64)))
+    written = done.write("s3://forebay-test/mixed-ckpt-ids/", storage_options=mixed)
+    assert written["ids"] == 100
+    again = forebay.CheckpointFilter.load(
+        "s3://forebay-test/mixed-ckpt-ids/", id_column="id", storage_options=mixed
+    )
+    assert len(again) == 100
+    stats = ds.write_parquet(
+        "s3://forebay-test/mixed-out/",
+        storage_options=mixed,
+        checkpoint=forebay.Checkpoint("id", "s3://forebay-test/mixed-ckpt/", storage_options=mixed),
+    )
+    assert stats["rows"] == expected.num_rows

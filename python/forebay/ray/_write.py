@@ -261,9 +261,10 @@ def write_parquet(
     )
     coordinator = RsCommitCoordinator(
         inputs._inner,
-        checkpoint._args(on_changed_input),
+        checkpoint,
+        on_changed_input,
         os.fspath(path),
-        {str(k): str(v) for k, v in storage_options.items()} if storage_options else None,
+        storage_options,
         compression,
         row_group_rows,
     )
