@@ -116,31 +116,35 @@ impl FileSink {
         self.written
     }
 
-    /// Finish the file: a local file flushed and `fsync`ed (returned, to be renamed by the
-    /// writer); an upload completed (the object appears now).
-    pub(crate) fn complete(mut self) -> std::io::Result<Option<File>> {
+    /// Finish the file: a local file flushed and `fsync`ed (the writer renames it); an
+    /// upload completed (the object appears now).
+    pub(crate) fn complete(mut self) -> std::io::Result<()> {
         match &mut self.kind {
             SinkKind::Local(out) => {
                 out.flush()?;
-                let file = out.get_ref().try_clone()?;
-                file.sync_all()?;
-                Ok(Some(file))
+                out.get_ref().sync_all()
             }
             SinkKind::Remote { upload, chunk } => {
                 let chunk = std::mem::take(chunk);
                 let mut upload = upload.take().expect("an upload is completed once");
                 forebay_io::block_on(async move {
+                    let mut completed = Ok(());
                     if !chunk.is_empty() {
-                        upload.put(Bytes::from(chunk)).await?;
+                        completed = upload.put(Bytes::from(chunk)).await.map_err(Into::into);
                     }
-                    let mut pinned = Pin::new(&mut *upload);
-                    futures::future::poll_fn(|cx| {
-                        tokio::io::AsyncWrite::poll_shutdown(pinned.as_mut(), cx)
-                    })
-                    .await?;
-                    Ok::<(), std::io::Error>(())
-                })?;
-                Ok(None)
+                    if completed.is_ok() {
+                        let mut pinned = Pin::new(&mut *upload);
+                        completed = futures::future::poll_fn(|cx| {
+                            tokio::io::AsyncWrite::poll_shutdown(pinned.as_mut(), cx)
+                        })
+                        .await;
+                    }
+                    if completed.is_err() {
+                        // No parts of a failed upload stay behind.
+                        let _ = upload.abort().await;
+                    }
+                    completed
+                })
             }
         }
     }
@@ -252,5 +256,82 @@ impl FormatWriter for ArrowWriter<FileSink> {
 
     fn finish(self: Box<Self>) -> Result<FileSink, FormatError> {
         Ok(self.into_inner()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Int64Array, StringArray};
+    use object_store::ObjectStoreExt;
+
+    use super::*;
+
+    fn batch(rows: i64) -> RecordBatch {
+        RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..rows)) as arrow::array::ArrayRef,
+            ),
+            (
+                "text",
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("row {i} {}", "x".repeat(40))),
+                )),
+            ),
+        ])
+        .unwrap()
+    }
+
+    fn object(store: &Arc<dyn ObjectStore>, path: &str) -> Option<Bytes> {
+        let (store, path) = (store.clone(), ObjectPath::from(path));
+        forebay_io::block_on(async move {
+            match store.get(&path).await {
+                Ok(got) => Some(got.bytes().await.unwrap()),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => panic!("{e}"),
+            }
+        })
+    }
+
+    #[test]
+    fn a_parquet_file_uploaded_in_chunks_reads_back_whole_and_a_dropped_one_leaves_nothing() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let format = ParquetFormat {
+            compression: Compression::UNCOMPRESSED,
+            row_group_rows: 10_000,
+            unique_columns: vec!["id".into()],
+        };
+        assert_eq!(format.extension(), "parquet");
+        // ~3 MB: several chunks of the sink, and more than one multipart part is not
+        // needed for the chunking to be exercised.
+        let data = batch(50_000);
+        let sink = FileSink::upload(store.clone(), ObjectPath::from("out/part-0.parquet"));
+        let mut writer = format.open(data.schema(), sink).unwrap();
+        writer.write(&data).unwrap();
+        assert!(writer.memory() >= UPLOAD_CHUNK + UPLOAD_PART);
+        let sink = writer.finish().unwrap();
+        let written = sink.bytes_written();
+        assert!(written > 2 * UPLOAD_CHUNK as u64, "{written}");
+        assert!(
+            object(&store, "out/part-0.parquet").is_none(),
+            "not before completion"
+        );
+        sink.complete().unwrap();
+        let bytes = object(&store, "out/part-0.parquet").expect("completed");
+        assert_eq!(bytes.len() as u64, written);
+        let read: Vec<RecordBatch> =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(bytes, 8192)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+        let read = arrow::compute::concat_batches(&data.schema(), &read).unwrap();
+        assert_eq!(read, data);
+
+        // An upload dropped before it completes (an error, a cancellation) is aborted.
+        let sink = FileSink::upload(store.clone(), ObjectPath::from("out/part-1.parquet"));
+        let mut writer = format.open(data.schema(), sink).unwrap();
+        writer.write(&data).unwrap();
+        drop(writer);
+        assert!(object(&store, "out/part-1.parquet").is_none());
     }
 }
