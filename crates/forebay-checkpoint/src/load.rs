@@ -503,8 +503,15 @@ mod tests {
 
     /// `batch` as a Parquet file in memory, encoded as checkpoint parts are.
     fn encode_parquet(batch: &RecordBatch) -> Vec<u8> {
+        encode_parquet_with(batch, crate::id_parts::part_properties())
+    }
+
+    /// `batch` as a Parquet file in memory, encoded with `props`.
+    fn encode_parquet_with(
+        batch: &RecordBatch,
+        props: parquet::file::properties::WriterProperties,
+    ) -> Vec<u8> {
         let mut out = Vec::new();
-        let props = crate::id_parts::part_properties();
         let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
         writer.write(batch).unwrap();
         writer.close().unwrap();
@@ -513,7 +520,6 @@ mod tests {
 
     #[test]
     fn each_hashing_worker_reads_its_own_row_groups_and_together_they_read_all() {
-        use parquet::arrow::ArrowWriter;
         use parquet::file::properties::WriterProperties;
         let dir = tempfile::tempdir().unwrap();
         // Two files of 7 and 1 row groups: shares alternate within a file and across files.
@@ -526,10 +532,7 @@ mod tests {
             let props = WriterProperties::builder()
                 .set_max_row_group_row_count(Some(1000))
                 .build();
-            let file = fs::File::create(dir.path().join(name)).unwrap();
-            let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
+            fs::write(dir.path().join(name), encode_parquet_with(&batch, props)).unwrap();
         }
         let all = arrow::array::Int64Array::from_iter_values(0..8000);
         for threads in [1, 2, 3, 8] {
