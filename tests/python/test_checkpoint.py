@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import forebay
-from conftest import S3_CREDENTIALS, start_moto_server
+from conftest import S3_CREDENTIALS, moto_s3
 
 xxhash = pytest.importorskip("xxhash")
 
@@ -228,20 +228,9 @@ def test_writer_killed_mid_commit_loses_nothing_committed(tmp_path):
 
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory):
-    boto3 = pytest.importorskip("boto3")
-    proc, endpoint, log = start_moto_server(tmp_path_factory.mktemp("moto") / "server.log")
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    client.create_bucket(Bucket="ckpt")
-    yield client, {"aws_endpoint": endpoint, **S3_CREDENTIALS}
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
+    with moto_s3(tmp_path_factory.mktemp("moto") / "server.log") as (client, endpoint):
+        client.create_bucket(Bucket="ckpt")
+        yield client, {"aws_endpoint": endpoint, **S3_CREDENTIALS}
 
 
 def test_s3_write_and_load(s3_endpoint):
