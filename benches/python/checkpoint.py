@@ -26,12 +26,18 @@ import argparse
 import datetime as dt
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from measure import SystemMemorySampler, peak_rss_bytes, peak_rss_mb, reset_peak_rss, rss_bytes
+from measure import (
+    SystemMemorySampler,
+    peak_rss_bytes,
+    peak_rss_mb,
+    reset_peak_rss,
+    rss_bytes,
+    run_child,
+)
 
 TOTAL_IDS = 10_000_000
 CHECKPOINT_IDS = 8_000_000
@@ -217,22 +223,7 @@ def main() -> int:
     for r in range(args.rounds):
         for m in args.methods:
             with SystemMemorySampler() as sampler:
-                out = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--ids",
-                        args.ids,
-                        "--data-dir",
-                        args.data_dir,
-                        "--child",
-                        m,
-                    ],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-            res = json.loads(out)
+                res = run_child(__file__, m, "--ids", args.ids, "--data-dir", args.data_dir)
             res["system_rise_mb"] = sampler.rise_mb
             if res["kept"] != TOTAL_IDS - CHECKPOINT_IDS:
                 raise SystemExit(
