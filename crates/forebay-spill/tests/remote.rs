@@ -25,19 +25,8 @@ use object_store::{
     ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
 };
 
-/// Deterministic pseudo-random bytes.
-fn pattern(len: usize, seed: u64) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect::<Vec<u8>>()
-        .into()
-}
+mod common;
+use common::pattern;
 
 fn objects(sizes: &[&[usize]], seed: u64) -> Vec<SpillObject> {
     sizes
@@ -48,7 +37,7 @@ fn objects(sizes: &[&[usize]], seed: u64) -> Vec<SpillObject> {
             buffers: lens
                 .iter()
                 .enumerate()
-                .map(|(j, len)| pattern(*len, seed * 97 + i as u64 * 13 + j as u64))
+                .map(|(j, len)| pattern(seed * 97 + i as u64 * 13 + j as u64, *len))
                 .collect(),
         })
         .collect()

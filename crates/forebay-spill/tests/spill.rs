@@ -3,24 +3,12 @@
 
 use std::collections::HashSet;
 
-use bytes::Bytes;
 use forebay_spill::{
     DirectoryChoice, SpillArea, SpillConfig, SpillError, SpillLocation, SpillObject, SyncPolicy,
 };
 
-fn pattern(seed: u64, len: usize) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    Bytes::from(
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect::<Vec<u8>>(),
-    )
-}
+mod common;
+use common::pattern;
 
 fn object(id: u64, sizes: &[usize]) -> SpillObject {
     SpillObject {
