@@ -175,18 +175,22 @@ impl Dir {
         }
     }
 
-    fn io_error(&self, relative: &str) -> impl Fn(std::io::Error) -> DirError + '_ {
-        let path = self.shown(relative);
+    /// Maps an I/O error on `relative` to a [`DirError`]; the path is formatted only when
+    /// an error happens (these wrap every operation).
+    fn io_error<'a>(&'a self, relative: &'a str) -> impl Fn(std::io::Error) -> DirError + 'a {
         move |source| DirError::Io {
-            path: path.clone(),
+            path: self.shown(relative),
             source,
         }
     }
 
-    fn store_error(&self, relative: &str) -> impl Fn(object_store::Error) -> DirError + '_ {
-        let path = self.shown(relative);
+    /// [`Dir::io_error`] for object-store errors.
+    fn store_error<'a>(
+        &'a self,
+        relative: &'a str,
+    ) -> impl Fn(object_store::Error) -> DirError + 'a {
         move |source| DirError::Store {
-            path: path.clone(),
+            path: self.shown(relative),
             source,
         }
     }
