@@ -18,11 +18,15 @@ MATURIN := $(VENV)/bin/maturin build -m python/Cargo.toml -i $(PY) --zig --compa
 
 # uv installs the dev requirements (Ray, Daft, polars, pyarrow, ...) in seconds where pip
 # takes over a minute; the wheel's own smoke test below still installs it with pip, as a
-# user would.
+# user would. --compile-bytecode writes the .pyc files at install, as pip does: uv does not
+# by default, and where PYTHONDONTWRITEBYTECODE is set (this machine, CI) nothing writes
+# them later, so every Python process (each Ray worker, each test's subprocess) compiled
+# Ray, pandas and pyarrow from source again: pytest took 23m45s on a clean clone instead
+# of ~11 minutes (BENCHMARKS.md, "Fast feedback").
 $(VENV)/.installed: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements-dev.txt
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -r requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.installed
