@@ -200,6 +200,7 @@ fn open_remote(
         };
     }
     let (scheme, _) = ObjectStoreScheme::parse(url)?;
+    use_ring_for_tls();
     Ok(match scheme {
         ObjectStoreScheme::AmazonS3 => {
             Box::new(configured!(AmazonS3Builder::from_env().with_url(url.as_str())).build()?)
@@ -212,6 +213,17 @@ fn open_remote(
         }
         _ => object_store::parse_url_opts(url, options.iter())?.0,
     })
+}
+
+/// Make ring the process's TLS crypto unless the process chose one already (a host embedding
+/// forebay may have). object_store's HTTP client is built with rustls and no provider of its
+/// own (the workspace Cargo.toml says why), and building it without one panics.
+fn use_ring_for_tls() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // An error means another provider was installed first: that one is used.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 fn local_root(stores: &mut HashMap<String, StoreRoot>) -> StoreRoot {
@@ -264,6 +276,42 @@ mod tests {
         assert!(root.local.is_some());
         assert_eq!(path, "data/y.parquet");
         assert_eq!(root.display_prefix, "/");
+    }
+
+    /// Every HTTPS client of every backend gets a crypto provider (it would panic without
+    /// one), and it is ring's.
+    #[test]
+    fn https_stores_are_built_with_ring() {
+        let options: StorageOptions = [
+            ("aws_endpoint", "https://127.0.0.1:1"),
+            ("aws_region", "us-east-1"),
+            ("aws_access_key_id", "x"),
+            ("aws_secret_access_key", "x"),
+            ("azure_storage_account_name", "account"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for uri in [
+            "s3://bucket/x",
+            "gs://bucket/x",
+            "az://container/x",
+            "https://127.0.0.1:1/x",
+        ] {
+            let opened = open_location(uri, &options);
+            assert!(opened.is_ok(), "{uri}: {:?}", opened.err());
+        }
+        let provider = rustls::crypto::CryptoProvider::get_default().expect("installed");
+        let suites = |p: &rustls::crypto::CryptoProvider| {
+            p.cipher_suites
+                .iter()
+                .map(|s| s.suite())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            suites(provider),
+            suites(&rustls::crypto::ring::default_provider())
+        );
     }
 
     #[test]
