@@ -196,8 +196,10 @@ def cluster():
 
 # Files whose tests start Ray clusters. `make test` runs pytest in two processes (xdist), a
 # file at a time each; these files run one after another in one process, so two Ray clusters
-# never run at once: on 2 cores they slowed each other's tests 4-6x (a clean-clone run took
-# 26 minutes of pytest instead of 10). They go first: together they are the longest chain.
+# never run at once: each is CPU-bound start-up of worker processes, and beside each other
+# they only slow each other down (with the README's snippet in the other process, its
+# cluster took 90 s instead of 42 and pytest was no shorter). They go first: together they
+# are the longest chain (~10 of pytest's ~11 minutes, BENCHMARKS.md "Fast feedback").
 RAY_FILES = {"test_ray.py", "test_ray_edges.py", "test_readme.py"}
 
 
