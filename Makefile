@@ -50,7 +50,7 @@ lint: lint-fast
 #   in the dev profile, so they share target/$(TARGET)/debug;
 # - the tests build with the environment maturin's zig toolchain gave its own build (recorded
 #   by .ci/record-cargo-env/cargo into $(CARGO_ENV)): a C compiler seen differently by a
-#   build script (aws-lc, zstd) would rebuild that crate and all above it;
+#   build script (ring, zstd) would rebuild that crate and all above it;
 # - the wheel and the tests resolve the same features (.ci/check_features.py);
 # - clippy lints our crates while they compile: clippy-driver as cargo's wrapper for the
 #   workspace's own crates (what `cargo clippy` does, but building instead of checking, so the
