@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::{RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_array::{RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use forebay::checkpoint::CheckpointIndex;
 use parquet::arrow::ArrowWriter;

@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use forebay::store::{ObjectStore, StoreConfig};
 

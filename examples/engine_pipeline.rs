@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
 use forebay::checkpoint::CheckpointIndex;
 use forebay::engine::{IterOptions, MapStage, ParquetSink, Pipeline};
 use forebay::parquet::{DatasetSource, ParquetDataset};

@@ -14,10 +14,10 @@
 //!  SchemaRef ──(once, while it does not change)──► pyarrow.Schema ──┴─► RecordBatch._import_from_c
 //! ```
 
-use arrow::array::{Array, RecordBatch, StructArray};
-use arrow::datatypes::SchemaRef;
-use arrow::ffi::FFI_ArrowArray;
+use arrow_array::ffi::FFI_ArrowArray;
+use arrow_array::{Array, RecordBatch, StructArray};
 use arrow_pyarrow::ToPyArrow;
+use arrow_schema::SchemaRef;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;

@@ -12,9 +12,10 @@
 
 use std::panic::AssertUnwindSafe;
 
-use arrow::array::{Array, ArrayData, RecordBatch};
-use arrow::datatypes::DataType;
+use arrow_array::{Array, RecordBatch};
+use arrow_data::ArrayData;
 use arrow_pyarrow::FromPyArrowUnchecked;
+use arrow_schema::DataType;
 use pyo3::prelude::*;
 
 use crate::errors::StageError;
@@ -92,7 +93,7 @@ fn is_sub_range_of(out: &ArrayData, src: &ArrayData) -> bool {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{StringArray, StringViewArray};
+    use arrow_array::{StringArray, StringViewArray};
 
     use super::*;
 

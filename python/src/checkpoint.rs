@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 
-use arrow::array::{make_array, Array, ArrayData, RecordBatch};
-use arrow::datatypes::DataType;
+use arrow_array::{make_array, Array, RecordBatch};
+use arrow_data::ArrayData;
 use arrow_pyarrow::{FromPyArrow, ToPyArrow};
+use arrow_schema::DataType;
 use forebay_checkpoint::{
     filter_in_parallel, CheckpointIndex, FilteredBatches, SharedCheckpointIndex,
 };
@@ -24,7 +25,7 @@ pub(crate) struct RsCheckpointIndex {
     index: SharedCheckpointIndex,
 }
 
-fn array_from_py(obj: &Bound<'_, PyAny>) -> PyResult<arrow::array::ArrayRef> {
+fn array_from_py(obj: &Bound<'_, PyAny>) -> PyResult<arrow_array::ArrayRef> {
     Ok(make_array(ArrayData::from_pyarrow_bound(obj)?))
 }
 
@@ -246,7 +247,7 @@ impl RsCheckpointIndex {
         let shards = detached_py(py, || {
             self.read()?.shard_ids(ids.as_ref()).map_err(checkpoint_err)
         })?;
-        arrow::array::UInt32Array::from(shards)
+        arrow_array::UInt32Array::from(shards)
             .to_data()
             .to_pyarrow(py)
     }

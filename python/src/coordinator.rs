@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use arrow_pyarrow::FromPyArrow;
 use forebay_engine::{CommitCoordinator, CommitStager, ParquetSink, StagedCommit, StagerSpec};
 use pyo3::exceptions::PyValueError;

@@ -4,9 +4,9 @@
 
 use std::collections::HashMap;
 
-use arrow::datatypes::TimeUnit;
-use arrow::ffi_stream::FFI_ArrowArrayStream;
+use arrow_array::ffi_stream::FFI_ArrowArrayStream;
 use arrow_pyarrow::ToPyArrow;
+use arrow_schema::TimeUnit;
 use forebay_parquet::{
     CompareOp, DatasetSource, Literal, ParquetDataset, Predicate, ProvenancedBatch,
     RecordBatchIter, ScanStream,

@@ -30,7 +30,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use forebay_engine::CancelToken;
 use forebay_engine::PrepareNext;
 use pyo3::prelude::*;

@@ -1,7 +1,7 @@
 //! `forebay.SpillArea`'s Rust half, and the pieces both spill bindings share (a location
 //! Python can free, a round as Python hands it over).
 
-use arrow::array::Array;
+use arrow_array::Array;
 use arrow_pyarrow::ToPyArrow;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -158,9 +158,9 @@ impl RsSpillArea {
             .into_iter()
             .map(|b| {
                 let len = b.len();
-                let buffer = arrow::buffer::Buffer::from(b);
-                let array = arrow::array::UInt8Array::new(
-                    arrow::buffer::ScalarBuffer::new(buffer, 0, len),
+                let buffer = arrow_buffer::Buffer::from(b);
+                let array = arrow_array::UInt8Array::new(
+                    arrow_buffer::ScalarBuffer::new(buffer, 0, len),
                     None,
                 );
                 array.to_data().to_pyarrow(py)

@@ -8,9 +8,9 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::Schema;
+use arrow_array::RecordBatch;
 use arrow_pyarrow::{FromPyArrow, ToPyArrow};
+use arrow_schema::Schema;
 use forebay_store::{Format, ObjectId, ObjectStore, ObjectWriter, PinnedObject, StoreConfig};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use forebay_engine::{MapFn, MapWorker, PrepareNext, StageFailure, WorkerContext};
 
 use pyo3::prelude::*;

@@ -27,11 +27,12 @@
 //! Null ids are not ids: they are never stored and never reported as present (see the crate
 //! docs for the rule).
 
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{
-    DataType, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type,
-    UInt8Type,
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
+use arrow_array::Array;
+use arrow_schema::DataType;
 use xxhash_rust::xxh3::xxh3_128;
 
 /// Number of hash bits an index keeps per id.
@@ -229,11 +230,11 @@ fn extend_with_fingerprints(ids: &dyn Array, out: &mut impl Extend<u128>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{
+    use arrow_array::types::Int8Type as K;
+    use arrow_array::{
         BinaryArray, DictionaryArray, FixedSizeBinaryArray, Int32Array, Int64Array,
         LargeStringArray, StringArray, StringViewArray, UInt64Array,
     };
-    use arrow::datatypes::Int8Type as K;
     use std::sync::Arc;
 
     /// Golden values pin the on-disk layout: if these change, existing checkpoints are read

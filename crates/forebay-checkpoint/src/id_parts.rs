@@ -19,9 +19,9 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, RecordBatch};
-use arrow::compute::interleave;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_select::interleave::interleave;
 use bytes::Bytes;
 use forebay_parquet::StorageOptions;
 use parquet::arrow::{ArrowWriter, ARROW_SCHEMA_META_KEY};
@@ -152,7 +152,7 @@ impl IdPartsWriter {
         let chunk = if ids.data_type() == &id_type {
             ids.clone()
         } else {
-            arrow::compute::cast(ids, &id_type).map_err(encode_err)?
+            arrow_cast::cast(ids, &id_type).map_err(encode_err)?
         };
         self.block_ids += chunk.len();
         self.block.push(chunk);
@@ -403,7 +403,7 @@ pub(crate) fn part_properties() -> WriterProperties {
         .build()
 }
 
-fn encode_err(e: arrow::error::ArrowError) -> CheckpointError {
+fn encode_err(e: arrow_schema::ArrowError) -> CheckpointError {
     CheckpointError::Encode {
         what: "checkpoint ids".into(),
         reason: e.to_string(),
@@ -413,7 +413,7 @@ fn encode_err(e: arrow::error::ArrowError) -> CheckpointError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::StringArray;
+    use arrow_array::StringArray;
 
     #[test]
     fn ids_are_held_encoded_and_written_only_at_finish() {
@@ -459,7 +459,7 @@ mod tests {
                 .unwrap();
         let ids: Vec<String> = (0..100_000).map(|i| format!("id-{i}")).collect();
         for chunk in ids.chunks(7_000) {
-            let array: ArrayRef = Arc::new(arrow::array::LargeStringArray::from_iter_values(chunk));
+            let array: ArrayRef = Arc::new(arrow_array::LargeStringArray::from_iter_values(chunk));
             writer.push(&array).unwrap();
         }
         let (files, count) = writer.finish().unwrap();
@@ -503,7 +503,7 @@ mod tests {
                 assert!(fps.iter().all(|fp| shard_of(*fp, 4) == k), "row group {k}");
                 let strings = column
                     .as_any()
-                    .downcast_ref::<arrow::array::LargeStringArray>()
+                    .downcast_ref::<arrow_array::LargeStringArray>()
                     .unwrap();
                 seen.extend(strings.iter().map(|s| s.unwrap().to_string()));
             }

@@ -2,11 +2,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use arrow::buffer::{BooleanBuffer, MutableBuffer};
-use arrow::compute::kernels::boolean::not;
-use arrow::compute::{cast, filter_record_batch};
-use arrow::datatypes::DataType;
+use arrow_arith::boolean::not;
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_buffer::{BooleanBuffer, MutableBuffer};
+use arrow_cast::cast;
+use arrow_schema::DataType;
+use arrow_select::filter::filter_record_batch;
 
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{
@@ -237,7 +238,7 @@ impl CheckpointIndex {
                 |j| j,
                 &valid,
                 &mut Vec::with_capacity(fps.len()),
-                |row| arrow::util::bit_util::set_bit(slice, row),
+                |row| arrow_buffer::bit_util::set_bit(slice, row),
             )?;
             BooleanBuffer::new(bits.into(), 0, fps.len())
         } else {
@@ -327,7 +328,7 @@ impl CheckpointIndex {
                                 |j| rows[j],
                                 &|_| true,
                                 &mut keys,
-                                |row| arrow::util::bit_util::set_bit(&mut bits, row),
+                                |row| arrow_buffer::bit_util::set_bit(&mut bits, row),
                             )?;
                         }
                         Ok(bits)
@@ -457,11 +458,11 @@ impl CheckpointIndex {
 
     /// `ids` as the index's id type with nulls removed, for writing later.
     fn to_pending(&self, ids: &dyn Array) -> Result<ArrayRef> {
-        let encode = |e: arrow::error::ArrowError| CheckpointError::Encode {
+        let encode = |e: arrow_schema::ArrowError| CheckpointError::Encode {
             what: format!("keeping inserted ids of type {}", ids.data_type()),
             reason: e.to_string(),
         };
-        let array: ArrayRef = arrow::array::make_array(ids.to_data());
+        let array: ArrayRef = arrow_array::make_array(ids.to_data());
         let array = if array.data_type() == &self.id_type {
             array
         } else {
@@ -470,7 +471,7 @@ impl CheckpointIndex {
         Ok(match array.logical_nulls() {
             Some(nulls) if nulls.null_count() > 0 => {
                 let keep = BooleanArray::new(nulls.into_inner(), None);
-                arrow::compute::filter(&array, &keep).map_err(encode)?
+                arrow_select::filter::filter(&array, &keep).map_err(encode)?
             }
             _ => array,
         })

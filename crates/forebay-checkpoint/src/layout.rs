@@ -20,7 +20,7 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arrow::datatypes::DataType;
+use arrow_schema::DataType;
 
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::IdFamily;

@@ -54,7 +54,7 @@
 //! ## Example
 //!
 //! ```no_run
-//! use arrow::array::StringArray;
+//! use arrow_array::StringArray;
 //! use forebay_checkpoint::CheckpointIndex;
 //!
 //! let mut done = CheckpointIndex::loader("s3://bucket/job/checkpoint", "id").load()?;

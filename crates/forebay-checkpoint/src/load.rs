@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::Array;
-use arrow::datatypes::DataType;
+use arrow_array::Array;
+use arrow_schema::DataType;
 use forebay_parquet::{
     DatasetSource, FileEntry, ParquetDataset, ParquetError, ScanSkip, StorageOptions,
 };
@@ -431,7 +431,7 @@ fn release_freed_memory() {
 mod tests {
     use std::fs;
 
-    use arrow::array::ArrayRef;
+    use arrow_array::ArrayRef;
 
     use crate::id_parts::IdPartsWriter;
 
@@ -439,7 +439,7 @@ mod tests {
 
     #[test]
     fn a_load_of_some_shards_reads_only_their_row_groups_of_a_one_file_commit() {
-        use arrow::array::StringArray;
+        use arrow_array::StringArray;
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_str().unwrap();
         let options = StorageOptions::new();
@@ -498,7 +498,7 @@ mod tests {
         assert!(err.contains("c.parquet"), "{err}");
     }
 
-    use arrow::array::RecordBatch;
+    use arrow_array::RecordBatch;
     use parquet::arrow::ArrowWriter;
 
     /// `batch` as a Parquet file in memory, encoded as checkpoint parts are.
@@ -526,7 +526,7 @@ mod tests {
         for (name, ids) in [("a.parquet", 0..7000i64), ("b.parquet", 7000..8000)] {
             let batch = RecordBatch::try_from_iter([(
                 "id",
-                Arc::new(arrow::array::Int64Array::from_iter_values(ids)) as ArrayRef,
+                Arc::new(arrow_array::Int64Array::from_iter_values(ids)) as ArrayRef,
             )])
             .unwrap();
             let props = WriterProperties::builder()
@@ -534,7 +534,7 @@ mod tests {
                 .build();
             fs::write(dir.path().join(name), encode_parquet_with(&batch, props)).unwrap();
         }
-        let all = arrow::array::Int64Array::from_iter_values(0..8000);
+        let all = arrow_array::Int64Array::from_iter_values(0..8000);
         for threads in [1, 2, 3, 8] {
             let index = CheckpointIndex::loader(dir.path().to_str().unwrap(), "id")
                 .with_threads(threads)
@@ -551,17 +551,17 @@ mod tests {
         let root = dir.path().to_str().unwrap();
         let mut index = CheckpointIndex::new(DataType::Int64, "id", 4).unwrap();
         index
-            .insert(&arrow::array::Int64Array::from_iter_values(0..1000))
+            .insert(&arrow_array::Int64Array::from_iter_values(0..1000))
             .unwrap();
         index.write(root, &StorageOptions::new()).unwrap();
         // Ids another writer (Ray Data's checkpoint) left at the top level.
         let flat = RecordBatch::try_from_iter([(
             "id",
-            Arc::new(arrow::array::Int64Array::from_iter_values(1000..2000)) as ArrayRef,
+            Arc::new(arrow_array::Int64Array::from_iter_values(1000..2000)) as ArrayRef,
         )])
         .unwrap();
         fs::write(dir.path().join("ray-0.parquet"), encode_parquet(&flat)).unwrap();
-        let all = arrow::array::Int64Array::from_iter_values(0..2000);
+        let all = arrow_array::Int64Array::from_iter_values(0..2000);
         let mut held = 0;
         for k in 0..4 {
             let part = CheckpointIndex::loader(root, "id")

@@ -12,7 +12,7 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 
 use crate::error::{CheckpointError, Result};
 use crate::index::CheckpointIndex;

@@ -1,8 +1,8 @@
 //! Writing ids: a whole index ([`CheckpointIndex::write`]) or chunks of ids as parts, with
 //! the manifest.
 
-use arrow::array::ArrayRef;
-use arrow::datatypes::DataType;
+use arrow_array::ArrayRef;
+use arrow_schema::DataType;
 use forebay_parquet::StorageOptions;
 
 use crate::directory::{clean_stale_temp_files, open_dir, read_manifest, WriteSummary};
@@ -141,8 +141,9 @@ mod tests {
 
     #[test]
     fn id_parts_gather_every_chunk_by_shard_in_input_order() {
-        use arrow::array::{AsArray, DictionaryArray, StringArray};
-        use arrow::datatypes::Int32Type;
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::Int32Type;
+        use arrow_array::{DictionaryArray, StringArray};
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_str().unwrap();
         // Three chunks of one column: plain with nulls, longer than two blocks, and

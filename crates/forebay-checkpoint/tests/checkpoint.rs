@@ -5,11 +5,12 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{
+use arrow_array::types::Int16Type;
+use arrow_array::{
     Array, ArrayRef, BinaryArray, DictionaryArray, Float64Array, Int32Array, Int64Array,
     LargeStringArray, RecordBatch, StringArray, StringViewArray, UInt64Array,
 };
-use arrow::datatypes::{DataType, Field, Int16Type, Schema};
+use arrow_schema::{DataType, Field, Schema};
 use forebay_checkpoint::{CheckpointError, CheckpointIndex, MANIFEST_FILE};
 use parquet::arrow::ArrowWriter;
 use proptest::prelude::*;
@@ -30,7 +31,7 @@ fn write_parquet(path: &Path, column: &str, ids: ArrayRef) {
     w.close().unwrap();
 }
 
-fn bools(a: &arrow::array::BooleanArray) -> Vec<bool> {
+fn bools(a: &arrow_array::BooleanArray) -> Vec<bool> {
     assert_eq!(a.null_count(), 0, "contains() never returns nulls");
     (0..a.len()).map(|i| a.value(i)).collect()
 }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use forebay_parquet::BatchProvenance;
 
 use crate::error::BatchLabel;
@@ -117,7 +117,8 @@ pub(crate) fn label(seq: u64, origin: &[Origin]) -> BatchLabel {
 /// A copy of `batch` whose buffers are new allocations of this process (for batches read
 /// out of the object store, whose regions should be freed at once).
 pub(crate) fn deep_copy(batch: &RecordBatch) -> RecordBatch {
-    use arrow::array::{make_array, Array, MutableArrayData};
+    use arrow_array::{make_array, Array};
+    use arrow_data::transform::MutableArrayData;
     let columns = batch
         .columns()
         .iter()
@@ -132,7 +133,7 @@ pub(crate) fn deep_copy(batch: &RecordBatch) -> RecordBatch {
     RecordBatch::try_new_with_options(
         batch.schema(),
         columns,
-        &arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )
     .expect("a copy has the schema and length of its original")
 }

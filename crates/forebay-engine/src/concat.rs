@@ -16,13 +16,14 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryViewArray, GenericByteViewArray, RecordBatch,
-    RecordBatchOptions, StringViewArray,
+use arrow_array::cast::AsArray;
+use arrow_array::types::ByteViewType;
+use arrow_array::{
+    Array, ArrayRef, BinaryViewArray, GenericByteViewArray, RecordBatch, RecordBatchOptions,
+    StringViewArray,
 };
-use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{ByteViewType, DataType, SchemaRef};
-use arrow::error::ArrowError;
+use arrow_buffer::{Buffer, NullBuffer, ScalarBuffer};
+use arrow_schema::{ArrowError, DataType, SchemaRef};
 
 /// Concatenate batches of one schema into one batch.
 pub(crate) fn concat_batches(
@@ -65,7 +66,7 @@ fn concat_arrays(arrays: &[&dyn Array]) -> Result<ArrayRef, ArrowError> {
             let typed: Vec<&BinaryViewArray> = arrays.iter().map(|a| a.as_binary_view()).collect();
             Ok(Arc::new(concat_views(&typed)))
         }
-        _ => arrow::compute::concat(arrays),
+        _ => arrow_select::concat::concat(arrays),
     }
 }
 
@@ -93,7 +94,7 @@ fn concat_views<T: ByteViewType + ?Sized>(
         buffers.extend(array.data_buffers().iter().cloned());
     }
     let nulls = if arrays.iter().any(|a| a.null_count() > 0) {
-        let mut bits = arrow::array::BooleanBufferBuilder::new(len);
+        let mut bits = arrow_buffer::BooleanBufferBuilder::new(len);
         for array in arrays {
             match array.nulls() {
                 Some(n) => bits.append_buffer(n.inner()),
@@ -121,19 +122,19 @@ fn concat_views<T: ByteViewType + ?Sized>(
 pub(crate) fn compact_batch(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     let rows = u32::try_from(batch.num_rows())
         .map_err(|_| ArrowError::ComputeError("too many rows to compact".into()))?;
-    take_compact(batch, &arrow::array::UInt32Array::from_iter_values(0..rows))
+    take_compact(batch, &arrow_array::UInt32Array::from_iter_values(0..rows))
 }
 
 /// `batch`'s rows at `indices`, in buffers of their own (as [`compact_batch`]).
 pub(crate) fn take_compact(
     batch: &RecordBatch,
-    indices: &arrow::array::UInt32Array,
+    indices: &arrow_array::UInt32Array,
 ) -> Result<RecordBatch, ArrowError> {
     let columns = batch
         .columns()
         .iter()
         .map(|column| {
-            let taken = arrow::compute::take(column.as_ref(), indices, None)?;
+            let taken = arrow_select::take::take(column.as_ref(), indices, None)?;
             Ok(match taken.data_type() {
                 DataType::Utf8View => Arc::new(taken.as_string_view().gc()) as ArrayRef,
                 DataType::BinaryView => Arc::new(taken.as_binary_view().gc()) as ArrayRef,
@@ -147,14 +148,14 @@ pub(crate) fn take_compact(
 
 #[cfg(test)]
 fn reference(arrays: &[&dyn Array]) -> ArrayRef {
-    arrow::compute::concat(arrays).unwrap()
+    arrow_select::concat::concat(arrays).unwrap()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{BinaryViewArray, Int64Array, StringViewArray};
-    use arrow::datatypes::{Field, Schema};
+    use arrow_array::{BinaryViewArray, Int64Array, StringViewArray};
+    use arrow_schema::{Field, Schema};
 
     fn strings(offset: usize, n: usize, nulls: bool) -> StringViewArray {
         StringViewArray::from_iter((0..n).map(|i| {
@@ -213,7 +214,7 @@ mod tests {
         };
         let parts = [batch(0, 100), batch(100, 50).slice(10, 30), batch(500, 1)];
         let ours = concat_batches(&schema, &parts).unwrap();
-        let arrow = arrow::compute::concat_batches(&schema, &parts).unwrap();
+        let arrow = arrow_select::concat::concat_batches(&schema, &parts).unwrap();
         assert_eq!(ours, arrow);
     }
 }

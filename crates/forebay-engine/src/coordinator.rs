@@ -25,7 +25,7 @@
 
 use std::sync::Mutex;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow_array::{ArrayRef, RecordBatch};
 use forebay_checkpoint::IdFamily;
 use forebay_parquet::{ParquetDataset, StorageOptions};
 use serde::{Deserialize, Serialize};
@@ -357,7 +357,7 @@ impl CommitCoordinator {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{Int64Array, StringArray};
+    use arrow_array::{Int64Array, StringArray};
     use forebay_parquet::DatasetSource;
 
     use super::*;

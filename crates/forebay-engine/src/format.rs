@@ -22,8 +22,8 @@ use std::io::{BufWriter, Write};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
@@ -261,7 +261,7 @@ impl FormatWriter for ArrowWriter<FileSink> {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Int64Array, StringArray};
+    use arrow_array::{Int64Array, StringArray};
     use object_store::ObjectStoreExt;
 
     use super::*;
@@ -270,7 +270,7 @@ mod tests {
         RecordBatch::try_from_iter([
             (
                 "id",
-                Arc::new(Int64Array::from_iter_values(0..rows)) as arrow::array::ArrayRef,
+                Arc::new(Int64Array::from_iter_values(0..rows)) as arrow_array::ArrayRef,
             ),
             (
                 "text",
@@ -324,7 +324,7 @@ mod tests {
                 .unwrap()
                 .map(Result::unwrap)
                 .collect();
-        let read = arrow::compute::concat_batches(&data.schema(), &read).unwrap();
+        let read = arrow_select::concat::concat_batches(&data.schema(), &read).unwrap();
         assert_eq!(read, data);
 
         // An upload dropped before it completes (an error, a cancellation) is aborted.

@@ -45,8 +45,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use arrow::array::{ArrayData, ArrayRef, RecordBatch};
-use arrow::buffer::Buffer;
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_buffer::Buffer;
+use arrow_data::ArrayData;
 
 use crate::error::{EngineError, Result};
 use crate::process_memory::ProcessMemory;
@@ -632,8 +633,8 @@ fn push_buffer(buffer: &Buffer, out: &mut Vec<Extent>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{Int64Array, StringArray};
-    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow_array::{Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
 
     fn batch(n: usize) -> RecordBatch {
         let ints = Int64Array::from_iter_values(0..n as i64);

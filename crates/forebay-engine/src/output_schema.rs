@@ -1,7 +1,7 @@
 //! Every batch written to one dataset has the first batch's columns and types; when one
 //! does not, the error names the columns that differ (not two schema dumps).
 
-use arrow::datatypes::SchemaRef;
+use arrow_schema::SchemaRef;
 
 use crate::batch::EngineBatch;
 use crate::error::{EngineError, Result};
@@ -31,7 +31,7 @@ pub(crate) fn check_schema(first: &mut Option<SchemaRef>, batch: &EngineBatch) -
 }
 
 /// What differs between the first batch's schema and a later one's, column by column.
-fn schema_difference(first: &arrow::datatypes::Schema, later: &arrow::datatypes::Schema) -> String {
+fn schema_difference(first: &arrow_schema::Schema, later: &arrow_schema::Schema) -> String {
     let mut differences = Vec::new();
     for field in first.fields() {
         match later.field_with_name(field.name()) {
@@ -57,7 +57,7 @@ fn schema_difference(first: &arrow::datatypes::Schema, later: &arrow::datatypes:
         }
     }
     if differences.is_empty() {
-        let names = |s: &arrow::datatypes::Schema| {
+        let names = |s: &arrow_schema::Schema| {
             s.fields()
                 .iter()
                 .map(|f| f.name().clone())

@@ -41,7 +41,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use forebay_store::{ObjectId, ObjectStore};
 
 use crate::batch::deep_copy;

@@ -27,7 +27,7 @@
 
 use std::collections::VecDeque;
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 
 use crate::batch::{EngineBatch, Origin};
 use crate::error::{EngineError, Result};
@@ -307,8 +307,8 @@ pub(crate) fn split_origin(origin: &[Origin], at: usize) -> (Vec<Origin>, Vec<Or
 mod tests {
     use super::*;
     use crate::memory::{batch_memory, MemoryPool};
-    use arrow::array::{Array, Int64Array};
-    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow_array::{Array, Int64Array};
+    use arrow_schema::{DataType, Field, Schema};
     use std::sync::Arc;
 
     fn input(pool: &MemoryPool, seq: u64, start: i64, n: usize) -> EngineBatch {

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use forebay_store::ObjectId;
 
 use crate::batch::{deep_copy, EngineBatch, Origin};

@@ -21,8 +21,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use arrow::compute::not;
+use arrow_arith::boolean::not;
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use forebay_checkpoint::SharedCheckpointIndex;
 use forebay_parquet::{RowFilterError, RowGroupDecision, ScanRowFilter};
 

@@ -14,7 +14,7 @@
 //! never waits on, and they are compact copies (the permutation's `take`, string bytes
 //! included), not slices that pin whole input batches.
 
-use arrow::array::{RecordBatch, UInt32Array};
+use arrow_array::{RecordBatch, UInt32Array};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -121,7 +121,7 @@ impl LocalShuffler {
         }
         parts.extend(self.incoming.iter().map(|b| b.batch.clone()));
         let schema = parts[0].schema();
-        let merge_err = |e: arrow::error::ArrowError| EngineError::BadOutput {
+        let merge_err = |e: arrow_schema::ArrowError| EngineError::BadOutput {
             stage: "iter_batches".into(),
             batch: Default::default(),
             reason: format!("cannot mix batches in the local shuffle buffer: {e}"),
@@ -157,8 +157,8 @@ mod tests {
     use super::*;
     use crate::batch::Origin;
     use crate::memory::MemoryPool;
-    use arrow::array::{Array, Int64Array};
-    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow_array::{Array, Int64Array};
+    use arrow_schema::{DataType, Field, Schema};
     use std::sync::Arc;
 
     fn input(pool: &MemoryPool, start: i64, n: usize) -> EngineBatch {

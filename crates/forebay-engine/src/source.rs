@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use forebay_parquet::ParquetDataset;
 
 use crate::batch::{EngineBatch, Origin};

@@ -30,7 +30,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use forebay_checkpoint::SharedCheckpointIndex;
 use forebay_store::ObjectStore;
 

@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use forebay_checkpoint::IdPartsWriter;
 use forebay_parquet::StorageOptions;
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow::array::{Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow_array::{Array, Int64Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
 use forebay_engine::{
     EngineError, IterOptions, MapStage, ParquetSink, Pipeline, PipelineEvent, Source, UserError,
     WriteMode,
@@ -365,7 +365,7 @@ fn a_failed_write_leaves_no_partial_file() {
 /// all of them while they live anywhere in the pipeline (no hidden buffers).
 mod hidden_buffers {
     use super::*;
-    use arrow::buffer::{Buffer, ScalarBuffer};
+    use arrow_buffer::{Buffer, ScalarBuffer};
     use std::ptr::NonNull;
 
     static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);

@@ -9,7 +9,7 @@ use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, Int64Array};
+use arrow_array::{Array, Int64Array};
 use forebay_engine::process::{ProcessPool, RemoteError};
 use forebay_engine::{
     EngineError, IterOptions, MapStage, Pipeline, PipelineEvent, Source, UserError,

@@ -20,10 +20,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BinaryArray, Int32Array, Int64Array, UInt32Array, UInt64Array};
-use arrow::buffer::{OffsetBuffer, ScalarBuffer};
-use arrow::compute::{cast_with_options, CastOptions};
-use arrow::datatypes::{ArrowNativeType, DataType};
+use arrow_array::{ArrayRef, BinaryArray, Int32Array, Int64Array, UInt32Array, UInt64Array};
+use arrow_buffer::ArrowNativeType;
+use arrow_buffer::{OffsetBuffer, ScalarBuffer};
+use arrow_cast::{cast_with_options, CastOptions};
+use arrow_schema::DataType;
 use bytes::Bytes;
 use parquet::basic::{Encoding, Type as PhysicalType};
 use parquet::column::page::{Page, PageReader};
@@ -165,11 +166,10 @@ fn plain_fixed<T: ArrowNativeType, const WIDTH: usize>(
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{
-        Array, AsArray, LargeStringArray, RecordBatch, StringArray, StringViewArray,
-    };
-    use arrow::compute::cast;
-    use arrow::datatypes::{Int32Type, Int64Type, UInt64Type};
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int32Type, Int64Type, UInt64Type};
+    use arrow_array::{Array, LargeStringArray, RecordBatch, StringArray, StringViewArray};
+    use arrow_cast::cast;
     use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
 
     use super::*;
@@ -265,7 +265,7 @@ mod tests {
             .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None);
         assert!(dictionary_of(many(), no_stats).is_none());
         // A type this does not read with certainty (the decoder narrows INT32 to Int8).
-        let narrow = Arc::new(arrow::array::Int8Array::from(vec![1, 2])) as ArrayRef;
+        let narrow = Arc::new(arrow_array::Int8Array::from(vec![1, 2])) as ArrayRef;
         assert!(dictionary_of(narrow, WriterProperties::builder()).is_none());
         // And the dictionary of a chunk that qualifies is read.
         assert_eq!(

@@ -157,8 +157,8 @@ impl ParquetError {
                 return ours.clone_shallow();
             }
             // A row filter's error comes back through Arrow's error type.
-            if let Some(arrow::error::ArrowError::ExternalError(wrapped)) =
-                inner.downcast_ref::<arrow::error::ArrowError>()
+            if let Some(arrow_schema::ArrowError::ExternalError(wrapped)) =
+                inner.downcast_ref::<arrow_schema::ArrowError>()
             {
                 if let Some(ours) = wrapped.downcast_ref::<ParquetError>() {
                     return ours.clone_shallow();
@@ -233,9 +233,9 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-impl From<ParquetError> for arrow::error::ArrowError {
+impl From<ParquetError> for arrow_schema::ArrowError {
     fn from(err: ParquetError) -> Self {
-        arrow::error::ArrowError::ExternalError(Box::new(err))
+        arrow_schema::ArrowError::ExternalError(Box::new(err))
     }
 }
 
@@ -254,7 +254,7 @@ pub(crate) fn corrupt(
 
 /// A [`ParquetError::ColumnNotFound`] for `name`, listing the columns `schema` has.
 pub(crate) fn column_not_found(
-    schema: &arrow::datatypes::Schema,
+    schema: &arrow_schema::Schema,
     name: &str,
     path: &str,
 ) -> ParquetError {

@@ -19,8 +19,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BooleanArray, RecordBatch};
-use arrow::error::ArrowError;
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
+use arrow_schema::ArrowError;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata};
 use parquet::arrow::ProjectionMask;
@@ -190,8 +190,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
-    use arrow::array::{AsArray, Int64Array, StringArray};
-    use arrow::datatypes::Int64Type;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use arrow_array::{Int64Array, StringArray};
     use parquet::file::properties::WriterProperties;
     use parquet::file::reader::{FileReader, SerializedFileReader};
 

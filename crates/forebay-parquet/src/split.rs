@@ -88,8 +88,9 @@ impl ScanSkip for ByteRangeSplit {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{AsArray, Int64Array, RecordBatch};
-    use arrow::datatypes::Int64Type;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use arrow_array::{Int64Array, RecordBatch};
     use parquet::file::properties::WriterProperties;
     use proptest::prelude::*;
 

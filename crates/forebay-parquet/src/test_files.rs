@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::ParquetMetaData;

@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, StringArray, StringViewArray};
-use arrow::compute::filter_record_batch;
-use arrow::datatypes::{DataType, Field, Schema};
-use arrow::record_batch::RecordBatch;
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, StringViewArray,
+};
+use arrow_schema::{DataType, Field, Schema};
+use arrow_select::filter::filter_record_batch;
 use forebay_parquet::{DatasetSource, ParquetDataset, Predicate};
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -65,7 +66,7 @@ fn read_all(ds: &ParquetDataset) -> Vec<RecordBatch> {
 }
 
 fn concat(batches: &[RecordBatch], schema: Arc<Schema>) -> RecordBatch {
-    arrow::compute::concat_batches(&schema, batches).unwrap()
+    arrow_select::concat::concat_batches(&schema, batches).unwrap()
 }
 
 fn store_with(files: &[Vec<u8>]) -> Arc<InMemory> {
@@ -186,7 +187,7 @@ fn only_the_first_row_group_is_cut_into_small_batches() {
 /// floats, decimals, string views) beside ones they leave to the parquet crate (nullable,
 /// plain strings).
 fn mixed_table(rows: usize) -> RecordBatch {
-    use arrow::array::{Date32Array, Decimal128Array, Float64Array, Int32Array};
+    use arrow_array::{Date32Array, Decimal128Array, Float64Array, Int32Array};
     let n = |i: usize| (i as i64).wrapping_mul(2654435761) % 5003;
     let columns: Vec<(&str, ArrayRef, bool)> = vec![
         (

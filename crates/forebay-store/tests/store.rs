@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::*;
-use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::*;
-use arrow::record_batch::RecordBatch;
+use arrow_array::types::*;
+use arrow_array::RecordBatch;
+use arrow_array::*;
+use arrow_buffer::OffsetBuffer;
+use arrow_schema::*;
 use forebay_store::{ErrorKind, Format, ObjectStore, StoreConfig};
 
 fn config(capacity: usize, spill: &tempfile::TempDir) -> StoreConfig {
@@ -92,7 +93,7 @@ fn sample_batch(n: usize, seed: u64) -> RecordBatch {
     let view = StringViewArray::from_iter_values((0..n).map(|i| "x".repeat(i % 20)));
     let fixed = FixedSizeBinaryArray::new(
         4,
-        arrow::buffer::Buffer::from_vec(
+        arrow_buffer::Buffer::from_vec(
             (0..n as u32)
                 .flat_map(|i| i.to_le_bytes())
                 .collect::<Vec<u8>>(),
@@ -162,7 +163,7 @@ fn arrow_round_trip_is_exact_and_zero_copy() {
     // Every buffer of every column points into the object's data region.
     let region = obj.data().as_ptr_range();
     let region = region.start as usize..region.end as usize;
-    fn check(data: &arrow::array::ArrayData, region: &std::ops::Range<usize>) {
+    fn check(data: &arrow_data::ArrayData, region: &std::ops::Range<usize>) {
         for b in data.buffers() {
             let p = b.as_ptr() as usize;
             assert!(
@@ -300,7 +301,7 @@ fn a_slice_of_a_view_array_stores_only_the_strings_it_references() {
         .map(|i| Some(format!("a dictionary value longer than twelve {i:06}")))
         .collect();
     let indices = UInt32Array::from_iter_values((0..20_000).map(|i| i % 2_000));
-    let shared = arrow::compute::take(&dictionary, &indices, None).unwrap();
+    let shared = arrow_select::take::take(&dictionary, &indices, None).unwrap();
     let batch = RecordBatch::try_from_iter([("shared", shared)]).unwrap();
     let compacted = forebay_store::ipc::compact_views(&batch).unwrap();
     assert!(Arc::ptr_eq(batch.column(0), compacted.column(0)));

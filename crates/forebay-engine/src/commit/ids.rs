@@ -1,8 +1,8 @@
 //! A commit's ids: staged as hash-partitioned parts (one file, a row group per shard),
 //! checked for the checkpoint's id type, and loaded back as the index a resumed run probes.
 
-use arrow::array::ArrayRef;
-use arrow::datatypes::DataType;
+use arrow_array::ArrayRef;
+use arrow_schema::DataType;
 use forebay_checkpoint::{CheckpointIndex, IdFamily, IdPartsWriter};
 use forebay_parquet::StorageOptions;
 

@@ -1,7 +1,7 @@
 //! Opening a checkpoint for a run: lock (or lease) it, recover interrupted commits, and
 //! check the inputs it recorded against this run's files and scan filter.
 
-use arrow::datatypes::DataType;
+use arrow_schema::DataType;
 use forebay_parquet::ParquetDataset;
 
 use super::records::{load_inputs, FinishedInputs, Identity};

@@ -36,7 +36,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::datatypes::SchemaRef;
+use arrow_schema::SchemaRef;
 
 use crate::batch::EngineBatch;
 use crate::commit::{Checkpoint, CommitLog};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::RecordBatch;
+use arrow_array::RecordBatch;
 
 use super::run::Run;
 use crate::batch::EngineBatch;

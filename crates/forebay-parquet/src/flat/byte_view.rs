@@ -13,9 +13,9 @@
 //! The views are built here, so the array is assembled without the checks Arrow would
 //! otherwise repeat over every value (see the SAFETY note in `next_array`).
 
-use arrow::array::builder::make_view;
-use arrow::array::{BinaryViewArray, StringViewArray};
-use arrow::buffer::{Buffer, ScalarBuffer};
+use arrow_array::builder::make_view;
+use arrow_array::{BinaryViewArray, StringViewArray};
+use arrow_buffer::{Buffer, ScalarBuffer};
 
 use super::*;
 

@@ -2,10 +2,11 @@
 //! from the dictionary page as it stores them, or read from a PLAIN page, and converted to
 //! the output type (a decimal's i64 → i128 too) straight into the output buffer.
 
-use arrow::array::{ArrowPrimitiveType, PrimitiveArray};
-use arrow::datatypes::{
-    DataType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
+use arrow_array::types::{
+    ArrowPrimitiveType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
 };
+use arrow_array::PrimitiveArray;
+use arrow_schema::DataType;
 
 use super::*;
 

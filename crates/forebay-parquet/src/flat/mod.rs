@@ -32,8 +32,8 @@ mod hybrid;
 
 use std::sync::Arc;
 
-use arrow::array::ArrayRef;
-use arrow::datatypes::DataType;
+use arrow_array::ArrayRef;
+use arrow_schema::DataType;
 use bytes::Bytes;
 use parquet::basic::{Encoding, Type as PhysicalType};
 use parquet::column::page::{Page, PageReader};

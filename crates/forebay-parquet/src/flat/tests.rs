@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
+use arrow_array::{
     Array, ArrayRef, BinaryViewArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
     Int32Array, Int64Array, RecordBatch, StringViewArray,
 };
-use arrow::compute::concat;
-use arrow::datatypes::{Field, Schema};
+use arrow_schema::{Field, Schema};
+use arrow_select::concat::concat;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::ParquetMetaData;

@@ -1,9 +1,9 @@
 //! Binding a [`Predicate`] to a file's schema: each column found, each literal cast once to
 //! the type it is compared in; the result, a [`BoundPredicate`], evaluates rows and prunes.
 
-use arrow::array::{Array, ArrayRef};
-use arrow::compute::{cast_with_options, CastOptions};
-use arrow::datatypes::{DataType, Schema};
+use arrow_array::{Array, ArrayRef};
+use arrow_cast::{cast_with_options, CastOptions};
+use arrow_schema::{DataType, Schema};
 
 use super::{CompareOp, Literal, Predicate};
 use crate::error::column_not_found;

@@ -1,11 +1,13 @@
 //! Evaluating a bound predicate on a batch, with the null and NaN semantics of
 //! `pyarrow.compute`.
 
-use arrow::array::AsArray;
-use arrow::array::{Array, ArrayRef, BooleanArray, BooleanBufferBuilder, Scalar};
-use arrow::compute::kernels::{boolean, cmp};
-use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
-use arrow::record_batch::RecordBatch;
+use arrow_arith::boolean;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float16Type, Float32Type, Float64Type};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, Scalar};
+use arrow_buffer::BooleanBufferBuilder;
+use arrow_ord::cmp;
+use arrow_schema::DataType;
 
 use super::bind::value_type;
 use super::bind::{BoundPredicate, Node, Operand};
@@ -17,7 +19,7 @@ impl BoundPredicate {
     pub fn evaluate(
         &self,
         batch: &RecordBatch,
-    ) -> std::result::Result<BooleanArray, arrow::error::ArrowError> {
+    ) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
         let result = eval_node(&self.root, batch)?;
         Ok(null_as_false(&result))
     }
@@ -36,9 +38,9 @@ pub(super) fn null_as_false(array: &BooleanArray) -> BooleanArray {
 fn column<'a>(
     batch: &'a RecordBatch,
     name: &str,
-) -> std::result::Result<&'a ArrayRef, arrow::error::ArrowError> {
+) -> std::result::Result<&'a ArrayRef, arrow_schema::ArrowError> {
     batch.column_by_name(name).ok_or_else(|| {
-        arrow::error::ArrowError::SchemaError(format!("filter column '{name}' missing from batch"))
+        arrow_schema::ArrowError::SchemaError(format!("filter column '{name}' missing from batch"))
     })
 }
 
@@ -46,11 +48,11 @@ fn column<'a>(
 pub(super) fn to_compare_type(
     array: &ArrayRef,
     compare_type: &DataType,
-) -> std::result::Result<ArrayRef, arrow::error::ArrowError> {
+) -> std::result::Result<ArrayRef, arrow_schema::ArrowError> {
     if value_type(array.data_type()) == compare_type {
         Ok(array.clone())
     } else {
-        arrow::compute::cast(array, compare_type)
+        arrow_cast::cast(array, compare_type)
     }
 }
 
@@ -58,7 +60,7 @@ pub(super) fn to_compare_type(
 pub(super) fn nan_mask(array: &ArrayRef) -> Option<BooleanArray> {
     let array = match array.data_type() {
         DataType::Dictionary(_, _) => {
-            arrow::compute::cast(array, value_type(array.data_type())).ok()?
+            arrow_cast::cast(array, value_type(array.data_type())).ok()?
         }
         _ => array.clone(),
     };
@@ -82,7 +84,7 @@ trait MapToBool {
     fn map_to_bool(&self, f: impl Fn(Self::Native) -> bool) -> BooleanArray;
 }
 
-impl<T: arrow::datatypes::ArrowPrimitiveType> MapToBool for arrow::array::PrimitiveArray<T> {
+impl<T: arrow_array::types::ArrowPrimitiveType> MapToBool for arrow_array::PrimitiveArray<T> {
     type Native = T::Native;
     fn map_to_bool(&self, f: impl Fn(T::Native) -> bool) -> BooleanArray {
         let mut builder = BooleanBufferBuilder::new(self.len());
@@ -97,13 +99,13 @@ fn compare(
     values: &ArrayRef,
     op: CompareOp,
     operand: &Operand,
-) -> std::result::Result<BooleanArray, arrow::error::ArrowError> {
+) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
     let values = to_compare_type(values, &operand.compare_type)?;
     if operand.value_is_nan {
         // Under IEEE rules nothing equals or orders against NaN; only != holds.
         let all = op == CompareOp::NotEq;
         return Ok(BooleanArray::new(
-            arrow::buffer::BooleanBuffer::collect_bool(values.len(), |_| all),
+            arrow_buffer::BooleanBuffer::collect_bool(values.len(), |_| all),
             values.nulls().cloned(),
         ));
     }
@@ -132,7 +134,7 @@ fn compare(
 pub(super) fn eval_node(
     node: &Node,
     batch: &RecordBatch,
-) -> std::result::Result<BooleanArray, arrow::error::ArrowError> {
+) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
     match node {
         Node::Compare {
             column: name,

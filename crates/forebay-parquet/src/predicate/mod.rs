@@ -33,12 +33,11 @@ pub use prune::ContainerStats;
 
 use std::sync::Arc;
 
-use arrow::array::BinaryArray;
-use arrow::array::{
-    new_null_array, ArrayRef, BooleanArray, Date32Array, Float64Array, Int64Array, StringArray,
-    TimestampMicrosecondArray, UInt64Array,
+use arrow_array::{
+    new_null_array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Float64Array, Int64Array,
+    StringArray, TimestampMicrosecondArray, UInt64Array,
 };
-use arrow::datatypes::DataType;
+use arrow_schema::DataType;
 
 /// A literal value in a filter, as a user would write it.
 #[derive(Debug, Clone, PartialEq)]

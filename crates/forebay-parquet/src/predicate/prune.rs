@@ -1,9 +1,10 @@
 //! Whether a container (a row group, a page) may hold a matching row, from its min/max and
 //! null-count statistics. Unknown statistics always mean "may match".
 
-use arrow::array::{Array, ArrayRef, BooleanArray, Scalar, UInt64Array};
-use arrow::compute::kernels::{boolean, cmp};
-use arrow::datatypes::DataType;
+use arrow_arith::boolean;
+use arrow_array::{Array, ArrayRef, BooleanArray, Scalar, UInt64Array};
+use arrow_ord::cmp;
+use arrow_schema::DataType;
 
 use super::bind::is_float;
 use super::bind::{BoundPredicate, Node, Operand};
@@ -71,14 +72,14 @@ fn prepare_bounds(stats: &ContainerStats, compare_type: &DataType) -> Option<Bou
     let prep = |a: &ArrayRef| -> Option<ArrayRef> {
         let a = to_compare_type(a, compare_type).ok()?;
         let a = match a.data_type() {
-            DataType::Dictionary(_, v) => arrow::compute::cast(&a, v).ok()?,
+            DataType::Dictionary(_, v) => arrow_cast::cast(&a, v).ok()?,
             _ => a,
         };
         // A NaN bound says nothing usable under IEEE comparison: make it unknown.
         match nan_mask(&a) {
             Some(nan) if nan.true_count() > 0 => {
                 let keep = boolean::not(&null_as_false(&nan)).ok()?;
-                arrow::compute::nullif(&a, &boolean::not(&keep).ok()?).ok()
+                arrow_select::nullif::nullif(&a, &boolean::not(&keep).ok()?).ok()
             }
             _ => Some(a),
         }

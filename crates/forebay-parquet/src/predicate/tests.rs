@@ -1,8 +1,7 @@
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Float64Array, Int32Array, StringArray, UInt64Array};
-use arrow::datatypes::{Field, Schema};
-use arrow::record_batch::RecordBatch;
+use arrow_array::{ArrayRef, Float64Array, Int32Array, RecordBatch, StringArray, UInt64Array};
+use arrow_schema::{Field, Schema};
 
 use super::*;
 use crate::error::ParquetError;

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use arrow::datatypes::TimeUnit;
+use arrow_schema::TimeUnit;
 use parquet::file::metadata::ParquetMetaData;
 
 use super::metrics::ScanMetrics;

@@ -4,8 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
-use arrow::datatypes::Schema;
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_schema::Schema;
 use futures::StreamExt;
 use parquet::arrow::arrow_reader::{
     ArrowPredicate, ArrowPredicateFn, ParquetRecordBatchReader, RowFilter,

@@ -55,7 +55,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use arrow::datatypes::{SchemaRef, TimeUnit};
+use arrow_schema::{SchemaRef, TimeUnit};
 use futures::{FutureExt, StreamExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection};
 use parquet::arrow::ProjectionMask;

@@ -3,7 +3,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use arrow::datatypes::{Field, Schema};
+use arrow_schema::{Field, Schema};
 use futures::FutureExt;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;

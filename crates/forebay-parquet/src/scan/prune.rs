@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use arrow::array::Array;
+use arrow_array::Array;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::RowSelection;
 

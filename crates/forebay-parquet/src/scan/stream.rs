@@ -4,8 +4,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use futures::Stream;
 use tokio::sync::mpsc;
 
@@ -78,12 +78,12 @@ impl Stream for ScanStream {
     }
 }
 
-/// Plain batches, as an Arrow [`RecordBatchReader`](arrow::record_batch::RecordBatchReader)
+/// Plain batches, as an Arrow [`RecordBatchReader`](arrow_array::RecordBatchReader)
 /// (what the Arrow C stream interface exports).
 pub struct RecordBatchIter(pub ScanStream);
 
 impl Iterator for RecordBatchIter {
-    type Item = std::result::Result<RecordBatch, arrow::error::ArrowError>;
+    type Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>;
     fn next(&mut self) -> Option<Self::Item> {
         self.0
             .next_blocking()
@@ -91,7 +91,7 @@ impl Iterator for RecordBatchIter {
     }
 }
 
-impl arrow::record_batch::RecordBatchReader for RecordBatchIter {
+impl arrow_array::RecordBatchReader for RecordBatchIter {
     fn schema(&self) -> SchemaRef {
         self.0.schema()
     }
