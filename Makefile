@@ -14,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # (Amazon Linux 2, RHEL/Rocky 8, Ubuntu 20.04, Debian 11, ...).
 MATURIN := $(VENV)/bin/maturin build -m python/Cargo.toml -i $(PY) --zig --compatibility manylinux2014
 
-.PHONY: demo test lint lint-fast venv wheel-dev wheel-release wheel-check cargo-test pytest bench bench-python bench-store clean
+.PHONY: demo test lint lint-fast venv venv-build wheel-dev wheel-release wheel-check cargo-test pytest bench bench-python bench-store clean
 
 # uv installs the dev requirements (Ray, Daft, polars, pyarrow, ...) in seconds where pip
 # takes over a minute; the wheel's own smoke test below still installs it with pip, as a
@@ -23,12 +23,22 @@ MATURIN := $(VENV)/bin/maturin build -m python/Cargo.toml -i $(PY) --zig --compa
 # them later, so every Python process (each Ray worker, each test's subprocess) compiled
 # Ray, pandas and pyarrow from source again: pytest took 23m45s on a clean clone instead
 # of ~11 minutes (BENCHMARKS.md, "Fast feedback").
-$(VENV)/.installed: requirements-dev.txt
-	$(PYTHON) -m venv $(VENV)
+UV := $(VENV)/bin/uv
+$(UV):
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) -r requirements-dev.txt
+
+# What building the wheel and running the demo need (`make demo` installs only these, not
+# Ray, Daft, polars and the rest: ~40 s less on a fresh machine).
+$(VENV)/.installed-build: requirements-build.txt | $(UV)
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements-build.txt
 	touch $@
 
+$(VENV)/.installed: requirements-dev.txt requirements-build.txt | $(UV)
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements-dev.txt
+	touch $@ $(VENV)/.installed-build
+
+venv-build: $(VENV)/.installed-build
 venv: $(VENV)/.installed
 
 # Fast checks first: formatting, lints and types fail in seconds, not after the long build.
@@ -74,7 +84,7 @@ wheel-dev: venv
 # The optimised wheel, built with Cargo's `dist` profile (link-time optimisation; see
 # Cargo.toml). Shows cargo's progress: the first build compiles arrow and parquet (~10
 # minutes on 2 cores); later builds take about 5 minutes, most of it the final link.
-wheel-release: venv
+wheel-release: venv-build
 	rm -rf $(WHEELS)/release
 	$(MATURIN) --profile dist -o $(WHEELS)/release
 	$(PY) -m pip install --quiet --force-reinstall --no-deps $(WHEELS)/release/forebay-*.whl
