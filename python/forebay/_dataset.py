@@ -504,7 +504,12 @@ def read_parquet(
     num_threads: row groups decoded in parallel; default and maximum the number of cores.
     dictionary_columns: string/binary columns to return as dictionary arrays.
     storage_options: object_store options, e.g. ``{"aws_endpoint": "http://127.0.0.1:9000",
-        "aws_allow_http": "true", "aws_region": "us-east-1"}``.
+        "aws_allow_http": "true", "aws_region": "us-east-1"}``; values are taken as their
+        strings (``True`` works as ``"true"``). They win over the environment (``AWS_*``,
+        ``GOOGLE_*``, ``AZURE_*``). pyarrow's and fsspec's S3 names work too (``key``,
+        ``secret``, ``endpoint_override`` with ``scheme``, ``region_name``, ``anon``,
+        ``client_kwargs``). A key the URI's store does not know is an error naming the
+        closest valid key, never silently ignored.
     int96_timestamp_unit: unit of timestamps stored as (deprecated) INT96: ``"ns"`` (the
         default, as pyarrow), ``"us"``, ``"ms"`` or ``"s"``. INT96 can hold dates beyond the
         ±292 years of 64-bit nanoseconds; such values wrap in ``"ns"`` (as in pyarrow), so read

@@ -9,7 +9,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pyarrow as pa
@@ -191,3 +193,112 @@ def test_storage_options_of_any_mapping_and_value_type_mean_the_same_everywhere(
         checkpoint=forebay.Checkpoint("id", "s3://forebay-test/mixed-ckpt/", storage_options=mixed),
     )
     assert stats["rows"] == expected.num_rows
+
+
+def test_storage_option_mistakes_say_what_to_set(s3):
+    """Each mistake a user makes with storage_options is an error naming what to change,
+    before any request (object_store alone ignores unknown keys, so a misspelt endpoint sent
+    requests to real AWS)."""
+    options, _, _ = s3
+    endpoint = options["aws_endpoint"]
+    uri = "s3://forebay-test/data/"
+
+    def error(opts) -> str:
+        with pytest.raises(forebay.ParquetError) as raised:
+            forebay.read_parquet(uri, storage_options=opts)
+        return str(raised.value)
+
+    misspelt = {k: v for k, v in options.items() if k != "aws_endpoint"}
+    message = error({**misspelt, "aws_endpiont": endpoint})
+    assert "'aws_endpiont'" in message and "did you mean 'aws_endpoint'?" in message, message
+    assert uri in message
+    message = error({**options, "google_service_account": "/k.json"})
+    assert "is a GCS option" in message and "aws_* options" in message, message
+    no_scheme = endpoint.removeprefix("http://")
+    message = error({**options, "aws_endpoint": no_scheme})
+    assert f"'{no_scheme}'" in message and "has no scheme" in message, message
+    no_http = {k: v for k, v in options.items() if k != "aws_allow_http"}
+    message = error(no_http)
+    assert "plain HTTP" in message and "aws_allow_http" in message, message
+    with pytest.raises(TypeError, match="'aws_region' must be a string"):
+        forebay.read_parquet(uri, storage_options={**options, "aws_region": None})
+    # The same checks guard the checkpoint and the writer, which open their stores alike.
+    with pytest.raises(forebay.CheckpointError, match="did you mean 'aws_endpoint'"):
+        forebay.CheckpointFilter.load(
+            "s3://forebay-test/no-ckpt/", id_column="id", storage_options={"aws_endpiont": "x"}
+        )
+    # A bucket that does not exist is not found, said in words (not the server's XML).
+    with pytest.raises(forebay.DatasetNotFoundError, match="the bucket does not exist") as gone:
+        forebay.read_parquet("s3://no-such-bucket/data/", storage_options=options)
+    assert "<Error>" not in str(gone.value)
+    ds = forebay.read_parquet(uri, storage_options=options)
+    with pytest.raises((forebay.ForebayError, ValueError), match="did you mean 'aws_region'"):
+        ds.write_parquet("s3://forebay-test/never/", storage_options={**options, "aws_regoin": "x"})
+
+
+NO_CREDENTIALS = """
+import sys, forebay
+try:
+    forebay.read_parquet("s3://forebay-test/data/", storage_options={
+        "aws_endpoint": sys.argv[1], "aws_allow_http": "true", "aws_region": "us-east-1"})
+except forebay.StorageError as e:
+    print(e)
+"""
+
+
+def test_missing_credentials_say_what_to_set(s3):
+    """No key anywhere: object_store's last resort is the EC2 metadata service, absent here;
+    the error says which options to set (not only the metadata service's answer)."""
+    options, _, _ = s3
+
+    class NoRole(BaseHTTPRequestHandler):
+        """A metadata service that refuses, as the real one does off EC2 or without a role."""
+
+        def refuse(self) -> None:
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_PUT = refuse
+
+        def log_message(self, *args) -> None:
+            pass
+
+    metadata = ThreadingHTTPServer(("127.0.0.1", 0), NoRole)
+    threading.Thread(target=metadata.serve_forever, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["AWS_METADATA_ENDPOINT"] = f"http://127.0.0.1:{metadata.server_address[1]}"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", NO_CREDENTIALS, options["aws_endpoint"]],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        metadata.shutdown()
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "no S3 credentials were found: set aws_access_key_id" in run.stdout, run.stdout
+
+
+def test_pyarrow_and_fsspec_style_options_are_understood(s3):
+    """Options as users write them for pyarrow's S3FileSystem and for fsspec/s3fs."""
+    options, expected, _ = s3
+    endpoint = options["aws_endpoint"]
+    pyarrow_style = {
+        "endpoint_override": endpoint.removeprefix("http://"),
+        "scheme": "http",
+        "access_key": "testing",
+        "secret_key": "testing",
+        "region": "us-east-1",
+    }
+    fsspec_style = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "aws_allow_http": True,
+    }
+    for style in (pyarrow_style, fsspec_style):
+        ds = forebay.read_parquet("s3://forebay-test/data/", columns=["id"], storage_options=style)
+        assert ds.count_rows() == expected.num_rows, style

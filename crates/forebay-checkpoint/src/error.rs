@@ -71,7 +71,7 @@ pub enum CheckpointError {
     },
 
     /// An object store request failed while writing to a remote checkpoint.
-    #[error("{path}: {source}")]
+    #[error("{path}: {}", forebay_io::store_errors::explain(source))]
     Store {
         path: String,
         #[source]

@@ -46,7 +46,7 @@ pub enum DirError {
         source: std::io::Error,
     },
     /// An object-store request failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {}", crate::store_errors::explain(source))]
     Store {
         path: String,
         #[source]

@@ -8,6 +8,8 @@
 //!  forebay-checkpoint ─────────┤
 //!  forebay-parquet ────────────┼──► forebay-io ─┬─ runtime: one tokio pool, block_on from any thread
 //!  forebay-spill ──────────────┘                ├─ location: path or URI ─► object store, path, shown URI
+//!                                               ├─ storage_options: the user's keys checked, aliases resolved
+//!                                               ├─ store_errors: a failed request's known cause, in words
 //!                                               ├─ dir: a local directory or an object-store prefix
 //!                                               │       that readers see whole files of (atomic
 //!                                               │       puts, publish by rename/copy, list, delete)
@@ -33,6 +35,8 @@ pub mod dir;
 pub mod durable;
 pub mod location;
 pub mod runtime;
+pub mod storage_options;
+pub mod store_errors;
 
 pub use dir::{Dir, DirError};
 pub use runtime::{block_on, runtime};

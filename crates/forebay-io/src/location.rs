@@ -7,6 +7,8 @@
 //!   environment (`AWS_*`, `GOOGLE_*`, `AZURE_*` variables, as the clouds' own tools read
 //!   them), then apply the user's storage options (e.g. `aws_endpoint`, `aws_allow_http`,
 //!   `aws_region`), which win; `http(s)://` goes through `object_store::parse_url_opts`.
+//!   The options are checked first ([`crate::storage_options`]): an unknown key is an error,
+//!   not ignored.
 //! * `memory://` is one process-wide in-memory store ([`global_memory_store`]), handy for
 //!   tests and for embedders that stage bytes in memory.
 
@@ -19,6 +21,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
+use crate::storage_options::{self, Backend};
+
 /// Why a location cannot be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum LocationError {
@@ -26,7 +30,7 @@ pub enum LocationError {
     #[error("{0}")]
     Invalid(String),
     /// A request to the store failed.
-    #[error("{uri}: {source}")]
+    #[error("{uri}: {}", crate::store_errors::explain(source))]
     Store {
         uri: String,
         #[source]
@@ -59,8 +63,7 @@ pub fn put_memory_object(uri: &str, data: Vec<u8>) -> Result<()> {
     })
 }
 
-/// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...).
-pub type StorageOptions = HashMap<String, String>;
+pub use crate::storage_options::StorageOptions;
 
 /// Open the object store behind one local path or URI (`s3://bucket/key`, `file:///x`,
 /// `memory://k`, `/tmp/x`), returning the store, the object path inside it and the URI to show
@@ -161,8 +164,7 @@ fn store_for(
                 return Ok((root.clone(), path));
             }
             let base_url = Url::parse(&base).map_err(|e| bad(format!("not a valid URI: {e}")))?;
-            let store = open_remote(&base_url, options)
-                .map_err(|e| bad(format!("cannot open object store: {e}")))?;
+            let store = open_remote(&base_url, uri, options)?;
             let root = StoreRoot {
                 local: None,
                 store: Arc::from(store),
@@ -177,41 +179,71 @@ fn store_for(
 /// The object store of a remote URI's scheme and authority. S3, GCS and Azure start from
 /// the environment, as their own tools and pyarrow, polars and DuckDB do (`AWS_ACCESS_KEY_ID`,
 /// `AWS_ENDPOINT_URL`, `AWS_REGION`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
-/// ...); `storage_options` override what the environment says. Unknown option keys are
-/// ignored, as `object_store::parse_url_opts` ignores them.
-fn open_remote(
-    url: &Url,
-    options: &StorageOptions,
-) -> std::result::Result<Box<dyn ObjectStore>, object_store::Error> {
-    use object_store::aws::AmazonS3Builder;
+/// ...); `storage_options` override what the environment says, after
+/// [`storage_options::resolve`] checked them. `uri` is the user's, for messages.
+fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn ObjectStore>> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     use object_store::azure::MicrosoftAzureBuilder;
     use object_store::gcp::GoogleCloudStorageBuilder;
-    use object_store::ObjectStoreScheme;
+    use object_store::{ClientConfigKey, ObjectStoreScheme};
 
-    /// `builder` with each option its config keys know.
+    let cannot_open = |e: object_store::Error| {
+        LocationError::Invalid(format!("{uri}: cannot open object store: {e}"))
+    };
+    let resolved = |backend| {
+        storage_options::resolve(backend, uri, options)
+            .map_err(|e| LocationError::Invalid(e.to_string()))
+    };
+    /// `builder` with every (resolved, so known) option applied.
     macro_rules! configured {
-        ($builder:expr) => {
-            options.iter().fold($builder, |builder, (key, value)| {
-                match key.to_ascii_lowercase().parse() {
+        ($builder:expr, $options:expr) => {
+            $options
+                .iter()
+                .fold($builder, |builder, (key, value)| match key.parse() {
                     Ok(key) => builder.with_config(key, value),
                     Err(_) => builder,
-                }
-            })
+                })
         };
     }
-    let (scheme, _) = ObjectStoreScheme::parse(url)?;
+    let (scheme, _) = ObjectStoreScheme::parse(url)
+        .map_err(|e| LocationError::Invalid(format!("{uri}: not a store URI: {e}")))?;
     use_ring_for_tls();
     Ok(match scheme {
         ObjectStoreScheme::AmazonS3 => {
-            Box::new(configured!(AmazonS3Builder::from_env().with_url(url.as_str())).build()?)
+            let options = resolved(Backend::S3)?;
+            let builder = configured!(AmazonS3Builder::from_env().with_url(url.as_str()), options);
+            if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
+                let allow_http = builder
+                    .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
+                    .is_some_and(|v| storage_options::is_true(&v));
+                let from = match options
+                    .keys()
+                    .find(|k| matches!(k.parse(), Ok(AmazonS3ConfigKey::Endpoint)))
+                {
+                    Some(key) => format!("storage option {key}"),
+                    None => "from AWS_ENDPOINT_URL in the environment".to_string(),
+                };
+                storage_options::check_s3_endpoint(uri, &endpoint, &from, allow_http)
+                    .map_err(|e| LocationError::Invalid(e.to_string()))?;
+            }
+            Box::new(builder.build().map_err(cannot_open)?)
         }
-        ObjectStoreScheme::GoogleCloudStorage => Box::new(
-            configured!(GoogleCloudStorageBuilder::from_env().with_url(url.as_str())).build()?,
-        ),
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let options = resolved(Backend::Gcs)?;
+            let builder = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+            Box::new(configured!(builder, options).build().map_err(cannot_open)?)
+        }
         ObjectStoreScheme::MicrosoftAzure => {
-            Box::new(configured!(MicrosoftAzureBuilder::from_env().with_url(url.as_str())).build()?)
+            let options = resolved(Backend::Azure)?;
+            let builder = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+            Box::new(configured!(builder, options).build().map_err(cannot_open)?)
         }
-        _ => object_store::parse_url_opts(url, options.iter())?.0,
+        _ => {
+            let options = resolved(Backend::Http)?;
+            object_store::parse_url_opts(url, options.iter())
+                .map_err(cannot_open)?
+                .0
+        }
     })
 }
 
@@ -282,23 +314,27 @@ mod tests {
     /// one), and it is ring's.
     #[test]
     fn https_stores_are_built_with_ring() {
-        let options: StorageOptions = [
+        let options = |pairs: &[(&str, &str)]| -> StorageOptions {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let s3 = options(&[
             ("aws_endpoint", "https://127.0.0.1:1"),
             ("aws_region", "us-east-1"),
             ("aws_access_key_id", "x"),
             ("aws_secret_access_key", "x"),
-            ("azure_storage_account_name", "account"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        for uri in [
-            "s3://bucket/x",
-            "gs://bucket/x",
-            "az://container/x",
-            "https://127.0.0.1:1/x",
+        ]);
+        let azure = options(&[("azure_storage_account_name", "account")]);
+        let none = StorageOptions::new();
+        for (uri, options) in [
+            ("s3://bucket/x", &s3),
+            ("gs://bucket/x", &none),
+            ("az://container/x", &azure),
+            ("https://127.0.0.1:1/x", &none),
         ] {
-            let opened = open_location(uri, &options);
+            let opened = open_location(uri, options);
             assert!(opened.is_ok(), "{uri}: {:?}", opened.err());
         }
         let provider = rustls::crypto::CryptoProvider::get_default().expect("installed");

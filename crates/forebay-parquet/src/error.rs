@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use forebay_io::store_errors::{diagnose, explain, Diagnosis};
+
 /// Result alias used throughout `forebay-parquet`.
 pub type Result<T, E = ParquetError> = std::result::Result<T, E>;
 
@@ -47,7 +49,7 @@ pub enum ParquetError {
     },
 
     /// An object store (or local file system) request failed.
-    #[error("{path}: I/O error: {source}")]
+    #[error("{path}: I/O error: {}", forebay_io::store_errors::explain(source))]
     Io {
         path: String,
         #[source]
@@ -111,6 +113,10 @@ impl ParquetError {
             object_store::Error::NotFound { .. } => ParquetError::NotFound {
                 path,
                 reason: "no such file or object".into(),
+            },
+            other if diagnose(&other) == Some(Diagnosis::MissingBucket) => ParquetError::NotFound {
+                path,
+                reason: explain(&other).to_string(),
             },
             other => ParquetError::Io {
                 path,

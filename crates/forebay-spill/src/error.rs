@@ -47,7 +47,7 @@ pub enum SpillError {
     /// A request to a remote spill target failed (network, credentials, permissions, a
     /// missing object, ...). A failed round leaves nothing behind (multipart uploads are
     /// aborted) and returns no locations.
-    #[error("{uri}: {action}: {source}")]
+    #[error("{uri}: {action}: {}", forebay_io::store_errors::explain(source))]
     Remote {
         uri: String,
         action: String,
