@@ -158,48 +158,35 @@ impl ParquetError {
         row_group: Option<usize>,
         err: parquet::errors::ParquetError,
     ) -> Self {
-        if let parquet::errors::ParquetError::External(inner) = &err {
-            if let Some(ours) = inner.downcast_ref::<ParquetError>() {
-                return ours.clone_shallow();
-            }
-            // A row filter's error comes back through Arrow's error type.
-            if let Some(arrow_schema::ArrowError::ExternalError(wrapped)) =
-                inner.downcast_ref::<arrow_schema::ArrowError>()
-            {
-                if let Some(ours) = wrapped.downcast_ref::<ParquetError>() {
-                    return ours.clone_shallow();
+        // Our own errors (a failed request, a row filter's error) come back wrapped; unwrap
+        // them by value so they keep their kind: a network fault is I/O, not corruption.
+        let err = match err {
+            parquet::errors::ParquetError::External(inner) => {
+                match inner.downcast::<ParquetError>() {
+                    Ok(ours) => return *ours,
+                    // A row filter's error comes back through Arrow's error type.
+                    Err(inner) => match inner.downcast::<arrow_schema::ArrowError>() {
+                        Ok(arrow) => match *arrow {
+                            arrow_schema::ArrowError::ExternalError(wrapped) => {
+                                match wrapped.downcast::<ParquetError>() {
+                                    Ok(ours) => return *ours,
+                                    Err(wrapped) => parquet::errors::ParquetError::External(
+                                        Box::new(arrow_schema::ArrowError::ExternalError(wrapped)),
+                                    ),
+                                }
+                            }
+                            other => parquet::errors::ParquetError::External(Box::new(other)),
+                        },
+                        Err(inner) => parquet::errors::ParquetError::External(inner),
+                    },
                 }
             }
-        }
+            other => other,
+        };
         ParquetError::Corrupt {
             path: path.to_string(),
             row_group,
             reason: err.to_string(),
-        }
-    }
-
-    /// A copy good enough to report twice (object_store errors are not `Clone`).
-    fn clone_shallow(&self) -> Self {
-        match self {
-            ParquetError::Io { path, source } => ParquetError::Corrupt {
-                path: path.clone(),
-                row_group: None,
-                reason: format!("I/O error: {source}"),
-            },
-            ParquetError::NotFound { path, reason } => ParquetError::NotFound {
-                path: path.clone(),
-                reason: reason.clone(),
-            },
-            ParquetError::RowFilter {
-                path,
-                row_group,
-                reason,
-            } => ParquetError::RowFilter {
-                path: path.clone(),
-                row_group: *row_group,
-                reason: reason.clone(),
-            },
-            other => ParquetError::InvalidArgument(other.to_string()),
         }
     }
 
@@ -273,5 +260,40 @@ pub(crate) fn column_not_found(
             .map(|f| f.name().as_str())
             .collect::<Vec<_>>()
             .join(", "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed request inside the parquet crate's decoding comes back as our own I/O error
+    /// (Python: StorageError, retryable), not as corrupt data.
+    #[test]
+    fn a_request_failing_under_the_decoder_stays_an_io_error() {
+        let request = ParquetError::Io {
+            path: "s3://b/x.parquet".into(),
+            source: object_store::Error::Generic {
+                store: "S3",
+                source: "503 Slow Down".into(),
+            },
+        };
+        let wrapped = parquet::errors::ParquetError::External(Box::new(request));
+        let err = ParquetError::from_decode("s3://b/x.parquet", Some(0), wrapped);
+        assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+        assert!(err.to_string().contains("503 Slow Down"), "{err}");
+        let via_arrow = parquet::errors::ParquetError::External(Box::new(
+            arrow_schema::ArrowError::ExternalError(Box::new(ParquetError::NotFound {
+                path: "p".into(),
+                reason: "gone".into(),
+            })),
+        ));
+        let err = ParquetError::from_decode("p", None, via_arrow);
+        assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+        let other = parquet::errors::ParquetError::General("bad page".into());
+        assert_eq!(
+            ParquetError::from_decode("p", None, other).kind(),
+            ErrorKind::Corrupt
+        );
     }
 }
