@@ -203,9 +203,13 @@ def test_a_kill_half_way_keeps_most_of_the_work(cluster, inputs: Path, tmp_path:
         inferred = sum(int(p.read_text() or 0) for p in progress.iterdir())
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    # What the model saw by the kill is >= 50 %; >= 40 % of the input is committed.
+    # The model saw >= 50 % by the kill; a run that commits as it goes has kept a good share
+    # of it (before issue 42 every commit came at the end: 0 %). How much is latency between
+    # "seen" and "committed", a benchmark's figure (benches/python/ray_kill_half.py: 40-45 %
+    # on a quiet machine); under make test's load it has been as low as 39 %, so the line
+    # here is well below that, and far above the regression.
     kept = committed_rows(out)
-    assert kept >= 0.4 * ROWS, f"{kept} rows committed when {inferred} were inferred"
+    assert kept >= 0.25 * ROWS, f"{kept} rows committed when {inferred} were inferred"
     # The killed driver's actors went with it (Ray ties them to the driver's job; a rerun
     # would stop any left under the write's names).
     deadline = time.monotonic() + 30

@@ -6,7 +6,7 @@
 //! * `s3://`, `gs://`, `az://`/`abfs://` open object_store's builder for the scheme from the
 //!   environment (`AWS_*`, `GOOGLE_*`, `AZURE_*` variables, as the clouds' own tools read
 //!   them), then apply the user's storage options (e.g. `aws_endpoint`, `aws_allow_http`,
-//!   `aws_region`), which win; `http(s)://` goes through `object_store::parse_url_opts`.
+//!   `aws_region`), which win; `http(s)://` is object_store's HTTP store with the client options.
 //!   The options are checked first ([`crate::storage_options`]): an unknown key is an error,
 //!   not ignored.
 //! * `memory://` is one process-wide in-memory store ([`global_memory_store`]), handy for
@@ -185,6 +185,7 @@ fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     use object_store::azure::MicrosoftAzureBuilder;
     use object_store::gcp::GoogleCloudStorageBuilder;
+    use object_store::http::HttpBuilder;
     use object_store::{ClientConfigKey, ObjectStoreScheme};
 
     let cannot_open = |e: object_store::Error| {
@@ -207,11 +208,17 @@ fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn
     }
     let (scheme, _) = ObjectStoreScheme::parse(url)
         .map_err(|e| LocationError::Invalid(format!("{uri}: not a store URI: {e}")))?;
+    let retry = storage_options::retry_config(uri, options)
+        .map_err(|e| LocationError::Invalid(e.to_string()))?
+        .unwrap_or_default();
     use_ring_for_tls();
     Ok(match scheme {
         ObjectStoreScheme::AmazonS3 => {
             let options = resolved(Backend::S3)?;
-            let builder = configured!(AmazonS3Builder::from_env().with_url(url.as_str()), options);
+            let builder = AmazonS3Builder::from_env()
+                .with_url(url.as_str())
+                .with_retry(retry);
+            let builder = configured!(builder, options);
             if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
                 let allow_http = builder
                     .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
@@ -230,19 +237,22 @@ fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn
         }
         ObjectStoreScheme::GoogleCloudStorage => {
             let options = resolved(Backend::Gcs)?;
-            let builder = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+            let builder = GoogleCloudStorageBuilder::from_env()
+                .with_url(url.as_str())
+                .with_retry(retry);
             Box::new(configured!(builder, options).build().map_err(cannot_open)?)
         }
         ObjectStoreScheme::MicrosoftAzure => {
             let options = resolved(Backend::Azure)?;
-            let builder = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+            let builder = MicrosoftAzureBuilder::from_env()
+                .with_url(url.as_str())
+                .with_retry(retry);
             Box::new(configured!(builder, options).build().map_err(cannot_open)?)
         }
         _ => {
             let options = resolved(Backend::Http)?;
-            object_store::parse_url_opts(url, options.iter())
-                .map_err(cannot_open)?
-                .0
+            let builder = HttpBuilder::new().with_url(url.as_str()).with_retry(retry);
+            Box::new(configured!(builder, options).build().map_err(cannot_open)?)
         }
     })
 }

@@ -18,13 +18,20 @@
 //! `endpoint_override`, `scheme`, `anon`, `region_name`; `client_kwargs` arrives flattened
 //! from the Python layer). Anything else is an error naming the closest valid key, or the
 //! backend the key belongs to.
+//!
+//! Two keys are forebay's own, for every backend: `max_retries` (default 10) and
+//! `retry_timeout` (default 3 minutes: no retry starts later than this after the first
+//! attempt), object_store's retry policy for requests that fail with a 5xx, 429, a timeout or
+//! a dropped connection. With `timeout` (each request's limit, default 30 s) and
+//! `connect_timeout` (5 s) they bound how long a stalled or failing store can hold a run.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use object_store::aws::AmazonS3ConfigKey;
 use object_store::azure::AzureConfigKey;
 use object_store::gcp::GoogleConfigKey;
-use object_store::ClientConfigKey;
+use object_store::{ClientConfigKey, RetryConfig};
 
 /// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...).
 pub type StorageOptions = HashMap<String, String>;
@@ -176,6 +183,11 @@ const S3_ALIASES: &[(&str, &str)] = &[
     ("anonymous", "aws_skip_signature"),
 ];
 
+/// forebay's own keys: object_store's [`RetryConfig`], which its builders take only as a
+/// struct ([`retry_config`]).
+const MAX_RETRIES: &str = "max_retries";
+const RETRY_TIMEOUT: &str = "retry_timeout";
+
 /// pyarrow's `scheme` ("http" or "https"): the scheme of a scheme-less `endpoint_override`.
 const SCHEME: &str = "scheme";
 
@@ -202,6 +214,9 @@ pub fn resolve(
             scheme = Some(value.to_ascii_lowercase());
             continue;
         }
+        if lower == MAX_RETRIES || lower == RETRY_TIMEOUT {
+            continue; // retry_config's
+        }
         let canonical = match S3_ALIASES.iter().find(|(alias, _)| *alias == lower) {
             Some((_, canonical)) if backend == Backend::S3 => canonical.to_string(),
             _ if backend.knows(&lower) => lower,
@@ -221,6 +236,42 @@ pub fn resolve(
         apply_scheme(&scheme, uri, &mut resolved)?;
     }
     Ok(resolved)
+}
+
+/// The retry policy `options` ask for (`max_retries`, `retry_timeout`), on object_store's
+/// defaults; None when they ask for nothing.
+pub fn retry_config(
+    uri: &str,
+    options: &StorageOptions,
+) -> Result<Option<RetryConfig>, OptionsError> {
+    let mut retry = RetryConfig::default();
+    let mut given = false;
+    for (key, value) in options {
+        match key.to_ascii_lowercase().as_str() {
+            MAX_RETRIES => {
+                retry.max_retries = value.trim().parse().map_err(|_| {
+                    OptionsError(format!(
+                        "storage options for {uri}: max_retries must be a whole number \
+                         (0: no retries), not '{value}'"
+                    ))
+                })?;
+            }
+            RETRY_TIMEOUT => retry.retry_timeout = duration(uri, RETRY_TIMEOUT, value)?,
+            _ => continue,
+        }
+        given = true;
+    }
+    Ok(given.then_some(retry))
+}
+
+/// A duration as object_store reads its timeouts: "30s", "500ms", "2m", "1h 30m".
+fn duration(uri: &str, key: &str, value: &str) -> Result<Duration, OptionsError> {
+    humantime::parse_duration(value.trim()).map_err(|e| {
+        OptionsError(format!(
+            "storage options for {uri}: {key} must be a duration such as '30s' or '500ms', \
+             not '{value}' ({e})"
+        ))
+    })
 }
 
 /// pyarrow's `scheme="http"` with `endpoint_override="host:port"` is `http://host:port` with
@@ -462,6 +513,24 @@ mod tests {
         );
         // Aliases are S3's only: `key` means nothing to GCS.
         assert!(resolve(Backend::Gcs, "gs://b", &options(&[("key", "K")])).is_err());
+    }
+
+    #[test]
+    fn retries_are_forebays_own_keys_for_every_backend() {
+        let given = options(&[("max_retries", "2"), ("retry_timeout", "1m 30s")]);
+        for backend in [Backend::S3, Backend::Gcs, Backend::Azure, Backend::Http] {
+            assert!(resolve(backend, "x://b", &given).unwrap().is_empty());
+        }
+        let retry = retry_config("s3://b", &given).unwrap().unwrap();
+        assert_eq!(retry.max_retries, 2);
+        assert_eq!(retry.retry_timeout, Duration::from_secs(90));
+        assert!(retry_config("s3://b", &StorageOptions::new())
+            .unwrap()
+            .is_none());
+        let bad = retry_config("s3://b", &options(&[("max_retries", "many")])).unwrap_err();
+        assert!(bad.0.contains("whole number"), "{bad}");
+        let bad = retry_config("s3://b", &options(&[("retry_timeout", "soon")])).unwrap_err();
+        assert!(bad.0.contains("'30s'"), "{bad}");
     }
 
     #[test]

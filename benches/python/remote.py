@@ -1,0 +1,196 @@
+"""Reading Parquet from an object store with real latency: forebay, pyarrow and polars through
+a proxy that adds latency and limits bandwidth per connection (tests/python/latency_proxy.py)
+in front of a moto S3 server on 127.0.0.1.
+
+    python benches/python/remote.py [--latency 0.03,0.08] [--bandwidth 200e6] [--rounds 3]
+                                    [--scale-factor 1] [--engines forebay,pyarrow,polars]
+                                    [--scenarios two,all,small]
+
+Scenarios: ``two`` = lineitem (8 files) l_orderkey and l_extendedprice; ``all`` = all 16
+columns; ``small`` = 1,000 files of ~100 KB. Each engine reads in a fresh process, engines
+alternated by round; the proxy counts each run's requests, bytes and peak requests in flight.
+Prints seconds (median), forebay's ratio to the faster peer, and bytes fetched against the
+bytes of the selected column chunks (footers included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from measure import run_child, tpch_lineitem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
+from conftest import S3_CREDENTIALS, moto_s3
+from latency_proxy import LatencyProxy
+
+HERE = Path(__file__).resolve().parent
+BUCKET = "remote-bench"
+TWO = ["l_orderkey", "l_extendedprice"]
+
+
+def child(engine: str, uri: str, columns: list[str] | None, endpoint: str) -> dict:
+    started = time.perf_counter()
+    if engine == "forebay":
+        import forebay
+
+        forebay.configure(progress=False)
+        table = forebay.read_parquet(
+            uri, columns=columns, storage_options={**S3_CREDENTIALS, "aws_endpoint": endpoint}
+        ).to_arrow()
+    elif engine == "pyarrow":
+        import pyarrow.fs
+
+        fs = pyarrow.fs.S3FileSystem(
+            endpoint_override=endpoint.removeprefix("http://"),
+            scheme="http",
+            access_key=S3_CREDENTIALS["aws_access_key_id"],
+            secret_key=S3_CREDENTIALS["aws_secret_access_key"],
+            region=S3_CREDENTIALS["aws_region"],
+        )
+        table = pq.read_table(uri.removeprefix("s3://"), columns=columns, filesystem=fs)
+    elif engine == "polars":
+        import polars as pl
+
+        options = {
+            "aws_endpoint_url": endpoint,
+            "aws_allow_http": "true",
+            "aws_access_key_id": S3_CREDENTIALS["aws_access_key_id"],
+            "aws_secret_access_key": S3_CREDENTIALS["aws_secret_access_key"],
+            "aws_region": S3_CREDENTIALS["aws_region"],
+        }
+        frame = pl.scan_parquet(uri + "*.parquet", storage_options=options)
+        if columns is not None:
+            frame = frame.select(columns)
+        table = frame.collect().to_arrow()
+    else:
+        raise SystemExit(f"unknown engine {engine}")
+    return {"seconds": round(time.perf_counter() - started, 3), "rows": table.num_rows}
+
+
+def upload(client, local: list[Path], prefix: str) -> None:
+    for path in local:
+        client.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
+
+
+def small_files(directory: Path, count: int = 1_000) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = []
+    for k in range(count):
+        n = 6_000
+        table = pa.table(
+            {
+                "id": np.arange(k * n, (k + 1) * n),
+                "value": rng.random(n),
+                "tag": rng.integers(0, 1000, n),
+            }
+        )
+        path = directory / f"part-{k:04d}.parquet"
+        pq.write_table(table, path)
+        paths.append(path)
+    return paths
+
+
+def selected_bytes(paths: list[Path], columns: list[str] | None) -> int:
+    """The bytes an ideal reader fetches: the selected column chunks and each footer."""
+    total = 0
+    for path in paths:
+        meta = pq.ParquetFile(path).metadata
+        total += meta.serialized_size + 8
+        for rg in range(meta.num_row_groups):
+            group = meta.row_group(rg)
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                if columns is None or chunk.path_in_schema in columns:
+                    total += chunk.total_compressed_size
+    return total
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        engine, uri, columns, endpoint = sys.argv[2:6]
+        print(json.dumps(child(engine, uri, json.loads(columns), endpoint)))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency", default="0.03,0.08", help="seconds, comma-separated")
+    parser.add_argument("--bandwidth", type=float, default=200e6, help="bytes/s per connection")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale-factor", type=float, default=1)
+    parser.add_argument("--engines", default="forebay,pyarrow,polars")
+    parser.add_argument("--scenarios", default="two,all,small")
+    parser.add_argument("--data-dir", default=str(HERE.parents[1] / "bench-data"))
+    args = parser.parse_args()
+    engines = args.engines.split(",")
+    latencies = [float(x) for x in args.latency.split(",")]
+
+    lineitem = sorted(tpch_lineitem(Path(args.data_dir), args.scale_factor).glob("*.parquet"))
+    tmp = Path(tempfile.mkdtemp(prefix="forebay-remote-"))
+    scenarios = {
+        "two": (f"s3://{BUCKET}/lineitem/", TWO, lineitem),
+        "all": (f"s3://{BUCKET}/lineitem/", None, lineitem),
+    }
+    wanted = args.scenarios.split(",")
+    with moto_s3(tmp / "moto.log") as (client, endpoint):
+        client.create_bucket(Bucket=BUCKET)
+        upload(client, lineitem, "lineitem")
+        if "small" in wanted:
+            small = small_files(tmp / "small")
+            upload(client, small, "small")
+            scenarios["small"] = (f"s3://{BUCKET}/small/", None, small)
+        for latency in latencies:
+            with LatencyProxy(endpoint, latency=latency, bandwidth=args.bandwidth) as proxy:
+                for name in wanted:
+                    uri, columns, local = scenarios[name]
+                    ideal = selected_bytes(local, columns)
+                    runs: dict[str, list[dict]] = {e: [] for e in engines}
+                    for r in range(args.rounds):
+                        order = engines[r % len(engines) :] + engines[: r % len(engines)]
+                        for engine in order:
+                            proxy.reset_stats()
+                            result = run_child(
+                                __file__, engine, uri, json.dumps(columns), proxy.endpoint
+                            )
+                            stats = proxy.stats()
+                            result.update(
+                                requests=sum(stats["requests"].values()),
+                                mb=round(stats["bytes_down"] / 1e6, 1),
+                                peak_in_flight=stats["peak_in_flight"],
+                            )
+                            runs[engine].append(result)
+                            print(f"  {latency}s {name} {engine}: {result}", file=sys.stderr)
+                    report(latency, name, runs, ideal)
+    return 0
+
+
+def report(latency: float, name: str, runs: dict[str, list[dict]], ideal: int) -> None:
+    med = {e: statistics.median(r["seconds"] for r in rs) for e, rs in runs.items()}
+    print(f"\n{name} at {latency * 1000:.0f} ms (selected column chunks {ideal / 1e6:.1f} MB)")
+    print(
+        "| engine | seconds (median) | requests | MB fetched | fetched/selected | peak in flight |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for engine, rs in runs.items():
+        requests = statistics.median(r["requests"] for r in rs)
+        mb = statistics.median(r["mb"] for r in rs)
+        peak = max(r["peak_in_flight"] for r in rs)
+        print(
+            f"| {engine} | {med[engine]:.3f} | {requests:.0f} | {mb:.1f} | "
+            f"{mb * 1e6 / ideal:.2f} | {peak} |"
+        )
+    peers = [e for e in med if e != "forebay"]
+    if "forebay" in med and peers:
+        best = min(peers, key=lambda e: med[e])
+        print(f"forebay vs the faster peer ({best}): {med[best] / med['forebay']:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
