@@ -51,7 +51,7 @@ pub fn explain(err: &object_store::Error) -> Explained<'_> {
     Explained(err)
 }
 
-/// [`explain`]'s result (formats without allocating unless a cause is known).
+/// [`explain`]'s result: a `Display` that diagnoses when formatted (error paths only).
 pub struct Explained<'a>(&'a object_store::Error);
 
 impl fmt::Display for Explained<'_> {
