@@ -22,9 +22,12 @@ Scenarios:
             (outside the timing) to hold exactly the ids 8,000,000..9,999,999, each once.
   resume90  the same inputs through forebay with its own checkpoint: a full run, then a run
             killed once 90 % of its rows are committed (SIGKILL) and resumed; reported: the
-            input bytes each run fetched, and time. The same resume with an id-only
-            checkpoint (ids 0..8,999,999 in one file: every input is read and filtered by id)
-            for comparison.
+            input bytes each run fetched, every byte the process read (/proc/self/io rchar:
+            the checkpoint's files too), and time. The same killed state resumed by id (a
+            copy of it with a one-id file beside forebay's own: a checkpoint known only by
+            id loads every done id and probes each row, as every resume did before input
+            positions), and the same resume with an id-only checkpoint (ids 0..8,999,999 in
+            one file: every input is read and filtered by id) for comparison.
 
 Every measurement runs in a fresh subprocess (engines alternate: A B C, A B C, ...); the child
 imports its libraries first, then samples system-wide used memory (MemTotal - MemAvailable
@@ -205,9 +208,10 @@ def child_run(data: Path, out: Path, ckpt: str, resume_ckpt_kind: str) -> dict:
     import forebay
 
     forebay.configure(progress=False)
-    ds = forebay.read_parquet(str(data / "inputs"))
+    rchar = process_bytes_read()
     with SystemMemorySampler() as mem:
         t0 = time.perf_counter()
+        ds = forebay.read_parquet(str(data / "inputs"))
         stats = ds.map_batches(Identity, batch_size=BATCH_SIZE).write_parquet(
             str(out), rows_per_file=100_000, checkpoint=forebay.Checkpoint("id", ckpt)
         )
@@ -215,11 +219,29 @@ def child_run(data: Path, out: Path, ckpt: str, resume_ckpt_kind: str) -> dict:
     return {
         "seconds": seconds,
         "rise_mb": mem.rise_mb,
+        "process_bytes_read": process_bytes_read() - rchar,
         "rows": stats["rows"],
         "bytes_read": stats["resume"]["bytes_read"],
         "resume": stats["resume"],
         "kind": resume_ckpt_kind,
     }
+
+
+def process_bytes_read() -> int:
+    """Bytes this process read through system calls (input, checkpoint, anything)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise RuntimeError("no rchar in /proc/self/io")
+
+
+def known_only_by_id(ckpt: Path) -> None:
+    """Make a checkpoint known only by id: an id file forebay's commits did not write (one
+    id no input holds) beside its own, so a resume loads every done id and probes by id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["not-an-input-id"]}), ckpt / "foreign-ids.parquet")
 
 
 def committed_rows(out: Path) -> int:
@@ -303,7 +325,12 @@ def seed(args: argparse.Namespace, data: Path, work: Path) -> None:
 def resume90(args: argparse.Namespace, data: Path, work: Path) -> None:
     id_ckpt = work / "ids-0-8999999.parquet"
     run_child(__file__, "make-ids", str(data), str(id_ckpt), "9000000")
-    rows: dict[str, list[dict]] = {"full": [], "resume-own": [], "resume-ids": []}
+    rows: dict[str, list[dict]] = {
+        "full": [],
+        "resume-own": [],
+        "resume-own-by-id": [],
+        "resume-ids": [],
+    }
     for r in range(args.rounds):
         # A full run with forebay's checkpoint.
         out, ckpt = work / "r-out", work / "r-ckpt"
@@ -314,10 +341,18 @@ def resume90(args: argparse.Namespace, data: Path, work: Path) -> None:
         for p in (out, ckpt):
             shutil.rmtree(p, ignore_errors=True)
         committed = killed_at(data, out, str(ckpt), 0.9)
-        res = run_child(__file__, "run", str(data), str(out), str(ckpt), "own")
-        res["committed_before"] = committed
-        res["exact"] = run_child(__file__, "check", str(out), "0", str(TOTAL_IDS))["exact"]
-        rows["resume-own"].append(res)
+        # The same killed state, to resume by id.
+        out_by_id, ckpt_by_id = work / "r-out-by-id", work / "r-ckpt-by-id"
+        for src, dst in ((out, out_by_id), (ckpt, ckpt_by_id)):
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst)
+        known_only_by_id(ckpt_by_id)
+        pairs = [("resume-own", out, ckpt), ("resume-own-by-id", out_by_id, ckpt_by_id)]
+        for kind, o, c in pairs if r % 2 == 0 else pairs[::-1]:
+            res = run_child(__file__, "run", str(data), str(o), str(c), kind)
+            res["committed_before"] = committed
+            res["exact"] = run_child(__file__, "check", str(o), "0", str(TOTAL_IDS))["exact"]
+            rows[kind].append(res)
         # The same resume from an id-only checkpoint: every input is read, filtered by id.
         out2 = work / "r-out-ids"
         shutil.rmtree(out2, ignore_errors=True)
@@ -331,17 +366,20 @@ def resume90(args: argparse.Namespace, data: Path, work: Path) -> None:
         f"\nresume of a 90 %-complete run (SIGKILL once 9,000,000 of 10,000,000 rows were "
         f"committed), 1,000 input files; medians of {args.rounds} ({dt.date.today()})"
     )
+    full_rchar = median_of(rows["full"], "process_bytes_read")
     print(
-        f"{'run':<12}{'rows written':>14}{'bytes read':>14}{'of full':>9}{'seconds':>9}"
-        f"{'sys rise MB':>13}"
+        f"{'run':<18}{'rows written':>14}{'input bytes':>14}{'of full':>9}"
+        f"{'process read':>14}{'of full':>9}{'seconds':>9}{'sys rise MB':>13}"
     )
     for k, rs in rows.items():
         b = median_of(rs, "bytes_read")
+        c = median_of(rs, "process_bytes_read")
         print(
-            f"{k:<12}{median_of(rs, 'rows'):>14,.0f}{b:>14,.0f}{b / full_bytes * 100:>8.1f}%"
+            f"{k:<18}{median_of(rs, 'rows'):>14,.0f}{b:>14,.0f}{b / full_bytes * 100:>8.1f}%"
+            f"{c:>14,.0f}{c / full_rchar * 100:>8.1f}%"
             f"{median_of(rs, 'seconds'):>9.2f}{median_of(rs, 'rise_mb'):>13.0f}"
         )
-    exact = all(x["exact"] for x in rows["resume-own"])
+    exact = all(x["exact"] for k in ("resume-own", "resume-own-by-id") for x in rows[k])
     print(f"resumed outputs hold every id exactly once: {exact}")
 
 

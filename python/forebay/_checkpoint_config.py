@@ -10,13 +10,24 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Checkpoint:
     """Where ``write_parquet`` records what it finished, so that a rerun of the same script
-    resumes: it skips finished input files and row groups without reading them, drops rows
-    whose id is done while reading (only their id column is decoded; your function never sees
-    them), and writes each row
-    exactly once, whenever the previous run died (SIGKILL, OOM, Ctrl-C, an exception).
+    resumes: it skips finished input files and row groups without reading them, drops the
+    rows of unfinished row groups that an earlier commit already holds (your function never
+    sees them), and writes what each input row becomes exactly once, whenever the previous
+    run died (SIGKILL, OOM, Ctrl-C, an exception).
+
+    Progress is recorded by input position (file, row group, row), not by id: rows that
+    share an id are each written once, as an uninterrupted run writes them, and a resume
+    loads no id. A checkpoint that also holds ids known only as ids (Ray Data's layout, a
+    single id file, or commits of ``forebay.ray``) drops rows by id as well, as does a run
+    reading changed inputs again (``on_changed_input="reprocess"``); there a row whose id
+    another row already wrote is not written. A commit never splits what one input batch
+    became: files hold at least ``rows_per_file`` rows and less than a batch more, a function
+    that returns several batches for one input has them joined, and a ``map_batches`` after
+    the first gets whole outputs of the one before it, merged up to its ``batch_size``.
 
     id_column: a column that identifies each input row; it must survive your functions
-        (every step's output must keep it).
+        (every step's output must keep it). Its values are written to the checkpoint with
+        every commit (Ray Data's layout: ``forebay.CheckpointFilter`` and Ray read them).
     path: a directory or URI for the checkpoint (``s3://...`` works: commits need no rename).
         If it already holds Parquet files with ``id_column`` (Ray Data's checkpoint layout)
         or is a single such file, their ids count as done; forebay keeps its own files

@@ -315,7 +315,9 @@ class Dataset:
             compresses it. Default: ``forebay.configure(num_threads=...)``, the number of
             cores; 1 with ``preserve_order=True``, so that the files hold the rows in order.
             Each writer cuts its own files, so with more than one writer the last file of
-            each is short of ``rows_per_file`` (pass ``concurrency=1`` for exact file sizes).
+            each is short of ``rows_per_file`` (pass ``concurrency=1`` for exact file sizes;
+            with a checkpoint a file is cut only between batches, so it holds at least
+            ``rows_per_file`` rows and less than a batch more).
         preserve_order: keep the source's order through concurrent steps.
         checkpoint: a :class:`forebay.Checkpoint`: write exactly once, and resume when the
             same script runs again after any interruption (see ``Checkpoint``); ``mode``

@@ -398,6 +398,7 @@ impl RsRunningWrite {
                     resume.set_item("files_done_before", r.report.files_done)?;
                     resume.set_item("files_changed", r.report.files_changed)?;
                     resume.set_item("rows_skipped_by_id", r.rows_skipped_by_id)?;
+                    resume.set_item("rows_skipped_by_position", r.rows_skipped_by_position)?;
                     resume.set_item("files_skipped", r.files_skipped)?;
                     resume.set_item("row_groups_skipped", r.row_groups_skipped)?;
                     resume.set_item("bytes_read", r.bytes_read)?;

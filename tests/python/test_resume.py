@@ -277,11 +277,11 @@ def test_finished_input_is_skipped_unread(job):
     assert resume["ids_done_before"] == len(IDS)
 
 
-def test_files_hold_exactly_rows_per_file_rows_with_a_checkpoint(tmp_path):
-    """Batches (500-row row groups) are split between files: every file but the last holds
-    exactly ``rows_per_file`` rows, each id is written once, and since the units a split
-    batch came from complete only with the last file holding their rows, a rerun finds
-    every input finished."""
+def test_files_are_cut_between_batches_with_a_checkpoint(tmp_path):
+    """A checkpointed write never splits a batch between files (a commit records the input
+    rows its batches consumed): every file but the last holds at least ``rows_per_file``
+    rows and less than a batch (a 500-row row group) more; each id is written once, and a
+    rerun finds every input finished."""
     write_input(tmp_path / "in")
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
 
@@ -295,7 +295,9 @@ def test_files_hold_exactly_rows_per_file_rows_with_a_checkpoint(tmp_path):
 
     assert run()["rows"] == len(IDS)
     sizes = sorted(pq.ParquetFile(f).metadata.num_rows for f in out.glob("*.parquet"))
-    assert sizes == sorted([len(IDS) % 700] + [700] * (len(IDS) // 700)), sizes
+    assert sum(sizes) == len(IDS)
+    assert all(700 <= n < 700 + 500 for n in sizes[1:]), sizes
+    assert 0 < sizes[0] < 700 + 500, sizes
     assert_exactly_once(out)
     again = run()
     assert again["rows"] == 0 and again["resume"]["files_skipped"] == FILES
@@ -337,12 +339,26 @@ def test_a_changed_scan_filter_is_detected(job):
 
 
 def test_a_damaged_checkpoint_is_an_error_not_a_silent_rerun(job):
+    """The record of finished inputs is what a resume relies on: damaged, it is an error
+    naming it. An id part is read only by a resume that drops rows by id (here the job's
+    own checkpoint resumes by input position, so the damaged part is not read, and nothing
+    is written again); one that reads it names it."""
     job.run()
     part = next((job.tmp / "ckpt" / "ids").iterdir())
     part.write_bytes(b"PAR1 this is not a parquet file")
+    assert job.run()["rows"] == 0
+    (job.tmp / "ckpt" / "foreign-ids.parquet").write_bytes(
+        (job.tmp / "in" / "part-0.parquet").read_bytes()
+    )  # ids another writer left: this resume drops rows by id, and reads every part
     proc = job({})
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "CheckpointError" in err and part.name in err, err
+    (job.tmp / "ckpt" / "foreign-ids.parquet").unlink()
+    inputs = job.tmp / "ckpt" / "_forebay_inputs.json"
+    inputs.write_text('{"format": 1, "files": ')
+    proc = job({})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "CheckpointError" in err and inputs.name in err, err
     assert len(output_ids(job.tmp / "out")) == len(IDS), "nothing was written again"
 
 

@@ -23,6 +23,9 @@ pub struct Origin {
     /// The input unit these rows come from, in checkpointed runs (see `lineage`): every
     /// batch holds its own reference.
     pub(crate) ticket: Option<Arc<UnitTicket>>,
+    /// In checkpointed runs, the input position of the source batch's first row within its
+    /// row group (see `positions`): row `r` of the source batch is at `position + r`.
+    pub(crate) position: Option<u64>,
 }
 
 impl PartialEq for Origin {

@@ -327,8 +327,14 @@ impl CommitCoordinator {
             rows: d.rows,
             bytes: d.bytes,
         });
-        self.log
-            .decide_and_publish(&commit, data, ids, Vec::new(), completed)?;
+        self.log.decide_and_publish(
+            &commit,
+            data,
+            ids,
+            Vec::new(),
+            completed,
+            crate::positions::Consumed::default(),
+        )?;
         if let Some(file) = published {
             self.committed
                 .lock()

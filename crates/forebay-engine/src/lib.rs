@@ -31,11 +31,14 @@
 //!   ~50 ms; the caller gets that error, naming the stage and the batch (a user function's
 //!   error is kept as the original value).
 //! * **Exactly once** ([`commit`]): a checkpointed write commits each output file together
-//!   with the ids of its rows and the input it finishes (stage, one atomic record, publish);
-//!   every run first recovers interrupted commits, then skips finished input unread and
-//!   drops done ids inside the scan (module `resume_filter`: only the id column of a done
-//!   row is ever decoded, and only the dictionary page of a row group whose ids are all
-//!   done). The module docs draw the files, the order of a commit and the recovery rules.
+//!   with the ids of its rows, the input rows it consumed (by position: module `positions`)
+//!   and the input it finishes (stage, one atomic record, publish); every run first
+//!   recovers interrupted commits, then skips finished input unread and drops the rows of
+//!   unfinished row groups that earlier commits consumed, in the source. A checkpoint whose
+//!   rows are known only by id (Ray Data's layout, forebay.ray's commits) drops done ids
+//!   inside the scan instead (module `resume_filter`: only the id column of a done row is
+//!   ever decoded). The module docs draw the files, the order of a commit and the recovery
+//!   rules.
 //! * **Edges.** Before a write touches anything it checks where it goes (module
 //!   `locations`: never over its own input, never mixed with its checkpoint) and takes the
 //!   checkpoint for itself (module `lease`: a lock locally, a renewed lease on object stores).
@@ -93,6 +96,7 @@ mod locations;
 pub mod memory;
 mod output_schema;
 mod pipeline;
+mod positions;
 pub mod process;
 mod process_memory;
 mod progress;

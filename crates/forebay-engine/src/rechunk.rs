@@ -116,6 +116,28 @@ impl Rechunker {
         Ok(out)
     }
 
+    /// Add a batch without ever splitting one: batches are merged whole while they fit in
+    /// `batch_size` rows, and one larger than that goes alone. Returns the chunks it
+    /// completes. (A checkpointed run's later maps: each chunk then holds what whole input
+    /// batches became; see `positions`.)
+    pub(crate) fn push_whole(&mut self, batch: EngineBatch) -> Result<Vec<EngineBatch>> {
+        let rows = batch.batch.num_rows();
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        if self.rows > 0 && self.rows + rows > self.target {
+            out.push(self.take(self.rows)?);
+        }
+        batch.move_to(&self.waiting);
+        self.rows += rows;
+        self.pending.push_back(batch);
+        if self.rows >= self.target {
+            out.push(self.take(self.rows)?);
+        }
+        Ok(out)
+    }
+
     /// The rows left at the end of the input (fewer than `batch_size`), if any.
     pub(crate) fn finish(&mut self) -> Result<Option<EngineBatch>> {
         if self.rows == 0 {
@@ -332,6 +354,7 @@ mod tests {
                 source_seq: seq,
                 rows: 0..n,
                 ticket: None,
+                position: None,
             }],
             reservation,
         }

@@ -182,6 +182,7 @@ mod tests {
                 source_seq: 0,
                 rows: 0..n,
                 ticket: None,
+                position: None,
             }],
             reservation,
         }

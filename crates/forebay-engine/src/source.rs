@@ -148,6 +148,11 @@ pub(crate) fn run_source(
                 file: None,
                 unit: None,
             });
+            let consumed = resources.consumed_rows().cloned();
+            // Input positions (checkpointed runs, see `positions`): the unit being read,
+            // and how many of its rows the scan emitted before this batch.
+            let mut unit: Option<(usize, usize)> = None;
+            let mut unit_rows = 0u64;
             loop {
                 // The source's busy time: waiting for the scan (reads and decoding), not for
                 // room in the pool.
@@ -159,34 +164,56 @@ pub(crate) fn run_source(
                 cancel.check()?;
                 let item = item?;
                 let rows = item.batch.num_rows();
-                if rows == 0 {
-                    // A row group the scan's row filter emptied (a resume's done ids): held
-                    // like any unit, it completes once the scan moves past it.
+                let (file_index, row_group) =
+                    (item.provenance.file_index, item.provenance.row_group);
+                if unit != Some((file_index, row_group)) {
+                    unit = Some((file_index, row_group));
+                    unit_rows = 0;
+                }
+                let first = unit_rows;
+                unit_rows += rows as u64;
+                counters.record_in(rows);
+                // The runs of rows no earlier commit consumed.
+                let kept = match &consumed {
+                    Some(c) if rows > 0 => c.keep(&item.provenance.file, row_group, first, rows),
+                    _ if rows > 0 => std::iter::once(0..rows).collect(),
+                    _ => Vec::new(),
+                };
+                if kept.is_empty() {
+                    // A row group the scan's row filter emptied (a resume's done ids), or
+                    // rows earlier commits consumed: held like any unit, it completes once
+                    // the scan moves past it.
                     if let Some(l) = lineage.as_mut() {
-                        l.unit(item.provenance.file_index, item.provenance.row_group);
+                        l.unit(file_index, row_group);
                     }
                     continue;
                 }
-                let reservation = admit(&item.batch)?;
-                let ticket = lineage
-                    .as_mut()
-                    .map(|l| l.unit(item.provenance.file_index, item.provenance.row_group));
-                let batch = EngineBatch {
-                    batch: item.batch,
-                    seq,
-                    origin: vec![Origin {
-                        provenance: Some(item.provenance),
-                        source_seq: seq,
-                        rows: 0..rows,
-                        ticket,
-                    }],
-                    reservation,
-                };
-                seq += 1;
-                counters.record_in(rows);
-                counters.record_out(rows);
-                if !output.push(batch, &cancel)? {
-                    return Ok(()); // downstream has all it needs (holds dropped: incomplete)
+                for run in kept {
+                    let batch = if run.len() == rows {
+                        item.batch.clone()
+                    } else {
+                        item.batch.slice(run.start, run.len())
+                    };
+                    let reservation = admit(&batch)?;
+                    let ticket = lineage.as_mut().map(|l| l.unit(file_index, row_group));
+                    let n = batch.num_rows();
+                    let batch = EngineBatch {
+                        batch,
+                        seq,
+                        origin: vec![Origin {
+                            provenance: Some(item.provenance.clone()),
+                            source_seq: seq,
+                            rows: run,
+                            position: ticket.as_ref().map(|_| first),
+                            ticket,
+                        }],
+                        reservation,
+                    };
+                    seq += 1;
+                    counters.record_out(n);
+                    if !output.push(batch, &cancel)? {
+                        return Ok(()); // downstream has all it needs (holds dropped: incomplete)
+                    }
                 }
             }
             if let Some(l) = lineage {
@@ -225,6 +252,7 @@ pub(crate) fn run_source(
                         source_seq: seq,
                         rows: 0..rows,
                         ticket: None,
+                        position: None,
                     }],
                     reservation,
                 };

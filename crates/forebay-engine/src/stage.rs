@@ -226,6 +226,9 @@ pub struct MapStage {
     pub(crate) concurrency: usize,
     pub(crate) batch_size: Option<usize>,
     pub(crate) required_columns: Vec<String>,
+    /// Re-chunk to `batch_size` by merging whole input batches, never splitting one (set
+    /// by a checkpointed write on the maps after its first; see `positions`).
+    pub(crate) whole_input_batches: bool,
 }
 
 impl MapStage {
@@ -237,6 +240,7 @@ impl MapStage {
             concurrency: 1,
             batch_size: None,
             required_columns: Vec::new(),
+            whole_input_batches: false,
         }
     }
 
@@ -423,6 +427,7 @@ fn dispatch(r: &Running, tasks: crossbeam_channel::Sender<Task>) -> Result<()> {
     while let Some(batch) = r.input.pop(cancel)? {
         r.counters.record_in(batch.batch.num_rows());
         let chunks = match rechunker.as_mut() {
+            Some(rc) if r.stage.whole_input_batches => rc.push_whole(batch)?,
             Some(rc) => rc.push(batch)?,
             None => vec![batch],
         };
@@ -566,6 +571,13 @@ fn serve(
                 .map_err(|f| f.into_error(&r.stage.name, label()))?;
             r.counters.record_busy(started.elapsed());
             let before = reserved.len();
+            let outputs = if r.resources.lineage().is_some() && outputs.len() > 1 {
+                // A checkpointed run: what one input batch became travels as one batch,
+                // so that one commit holds all of it (see `positions`).
+                vec![concat_outputs(&r.stage, outputs, label)?]
+            } else {
+                outputs
+            };
             for batch in outputs {
                 check_output(&r.stage, &batch, label)?;
                 if batch.num_rows() == 0 {
@@ -590,6 +602,27 @@ fn serve(
         }
         emit(r, task.index, reserved)?;
     }
+}
+
+/// The outputs of one call as one batch (they must share a schema).
+fn concat_outputs(
+    stage: &MapStage,
+    outputs: Vec<RecordBatch>,
+    label: impl Fn() -> BatchLabel,
+) -> Result<RecordBatch> {
+    for batch in &outputs {
+        check_output(stage, batch, &label)?;
+    }
+    let schema = outputs[0].schema();
+    crate::concat::concat_batches(&schema, &outputs).map_err(|e| EngineError::BadOutput {
+        stage: stage.name.clone(),
+        batch: label(),
+        reason: format!(
+            "the function returned {} batches that cannot be joined into one (a checkpointed \
+             write keeps what one input batch became together): {e}",
+            outputs.len()
+        ),
+    })
 }
 
 fn check_output(

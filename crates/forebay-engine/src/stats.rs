@@ -103,8 +103,12 @@ pub struct WriteStats {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResumeStats {
     pub report: crate::commit::ResumeReport,
-    /// Rows read but dropped because their id was done.
+    /// Rows read but dropped because their id was done (a checkpoint whose rows are known
+    /// only by id: written by forebay.ray, an older forebay, or Ray Data).
     pub rows_skipped_by_id: u64,
+    /// Rows read but dropped because an earlier commit consumed their input position
+    /// (rows of row groups an interrupted run left unfinished).
+    pub rows_skipped_by_position: u64,
     /// Input files skipped unread (neither footer nor data fetched).
     pub files_skipped: u64,
     /// Row groups skipped unread.

@@ -37,6 +37,7 @@ use crate::format::{FileFormat, FileSink, FormatWriter, ParquetFormat, DEFAULT_R
 use crate::lineage::UnitTicket;
 use crate::memory::{arrays_memory, Admission, MemoryConsumer, Reservation};
 use crate::output_schema::check_schema;
+use crate::positions::Consumed;
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
 use crate::stats::{StageCounters, WriteStats, WrittenFile};
@@ -561,14 +562,17 @@ struct Pending {
     /// The ids of the file's rows, encoded into their shards' parts as they come.
     ids: IdPartsWriter,
     tickets: Vec<Arc<UnitTicket>>,
+    /// The input positions the file's batches consumed.
+    consumed: Consumed,
     /// What the file's encoder and `ids` hold, reserved until the commit.
     held: Option<Reservation>,
 }
 
-/// With a checkpoint: files of exactly `rows_per_file` rows (a batch may span two or more),
-/// each committed with its ids and lineage. Every file that gets rows of a batch holds its
-/// own references to the batch's input units, so a unit completes only when the last of
-/// those files commits (see `lineage`).
+/// With a checkpoint: files of at least `rows_per_file` rows (less than a batch more), each
+/// committed with its ids, lineage and the input positions its batches consumed. A batch
+/// is never split between files: it holds what whole input batches became, so the commit
+/// that holds it consumed their positions (see `positions`). A unit completes only when the
+/// last file holding rows of it commits (see `lineage`).
 fn write_checkpointed(
     target: &OutputTarget,
     log: &CommitLog,
@@ -609,55 +613,35 @@ fn write_checkpointed(
                 reason,
             });
         }
-        let mut tickets = batch.take_tickets();
         let rows = batch.batch.num_rows();
-        let mut offset = 0;
-        loop {
-            if pending.is_none() {
-                let (commit, staged, final_name) = log.next_commit(target.extension());
-                pending = Some(Pending {
-                    file: target.open_file(&staged, batch.batch.schema(), true)?,
-                    ids: log.id_parts_writer(&commit)?,
-                    commit,
-                    staged,
-                    final_name,
-                    tickets: Vec::new(),
-                    held: None,
-                });
-            }
-            let p = pending.as_mut().expect("just opened");
-            let room = target.sink.rows_per_file - p.file.rows as usize;
-            let n = room.min(rows - offset);
-            let last_piece = offset + n == rows;
-            let (piece, piece_ids) = if n == rows {
-                (batch.batch.clone(), ids.clone())
-            } else {
-                (batch.batch.slice(offset, n), ids.slice(offset, n))
-            };
-            p.file.write(&piece)?;
-            p.ids
-                .push(&piece_ids)
-                .map_err(|e| EngineError::Checkpoint {
-                    stage: STAGE.into(),
-                    source: Box::new(e),
-                })?;
-            rows_written.fetch_add(n as u64, Ordering::Relaxed);
-            written += n as u64;
-            offset += n;
-            if last_piece {
-                p.tickets.append(&mut tickets);
-            } else {
-                p.tickets.extend(tickets.iter().cloned());
-            }
-            p.held = None;
-            let held = p.file.memory() + p.ids.encoded_bytes() + arrays_memory(p.ids.unencoded());
-            p.held = Some(holder.reserve_bytes(held, Admission::Now)?);
-            if p.file.rows as usize >= target.sink.rows_per_file {
-                commit_file(target, log, pending.take().expect("open"), resources)?;
-            }
-            if last_piece {
-                break;
-            }
+        if pending.is_none() {
+            let (commit, staged, final_name) = log.next_commit(target.extension());
+            pending = Some(Pending {
+                file: target.open_file(&staged, batch.batch.schema(), true)?,
+                ids: log.id_parts_writer(&commit)?,
+                commit,
+                staged,
+                final_name,
+                tickets: Vec::new(),
+                consumed: Consumed::default(),
+                held: None,
+            });
+        }
+        let p = pending.as_mut().expect("just opened");
+        p.file.write(&batch.batch)?;
+        p.ids.push(&ids).map_err(|e| EngineError::Checkpoint {
+            stage: STAGE.into(),
+            source: Box::new(e),
+        })?;
+        rows_written.fetch_add(rows as u64, Ordering::Relaxed);
+        written += rows as u64;
+        p.consumed.add(&batch.origin);
+        p.tickets.append(&mut batch.take_tickets());
+        p.held = None;
+        let held = p.file.memory() + p.ids.encoded_bytes() + arrays_memory(p.ids.unencoded());
+        p.held = Some(holder.reserve_bytes(held, Admission::Now)?);
+        if p.file.rows as usize >= target.sink.rows_per_file {
+            commit_file(target, log, pending.take().expect("open"), resources)?;
         }
         counters.record_busy(started.elapsed());
         counters.record_out(rows);
@@ -694,7 +678,7 @@ fn commit_file(
         rows: staged.rows,
         bytes: staged.bytes,
     };
-    log.commit(&p.commit, Some(data), ids, p.tickets)?;
+    log.commit(&p.commit, Some(data), ids, p.tickets, p.consumed)?;
     drop(p.held);
     target.record(
         WrittenFile {

@@ -177,6 +177,71 @@ fn failed_runs_resume_exactly_once_and_finished_input_is_skipped_unread() {
     );
 }
 
+/// Input rows numbered `first..first + n` whose ids repeat every `distinct` rows.
+fn write_repeating_ids(path: &Path, first: i64, n: i64, distinct: i64) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("row", DataType::Int64, false),
+    ]));
+    let rows: Vec<i64> = (first..first + n).collect();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                rows.iter().map(|r| r % distinct),
+            )),
+            Arc::new(Int64Array::from(rows)),
+        ],
+    )
+    .unwrap();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(1000))
+        .build();
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(path).unwrap(),
+        schema,
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn failed_runs_with_repeated_ids_resume_to_what_an_uninterrupted_run_writes() {
+    // Every id is held by ~5 rows, in other row groups and files: each row is written
+    // once (a resume drops rows by input position, not by id).
+    let (_tmp, input, out, ckpt) = job_dirs();
+    std::fs::create_dir_all(&input).unwrap();
+    for f in 0..FILES {
+        write_repeating_ids(
+            &input.join(format!("in-{f}.parquet")),
+            f * ROWS,
+            ROWS,
+            6_007,
+        );
+    }
+    let err = run(&input, &out, &ckpt, Some(7)).unwrap_err();
+    assert!(err.to_string().contains("ran out of memory"), "{err}");
+    let first = common::i64_column_in(&out, "row").len();
+    assert!(first > 0 && first < (FILES * ROWS) as usize, "{first}");
+    let _ = run(&input, &out, &ckpt, Some(13)).unwrap_err();
+    let stats = run(&input, &out, &ckpt, None).unwrap();
+    let mut rows = common::i64_column_in(&out, "row");
+    rows.sort_unstable();
+    assert_eq!(rows, (0..FILES * ROWS).collect::<Vec<_>>(), "each row once");
+    let resume = stats.resume.unwrap();
+    assert_eq!(resume.rows_skipped_by_id, 0, "no id probed");
+    assert_eq!(
+        stats.rows + resume.report.ids_done,
+        (FILES * ROWS) as u64,
+        "the last run wrote exactly what was missing"
+    );
+    let again = run(&input, &out, &ckpt, None).unwrap();
+    assert_eq!(again.rows, 0);
+    assert_eq!(again.resume.unwrap().files_skipped, FILES as u64);
+}
+
 #[test]
 fn a_changed_input_is_an_error_unless_reprocessing_is_asked_for() {
     let (_tmp, input, out, ckpt) = job_dirs();

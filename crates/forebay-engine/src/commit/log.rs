@@ -19,6 +19,7 @@ use super::{checkpoint_err, storage_err, Checkpoint, ResumeReport, COMMITS, FORM
 use crate::error::{EngineError, Result};
 use crate::lease::RunLock;
 use crate::lineage::{Completed, LineageBook, UnitTicket};
+use crate::positions::{Consumed, ConsumedRows};
 use forebay_io::Dir;
 
 /// A data file the writer staged, ready to commit.
@@ -44,6 +45,9 @@ pub(crate) struct CommitLog {
     files: Vec<(String, Identity)>,
     /// The scan filter this run reads under (recorded with every completion).
     scan_filter: Option<String>,
+    /// This run records the positions each commit consumed (see `positions`); false when
+    /// its rows are probed by id instead (a checkpoint with ids known only by id).
+    positions: bool,
     /// One decision at a time (see the module docs: completions go to the next record).
     deciding: Mutex<()>,
     /// Commits this log published itself: the last recovery of a run need not publish them
@@ -59,9 +63,19 @@ pub(crate) struct CommitLog {
 /// Everything a checkpointed run needs, prepared before it starts.
 pub(crate) struct Prepared {
     pub log: Arc<CommitLog>,
-    pub index: SharedCheckpointIndex,
+    /// What a resume drops: rows at positions earlier commits consumed, or (a checkpoint
+    /// whose rows are known only by id) rows whose id the loaded index holds.
+    pub done: DoneRows,
     pub dataset: ParquetDataset,
     pub report: ResumeReport,
+}
+
+/// How a checkpointed run recognises rows earlier runs finished.
+pub(crate) enum DoneRows {
+    /// By input position (see `positions`); no id is loaded.
+    Positions(Arc<ConsumedRows>),
+    /// By id: every id under the checkpoint path, loaded.
+    Ids(SharedCheckpointIndex),
 }
 
 impl CommitLog {
@@ -73,6 +87,9 @@ impl CommitLog {
         book: Arc<LineageBook>,
     ) -> Result<Prepared> {
         let opened = OpenedState::open(checkpoint, &output, dataset)?;
+        if opened.positions {
+            return Self::prepare_positions(checkpoint, output, dataset, book, opened);
+        }
         let options = &checkpoint.storage_options;
         // The ids done: everything under the checkpoint path (forebay's parts, and any id
         // files that were there: Ray's layout, a single file).
@@ -118,10 +135,61 @@ impl CommitLog {
         let log = CommitLog::new(checkpoint, output, opened, index.num_shards(), family, book);
         Ok(Prepared {
             dataset: dataset.with_skip(skip),
-            index: Arc::new(std::sync::RwLock::new(index)),
+            done: DoneRows::Ids(Arc::new(std::sync::RwLock::new(index))),
             log: Arc::new(log),
             report,
         })
+    }
+
+    /// [`prepare`](Self::prepare) of a checkpoint whose progress is recorded by position:
+    /// no id is loaded (the manifest is checked against the id column and type).
+    fn prepare_positions(
+        checkpoint: &Checkpoint,
+        output: Dir,
+        dataset: &ParquetDataset,
+        book: Arc<LineageBook>,
+        opened: OpenedState,
+    ) -> Result<Prepared> {
+        let num_shards = Self::checked_num_shards(checkpoint, &opened)?;
+        let mut report = opened.report.clone();
+        report.ids_done = opened.ids_published;
+        let finished = Arc::new(opened.finished.clone());
+        let family = id_family_of(&opened.id_type)?;
+        let log = CommitLog::new(checkpoint, output, opened, num_shards, family, book);
+        Ok(Prepared {
+            dataset: dataset.with_skip(finished.clone()),
+            done: DoneRows::Positions(Arc::new(ConsumedRows::new(finished))),
+            log: Arc::new(log),
+            report,
+        })
+    }
+
+    /// The checkpoint's shard count (its manifest's; else the one asked for, else the
+    /// default), with the manifest written when missing, or checked against the id column
+    /// and type.
+    fn checked_num_shards(checkpoint: &Checkpoint, opened: &OpenedState) -> Result<usize> {
+        let options = &checkpoint.storage_options;
+        let declared = forebay_checkpoint::manifest_num_shards(&opened.state_uri, options)
+            .map_err(checkpoint_err)?;
+        let num_shards = match (declared, checkpoint.num_shards) {
+            (Some(have), Some(asked)) if have != asked => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the checkpoint {} has {have} shards, not the {asked} asked for (leave \
+                     num_shards unset to use the checkpoint's)",
+                    opened.state.root_uri()
+                )))
+            }
+            (Some(have), _) => have,
+            (None, asked) => asked.unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
+        };
+        CheckpointIndex::new(
+            opened.id_type.clone(),
+            checkpoint.id_column.clone(),
+            num_shards,
+        )
+        .and_then(|layout| layout.prepare(&opened.state_uri, options))
+        .map_err(checkpoint_err)?;
+        Ok(num_shards)
     }
 
     /// Recover the checkpoint and open the log without loading the ids (they are loaded
@@ -141,31 +209,13 @@ impl CommitLog {
                 checkpoint.path
             )));
         }
-        let options = &checkpoint.storage_options;
-        let declared = forebay_checkpoint::manifest_num_shards(&opened.state_uri, options)
-            .map_err(checkpoint_err)?;
-        let num_shards = match (declared, checkpoint.num_shards) {
-            (Some(have), Some(asked)) if have != asked => {
-                return Err(EngineError::InvalidArgument(format!(
-                    "the checkpoint {} has {have} shards, not the {asked} asked for (leave \
-                     num_shards unset to use the checkpoint's)",
-                    opened.state.root_uri()
-                )))
-            }
-            (Some(have), _) => have,
-            (None, asked) => asked.unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
-        };
-        // Creates the manifest, or checks it against the id column and type.
-        CheckpointIndex::new(
-            opened.id_type.clone(),
-            checkpoint.id_column.clone(),
-            num_shards,
-        )
-        .and_then(|layout| layout.prepare(&opened.state_uri, options))
-        .map_err(checkpoint_err)?;
+        let num_shards = Self::checked_num_shards(checkpoint, &opened)?;
         let finished = opened.finished.clone();
         let report = opened.report.clone();
         let family = id_family_of(&opened.id_type)?;
+        // Other processes read and commit: no batch of theirs carries positions.
+        let mut opened = opened;
+        opened.positions = false;
         let log = CommitLog::new(
             checkpoint,
             output,
@@ -195,6 +245,7 @@ impl CommitLog {
             book,
             files: opened.files,
             scan_filter: opened.scan_filter,
+            positions: opened.positions,
             deciding: Mutex::new(()),
             published: Mutex::new(BTreeSet::new()),
             run_id: opened.run_id,
@@ -275,6 +326,7 @@ impl CommitLog {
         data: Option<StagedData>,
         ids: Option<IdPartsRecord>,
         tickets: Vec<Arc<UnitTicket>>,
+        consumed: Consumed,
     ) -> Result<()> {
         let data = data.map(|d| DataFileRecord {
             staged: d.staged,
@@ -282,12 +334,13 @@ impl CommitLog {
             rows: d.rows,
             bytes: d.bytes,
         });
-        self.decide_and_publish(commit, data, ids, tickets, Completed::default())
+        self.decide_and_publish(commit, data, ids, tickets, Completed::default(), consumed)
     }
 
     /// Steps 2 and 3 of a commit whose files are staged: one record at a time, holding the
-    /// completions its tickets release, and `also_completed` (completions decided by the
-    /// caller: readers in other processes), then publish.
+    /// completions its tickets release, `also_completed` (completions decided by the
+    /// caller: readers in other processes) and the positions its rows consumed, then
+    /// publish.
     pub(crate) fn decide_and_publish(
         &self,
         commit: &str,
@@ -295,6 +348,7 @@ impl CommitLog {
         ids: Option<IdPartsRecord>,
         tickets: Vec<Arc<UnitTicket>>,
         also_completed: Completed,
+        consumed: Consumed,
     ) -> Result<()> {
         // 2. decide.
         let record = {
@@ -308,8 +362,9 @@ impl CommitLog {
                 commit: commit.to_string(),
                 data,
                 ids,
-                inputs: self.input_records(&completed),
+                inputs: self.input_records(&completed, consumed),
                 scan_filter: self.scan_filter.clone(),
+                positions: self.positions,
             };
             if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
                 return Ok(());
@@ -337,7 +392,7 @@ impl CommitLog {
         Ok(())
     }
 
-    fn input_records(&self, completed: &Completed) -> Vec<InputRecord> {
+    fn input_records(&self, completed: &Completed, consumed: Consumed) -> Vec<InputRecord> {
         let mut by_file: BTreeMap<usize, InputRecord> = BTreeMap::new();
         let record = |i: usize| {
             let (uri, identity) = &self.files[i];
@@ -346,6 +401,7 @@ impl CommitLog {
                 identity: identity.clone(),
                 complete: false,
                 row_groups: Vec::new(),
+                consumed: BTreeMap::new(),
             }
         };
         for &(file, rg) in &completed.units {
@@ -358,6 +414,15 @@ impl CommitLog {
         for &file in &completed.files {
             by_file.entry(file).or_insert_with(|| record(file)).complete = true;
         }
+        if self.positions {
+            for ((file, rg), ranges) in consumed.0 {
+                let entry = by_file.entry(file).or_insert_with(|| record(file));
+                // A row group this record finishes needs no positions.
+                if !entry.complete && !entry.row_groups.contains(&rg) {
+                    entry.consumed.insert(rg, ranges);
+                }
+            }
+        }
         by_file.into_values().collect()
     }
 
@@ -365,7 +430,7 @@ impl CommitLog {
     /// inputs snapshot, and delete forebay's state if asked.
     pub(crate) fn finish(&self, delete: bool) -> Result<()> {
         let commit = self.next_commit_id();
-        self.commit(&commit, None, None, Vec::new())?;
+        self.commit(&commit, None, None, Vec::new(), Consumed::default())?;
         let published =
             std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));
         recover_skipping(&self.state, &self.output, &published)?;

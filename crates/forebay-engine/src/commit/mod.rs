@@ -1,10 +1,12 @@
 //! # Exactly-once, resumable writes: the commit protocol
 //!
 //! A checkpointed `write_parquet` commits each output file together with what it covers:
-//! the ids of its rows (hash-partitioned as forebay-checkpoint's loader reads them: one file
-//! per commit, one row group per shard, so a resumed run filters them out) and the input
-//! files and row groups it completes (so a resumed run skips them unread). Either all of
-//! that becomes visible, or none of it.
+//! the input rows its batches consumed, by position in row groups not yet finished (so a
+//! resumed run drops exactly those rows; module `positions`), the input files and row
+//! groups it completes (so a resumed run skips them unread), and the ids of its rows
+//! (hash-partitioned as forebay-checkpoint's loader reads them: one file per commit, one
+//! row group per shard; Ray Data, `CheckpointFilter` and checkpoints known only by id use
+//! them). Either all of that becomes visible, or none of it.
 //!
 //! ## Files
 //!
@@ -53,9 +55,16 @@
 //!
 //! A SIGKILL at any moment leaves one of: staged files without a record (rolled back), a
 //! record with files still staged (rolled forward), or a finished commit. Rows are written
-//! once: a row's id is published only by the commit that publishes its data file, and a
-//! resumed run drops rows whose id is published. Inputs are skipped only once every row
-//! derived from them is committed or was dropped empty (the `lineage` module).
+//! once: a row's position is recorded only by the commit that publishes what it became,
+//! and a resumed run drops rows at recorded positions. Inputs are skipped only once every
+//! row derived from them is committed or was dropped empty (the `lineage` module).
+//!
+//! Positions need every done row recorded by position: the snapshot says whether all
+//! folded commits recorded them. When not (a snapshot of an older forebay, commits of
+//! forebay.ray, id files another writer left under the checkpoint path), or when this run
+//! reads changed inputs again, the run drops done rows by id instead: every id under the
+//! checkpoint path is loaded, and its records say they hold no positions. Rows that share
+//! an id are then written once in all (what probing by id can do).
 //!
 //! On object stores there is no rename: staging keys are copied server-side to final keys;
 //! a reader listing the output sees a data file only once it is complete and committed.
@@ -107,7 +116,7 @@ mod tests;
 pub use records::FinishedInputs;
 
 pub(crate) use ids::{stage_id_parts, stage_ids, wrong_id_type};
-pub(crate) use log::{CommitLog, StagedData};
+pub(crate) use log::{CommitLog, DoneRows, StagedData};
 pub(crate) use records::{DataFileRecord, IdPartsRecord};
 
 use forebay_parquet::StorageOptions;

@@ -25,6 +25,11 @@ pub(super) struct OpenedState {
     pub(super) id_type: DataType,
     pub(super) files: Vec<(String, Identity)>,
     pub(super) scan_filter: Option<String>,
+    /// Earlier runs' progress is known by input positions alone (see `positions`): this
+    /// run drops done rows by position and needs no id of theirs.
+    pub(super) positions: bool,
+    /// Ids the folded commits published.
+    pub(super) ids_published: u64,
 }
 
 impl OpenedState {
@@ -117,6 +122,14 @@ impl OpenedState {
         for uri in &report.files_changed {
             snapshot.files.remove(uri);
         }
+        // Positions stand for rows only under the scan filter they were counted under, and
+        // only while every done row is recorded by them (no id files of another writer).
+        let has_positions = snapshot.files.values().any(|s| !s.consumed.is_empty());
+        let positions = snapshot.positions
+            && !single_file
+            && report.files_changed.is_empty()
+            && (snapshot.scan_filter == scan_filter || !has_positions)
+            && !has_foreign_ids(&given)?;
         report.files_done = snapshot.files.values().filter(|s| s.complete).count();
 
         let id_type = {
@@ -149,8 +162,19 @@ impl OpenedState {
             id_type,
             files,
             scan_filter,
+            positions,
+            ids_published: snapshot.ids,
         })
     }
+}
+
+/// Whether the checkpoint path holds id files forebay's commits did not write (Ray Data's
+/// layout, `CheckpointIndex::write`'s shards): their rows are known only by id.
+fn has_foreign_ids(path: &Dir) -> Result<bool> {
+    let entries = path.entries("").map_err(storage_err)?;
+    Ok(entries.iter().any(|e| {
+        !(e.name.starts_with('_') || e.name.starts_with('.') || (e.is_dir && e.name == super::IDS))
+    }))
 }
 
 pub(super) fn run_id() -> String {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{corrupt, storage_err, FORMAT, INPUTS};
 use crate::error::{EngineError, Result};
+use crate::positions::PositionRanges;
 use forebay_io::Dir;
 
 /// An identity of an input file, to notice that it changed.
@@ -48,6 +49,35 @@ pub(super) struct InputState {
     pub(super) complete: bool,
     #[serde(default)]
     pub(super) row_groups: BTreeSet<usize>,
+    /// Positions consumed in row groups not finished (see `positions`), by row group.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) consumed: BTreeMap<usize, PositionRanges>,
+}
+
+impl InputState {
+    pub(super) fn new(identity: Identity) -> InputState {
+        InputState {
+            identity,
+            complete: false,
+            row_groups: BTreeSet::new(),
+            consumed: BTreeMap::new(),
+        }
+    }
+
+    /// Add what a commit recorded of this input.
+    pub(super) fn fold(&mut self, input: &InputRecord) {
+        self.complete |= input.complete;
+        self.row_groups.extend(input.row_groups.iter().copied());
+        for (row_group, ranges) in &input.consumed {
+            self.consumed.entry(*row_group).or_default().extend(ranges);
+        }
+        // A finished row group is skipped whole: its positions say nothing more.
+        if self.complete {
+            self.consumed.clear();
+        }
+        let finished = &self.row_groups;
+        self.consumed.retain(|rg, _| !finished.contains(rg));
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -57,6 +87,14 @@ pub(super) struct InputsSnapshot {
     /// under: a file finished under one filter may hold rows another one keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) scan_filter: Option<String>,
+    /// Every commit folded in recorded the positions it consumed (see `positions`): a
+    /// resume needs no probe by id. False for snapshots written before positions, and once
+    /// a commit without them (forebay.ray's) is folded in.
+    #[serde(default)]
+    pub(super) positions: bool,
+    /// Ids published by the commits folded in.
+    #[serde(default)]
+    pub(super) ids: u64,
     pub(super) files: BTreeMap<String, InputState>,
 }
 
@@ -85,6 +123,9 @@ pub(super) struct InputRecord {
     pub(super) complete: bool,
     #[serde(default)]
     pub(super) row_groups: Vec<usize>,
+    /// Positions this commit consumed in row groups it does not finish.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) consumed: BTreeMap<usize, PositionRanges>,
 }
 
 /// The decision of one commit.
@@ -98,6 +139,9 @@ pub(super) struct CommitRecord {
     /// The run's scan filter (see [`InputsSnapshot`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) scan_filter: Option<String>,
+    /// The run recorded the positions its commits consumed (`inputs[].consumed`).
+    #[serde(default)]
+    pub(super) positions: bool,
 }
 
 /// The input files and row groups earlier runs finished, by URI: the scan skips them.
@@ -126,6 +170,11 @@ impl FinishedInputs {
         )
     }
 
+    /// The positions earlier commits consumed in a row group not finished.
+    pub(crate) fn consumed(&self, uri: &str, row_group: usize) -> Option<&PositionRanges> {
+        self.0.get(uri).and_then(|s| s.consumed.get(&row_group))
+    }
+
     /// Files recorded as complete.
     pub fn complete_files(&self) -> usize {
         self.0.values().filter(|s| s.complete).count()
@@ -148,6 +197,8 @@ pub(super) fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
         None => Ok(InputsSnapshot {
             format: FORMAT,
             scan_filter: None,
+            positions: true,
+            ids: 0,
             files: BTreeMap::new(),
         }),
         Some(bytes) => {

@@ -60,27 +60,29 @@ pub(super) fn recover_skipping(
                 if snapshot.scan_filter.is_some() {
                     snapshot.files.clear();
                 }
+                // Positions count the rows a filter keeps: under another one they
+                // name other rows.
+                for state in snapshot.files.values_mut() {
+                    state.consumed.clear();
+                }
                 snapshot.scan_filter = record.scan_filter.clone();
+            }
+            let ids = record.ids.as_ref().map_or(0, |i| i.count);
+            snapshot.ids += ids;
+            if ids > 0 && !record.positions {
+                // Rows this record published are known only by id from now on.
+                snapshot.positions = false;
             }
             for input in &record.inputs {
                 let entry = snapshot
                     .files
                     .entry(input.uri.clone())
-                    .or_insert_with(|| InputState {
-                        identity: input.identity.clone(),
-                        complete: false,
-                        row_groups: BTreeSet::new(),
-                    });
+                    .or_insert_with(|| InputState::new(input.identity.clone()));
                 if !entry.identity.same_as(&input.identity) {
                     // Recorded again after it changed (reprocess): the new identity wins.
-                    *entry = InputState {
-                        identity: input.identity.clone(),
-                        complete: false,
-                        row_groups: BTreeSet::new(),
-                    };
+                    *entry = InputState::new(input.identity.clone());
                 }
-                entry.complete |= input.complete;
-                entry.row_groups.extend(input.row_groups.iter().copied());
+                entry.fold(input);
             }
         }
         snapshot.format = FORMAT;

@@ -60,8 +60,10 @@ fn record(commit: &str) -> CommitRecord {
             },
             complete: false,
             row_groups: vec![2, 0],
+            consumed: Default::default(),
         }],
         scan_filter: None,
+        positions: true,
     }
 }
 

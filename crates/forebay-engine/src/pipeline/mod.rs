@@ -29,7 +29,7 @@ pub use write::RunningWrite;
 
 use run::Run;
 use steps::{limit, shape};
-use write::CheckpointRun;
+use write::{CheckpointRun, DoneFilter};
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -39,12 +39,13 @@ use std::time::Instant;
 use arrow_schema::SchemaRef;
 
 use crate::batch::EngineBatch;
-use crate::commit::{Checkpoint, CommitLog};
+use crate::commit::{Checkpoint, CommitLog, DoneRows};
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
 use crate::lineage::LineageBook;
 use crate::locations::check_write_locations;
 use crate::memory::MemoryPool;
+use crate::positions::ConsumedRows;
 use crate::queue::BatchQueue;
 use crate::resources::{RunResources, StoreSettings};
 use crate::resume_filter::ResumeFilter;
@@ -223,7 +224,7 @@ impl Pipeline {
             ));
         }
         let options = self.options.clone();
-        let (mut run, last) = self.start("iter_batches", 0, None)?;
+        let (mut run, last) = self.start("iter_batches", 0, None, None)?;
         let ready_holder = run.resources.pool().consumer("iter_batches (prefetched)");
         let ready: Arc<BatchQueue<Vec<EngineBatch>>> = Arc::new(BatchQueue::new(
             ready_holder,
@@ -296,6 +297,23 @@ impl Pipeline {
                 "checkpointed writes read Parquet (a source with file provenance)".into(),
             ));
         };
+        // In a checkpointed run each batch the writer gets must hold what whole input
+        // batches became (see `positions`): a limit after a map would cut one.
+        let mut mapped = false;
+        for step in &self.steps {
+            match step {
+                Step::Map(_) => mapped = true,
+                Step::Limit(_) if mapped => {
+                    return Err(EngineError::InvalidArgument(
+                        "a checkpointed write cannot limit rows after a map: it records \
+                         which input rows each output file holds, and a limit there would \
+                         cut a map's output; put limit() before map_batches()"
+                            .into(),
+                    ))
+                }
+                Step::Limit(_) => {}
+            }
+        }
         check_write_locations(dataset, &sink.root, Some(&checkpoint.path), false)?;
         let book = Arc::new(LineageBook::default());
         let output = forebay_io::Dir::open(&sink.root, &sink.storage_options)
@@ -315,15 +333,30 @@ impl Pipeline {
             }
         }
         let id_column = checkpoint.id_column.clone();
-        // Finished rows are dropped inside the scan, as their ids are decoded: they go no
-        // further, and the rest of their columns is never decoded.
-        let resume_filter = Arc::new(ResumeFilter::new(prepared.index.clone(), &id_column));
-        let dataset = prepared.dataset.with_row_filter(resume_filter.clone());
+        let (dataset, done) = match prepared.done {
+            // Done rows are dropped by the source, by position (see `positions`).
+            DoneRows::Positions(consumed) => {
+                (prepared.dataset.clone(), DoneFilter::Positions(consumed))
+            }
+            // Done rows are dropped inside the scan, as their ids are decoded: they go no
+            // further, and the rest of their columns is never decoded.
+            DoneRows::Ids(index) => {
+                let filter = Arc::new(ResumeFilter::new(index, &id_column));
+                (
+                    prepared.dataset.with_row_filter(filter.clone()),
+                    DoneFilter::Ids(filter),
+                )
+            }
+        };
+        let mut maps = 0;
         for step in &mut self.steps {
             if let Step::Map(m) = step {
                 if !m.required_columns.contains(&id_column) {
                     m.required_columns.push(id_column.clone());
                 }
+                // Its input is a map's output: merged whole, never split.
+                m.whole_input_batches = maps > 0;
+                maps += 1;
             }
         }
         self.source = Source::Parquet(dataset.clone());
@@ -333,7 +366,7 @@ impl Pipeline {
             report: prepared.report,
             io_before: dataset.metrics().io,
             dataset,
-            resume_filter,
+            done,
         };
         let sink = sink.with_unique_column(id_column);
         self.start_write_inner(sink, Some((book, commits)))
@@ -354,7 +387,8 @@ impl Pipeline {
         )?);
         let workers = target.concurrency();
         let progress = self.options.progress;
-        let (mut run, last) = self.start("write_parquet", workers, book)?;
+        let consumed = commits.as_ref().and_then(|c| c.done.consumed_rows());
+        let (mut run, last) = self.start("write_parquet", workers, book, consumed)?;
         let counters = run.add_counters("write_parquet");
         let holder = run.resources.pool().consumer("write_parquet");
         for worker in 0..workers {
@@ -372,8 +406,8 @@ impl Pipeline {
             });
         }
         if let Some(c) = &commits {
-            let resume_filter = c.resume_filter.clone();
-            run.rows_settled_early = Some(Arc::new(move || resume_filter.rows_dropped()));
+            let done = c.done.clone();
+            run.rows_settled_early = Some(Arc::new(move || done.rows_dropped()));
         }
         run.start_progress("write_parquet", progress);
         Ok(RunningWrite {
@@ -390,6 +424,7 @@ impl Pipeline {
         sink_name: &str,
         sink_workers: usize,
         lineage: Option<Arc<LineageBook>>,
+        consumed: Option<Arc<ConsumedRows>>,
     ) -> Result<(Run, Arc<BatchQueue>)> {
         let Pipeline {
             source,
@@ -413,6 +448,10 @@ impl Pipeline {
         );
         let resources = match lineage {
             Some(book) => resources.with_lineage(book),
+            None => resources,
+        };
+        let resources = match consumed {
+            Some(consumed) => resources.with_consumed_rows(consumed),
             None => resources,
         };
         let mut names = vec![source.name().to_string()];

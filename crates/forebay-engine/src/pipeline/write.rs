@@ -8,6 +8,7 @@ use super::run::Run;
 use super::stream::free_in_background;
 use crate::commit::{CommitLog, ResumeReport};
 use crate::error::{EngineError, Result};
+use crate::positions::ConsumedRows;
 use crate::resume_filter::ResumeFilter;
 use crate::stats::RunStats;
 use crate::stats::{ResumeStats, WriteStats};
@@ -21,7 +22,32 @@ pub(super) struct CheckpointRun {
     pub(super) dataset: forebay_parquet::ParquetDataset,
     /// The dataset's I/O counters when the run started (they count every scan of it).
     pub(super) io_before: forebay_parquet::IoMetricsSnapshot,
-    pub(super) resume_filter: Arc<ResumeFilter>,
+    pub(super) done: DoneFilter,
+}
+
+/// What drops the rows earlier runs finished.
+#[derive(Clone)]
+pub(super) enum DoneFilter {
+    /// The source, by input position.
+    Positions(Arc<ConsumedRows>),
+    /// The scan, by id.
+    Ids(Arc<ResumeFilter>),
+}
+
+impl DoneFilter {
+    pub(super) fn rows_dropped(&self) -> u64 {
+        match self {
+            DoneFilter::Positions(c) => c.rows_dropped(),
+            DoneFilter::Ids(f) => f.rows_dropped(),
+        }
+    }
+
+    pub(super) fn consumed_rows(&self) -> Option<Arc<ConsumedRows>> {
+        match self {
+            DoneFilter::Positions(c) => Some(c.clone()),
+            DoneFilter::Ids(_) => None,
+        }
+    }
 }
 
 /// A write in progress.
@@ -83,7 +109,14 @@ impl RunningWrite {
             let m = c.dataset.metrics();
             written.resume = Some(ResumeStats {
                 report: c.report.clone(),
-                rows_skipped_by_id: c.resume_filter.rows_dropped(),
+                rows_skipped_by_id: match &c.done {
+                    DoneFilter::Ids(f) => f.rows_dropped(),
+                    DoneFilter::Positions(_) => 0,
+                },
+                rows_skipped_by_position: match &c.done {
+                    DoneFilter::Positions(p) => p.rows_dropped(),
+                    DoneFilter::Ids(_) => 0,
+                },
                 files_skipped: m.files_skipped,
                 row_groups_skipped: m.row_groups_skipped,
                 bytes_read: (m.io.data_bytes + m.io.footer_bytes)
@@ -104,15 +137,12 @@ impl RunningWrite {
     /// right after this one must find free) and free the index in the background.
     fn release_checkpoint(&mut self) {
         if let Some(CheckpointRun {
-            log,
-            dataset,
-            resume_filter,
-            ..
+            log, dataset, done, ..
         }) = self.commits.take()
         {
             log.release();
             drop(log);
-            free_in_background((dataset, resume_filter));
+            free_in_background((dataset, done));
         }
     }
 

@@ -1,0 +1,266 @@
+"""Inputs whose ids repeat (within a row group, across row groups and files): a checkpointed
+job killed with SIGKILL at random moments and at every point of the commit protocol, then
+run again, writes exactly what an uninterrupted run writes: every input row's output once,
+duplicates included. Progress is recorded by input position, so a resume never mistakes a
+row for another row holding the same id. The job filters rows, explodes others, returns
+several batches for one input, and chains two maps with different batch sizes."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import forebay
+
+FILES, ROWS, DISTINCT_IDS = 3, 3000, 1700  # ids repeat within and across files
+
+JOB = textwrap.dedent(
+    """
+    import json, sys, time
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import forebay
+
+    def filter_and_explode(batch):
+        # Drops rows numbered 0 mod 8 and writes those numbered 4 mod 8 twice: two
+        # batches for one input.
+        time.sleep(0.03)  # a model's work
+        number = pc.cast(pc.utf8_slice_codeunits(batch["row"], 3), pa.int64())
+        kept = pc.not_equal(pc.bit_wise_and(number, 7), 0)
+        first = batch.filter(kept)
+        second = first.filter(pc.equal(pc.bit_wise_and(number.filter(kept), 3), 0))
+        first = first.append_column("copy", pa.array([0] * first.num_rows, pa.int64()))
+        second = second.append_column("copy", pa.array([1] * second.num_rows, pa.int64()))
+        return [first, second] if second.num_rows else first
+
+    def tag(batch):
+        return batch.append_column("stage2", pc.utf8_length(batch["row"]))
+
+    if __name__ == "__main__":
+        config = json.loads(sys.argv[1])
+        forebay.configure(progress=False)
+        out = (
+            forebay.read_parquet(config["input"])
+            .map_batches(filter_and_explode, batch_size=256, concurrency=2)
+            .map_batches(tag, batch_size=333, concurrency=2)
+        )
+        print("started", flush=True)
+        stats = out.write_parquet(
+            config["output"],
+            rows_per_file=1000,
+            concurrency=2,
+            checkpoint=forebay.Checkpoint("id", config["checkpoint"]),
+        )
+        print(json.dumps(stats), flush=True)
+    """
+)
+
+
+def row_number(f: int, i: int) -> int:
+    return f * ROWS + i
+
+
+def write_input(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in range(FILES):
+        numbers = [row_number(f, i) for i in range(ROWS)]
+        table = pa.table(
+            {
+                # A number's low bits decide the job's filter; its position its id.
+                "id": [(n * 7919) % DISTINCT_IDS for n in numbers],
+                "row": [f"row{n:06d}" for n in numbers],
+            }
+        )
+        pq.write_table(table, directory / f"part-{f}.parquet", row_group_size=400)
+
+
+def expected_rows() -> collections.Counter:
+    """What the job writes, computed without it: (row, copy) for every output row."""
+    out: collections.Counter = collections.Counter()
+    for f in range(FILES):
+        for i in range(ROWS):
+            n = row_number(f, i)
+            if n & 7 == 0:
+                continue
+            out[(f"row{n:06d}", 0)] += 1
+            if n & 3 == 0:
+                out[(f"row{n:06d}", 1)] += 1
+    return out
+
+
+def output_rows(out: Path) -> collections.Counter:
+    rows: collections.Counter = collections.Counter()
+    if not out.exists():
+        return rows
+    for path in out.glob("*.parquet"):
+        table = pq.read_table(path, columns=["row", "copy"])
+        rows.update(zip(table["row"].to_pylist(), table["copy"].to_pylist(), strict=True))
+    return rows
+
+
+@pytest.fixture
+def job(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    write_input(tmp_path / "in")
+    config = json.dumps(
+        {
+            "input": str(tmp_path / "in"),
+            "output": str(tmp_path / "out"),
+            "checkpoint": str(tmp_path / "ckpt"),
+        }
+    )
+
+    def start(env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(script), config],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    def run() -> dict:
+        proc = start()
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        return json.loads(out.strip().splitlines()[-1])
+
+    def reset() -> None:
+        for name in ("out", "ckpt"):
+            shutil.rmtree(tmp_path / name, ignore_errors=True)
+
+    start.run = run
+    start.reset = reset
+    start.out = tmp_path / "out"
+    return start
+
+
+def test_an_uninterrupted_run_writes_every_row_of_every_duplicate_id(job):
+    stats = job.run()
+    expected = expected_rows()
+    assert output_rows(job.out) == expected
+    assert stats["rows"] == sum(expected.values())
+    # Run again: the job is done, nothing is written twice.
+    again = job.run()
+    assert again["rows"] == 0 and output_rows(job.out) == expected
+
+
+def test_random_sigkills_and_reruns_write_what_an_uninterrupted_run_writes(job):
+    expected = expected_rows()
+    rng = random.Random(20261126)
+    points = ["staged", "recorded", "ids-published", "published"]
+    outcomes = collections.Counter()
+    for trial in range(12):
+        # One or two interrupted runs, then a run to the end.
+        for _ in range(1 + trial % 2):
+            if trial % 3 == 0:
+                point = f"{rng.choice(points)}:{rng.randint(1, 6)}"
+                proc = job({"FOREBAY_CRASH_AT": point})
+                proc.communicate(timeout=180)
+            else:
+                proc = job()
+                assert proc.stdout.readline().strip() == "started"
+                time.sleep(rng.uniform(0.1, 0.9))
+                proc.send_signal(signal.SIGKILL)
+                proc.communicate(timeout=60)
+            outcomes["killed" if proc.returncode == -signal.SIGKILL else "finished"] += 1
+        stats = job.run()
+        got = output_rows(job.out)
+        missing, extra = expected - got, got - expected
+        assert not missing and not extra, (
+            f"trial {trial}: {sum(missing.values())} rows missing, {sum(extra.values())} "
+            f"written twice; the resume reported {stats.get('resume')}"
+        )
+        job.reset()
+    assert outcomes["killed"] >= 12, outcomes
+
+
+def test_a_resume_loads_no_id_and_drops_done_rows_by_position(tmp_path):
+    """An interrupted run leaves row groups half done; the resume skips the rows their
+    commits hold by position (``rows_skipped_by_position``), probes no id, and the output
+    holds each input row once, though every id appears three times."""
+    src = tmp_path / "in"
+    src.mkdir()
+    table = pa.table({"id": [i % 1000 for i in range(3000)], "v": list(range(3000))})
+    pq.write_table(table, src / "a.parquet", row_group_size=3000)  # one row group
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    seen = []
+
+    def fail_late(batch):
+        seen.append(batch.num_rows)
+        if sum(seen) > 2000:
+            raise RuntimeError("interrupted")
+        time.sleep(0.1)  # the writer commits the files before
+        return batch
+
+    checkpoint = forebay.Checkpoint("id", str(ckpt))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        # Source batches of 250 rows: each a task of its own, written once it is mapped.
+        forebay.read_parquet(str(src), batch_size=250).map_batches(
+            fail_late, batch_size=250, concurrency=1
+        ).write_parquet(str(out), rows_per_file=500, concurrency=1, checkpoint=checkpoint)
+    written = pq.read_table(out).num_rows
+    assert 0 < written <= 2000
+    stats = (
+        forebay.read_parquet(str(src), batch_size=250)
+        .map_batches(lambda b: b, batch_size=250)
+        .write_parquet(str(out), rows_per_file=500, concurrency=1, checkpoint=checkpoint)
+    )
+    resume = stats["resume"]
+    assert resume["rows_skipped_by_position"] == written
+    assert resume["rows_skipped_by_id"] == 0
+    assert resume["ids_done_before"] == written
+    values = pq.read_table(out).column("v").to_pylist()
+    assert sorted(values) == list(range(3000))
+
+
+def test_a_checkpoint_of_ids_only_still_drops_rows_by_id(tmp_path):
+    """Ids written without positions (Ray Data's layout: a directory of id files) are
+    still done: their rows are dropped by id, duplicates included."""
+    src = tmp_path / "in"
+    src.mkdir()
+    table = pa.table({"id": [i % 100 for i in range(400)], "v": list(range(400))})
+    pq.write_table(table, src / "a.parquet")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    pq.write_table(pa.table({"id": list(range(50))}), ckpt / "done.parquet")
+    stats = forebay.read_parquet(str(src)).write_parquet(
+        str(tmp_path / "out"), checkpoint=forebay.Checkpoint("id", str(ckpt))
+    )
+    assert stats["rows"] == 200 and stats["resume"]["rows_skipped_by_id"] == 200
+    assert stats["resume"]["rows_skipped_by_position"] == 0
+
+
+def test_a_limit_after_a_map_in_a_checkpointed_write_is_refused_before_anything_is_touched(
+    tmp_path,
+):
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"id": list(range(100))}), src / "a.parquet")
+    ckpt = tmp_path / "ckpt"
+    ds = forebay.read_parquet(str(src)).map_batches(lambda b: b).limit(10)
+    with pytest.raises(ValueError, match=r"limit\(\) before map_batches"):
+        ds.write_parquet(str(tmp_path / "out"), checkpoint=forebay.Checkpoint("id", str(ckpt)))
+    assert not ckpt.exists() and not (tmp_path / "out").exists()
+    # Before the map, a limit is exact: the first 10 rows, once.
+    stats = (
+        forebay.read_parquet(str(src))
+        .limit(10)
+        .map_batches(lambda b: b)
+        .write_parquet(str(tmp_path / "out"), checkpoint=forebay.Checkpoint("id", str(ckpt)))
+    )
+    assert stats["rows"] == 10
