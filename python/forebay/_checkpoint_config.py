@@ -28,6 +28,11 @@ class Checkpoint:
     id_column: a column that identifies each input row; it must survive your functions
         (every step's output must keep it). Its values are written to the checkpoint with
         every commit (Ray Data's layout: ``forebay.CheckpointFilter`` and Ray read them).
+        ``None`` for input without an id: rows are known by input position alone (valid
+        while the inputs are unchanged, which every run checks) and no id is written. Such
+        a checkpoint cannot read changed inputs again (``on_changed_input="reprocess"``),
+        hold another writer's id files, be resumed with an id column (nor one with ids
+        without it), or be used by ``forebay.ray``.
     path: a directory or URI for the checkpoint (``s3://...`` works: commits need no rename).
         If it already holds Parquet files with ``id_column`` (Ray Data's checkpoint layout)
         or is a single such file, their ids count as done; forebay keeps its own files
@@ -50,15 +55,19 @@ class Checkpoint:
     or the input, nor hold either.
     """
 
-    id_column: str
+    id_column: str | None
     path: str | os.PathLike[str]
     num_shards: int | None = None
     delete_on_success: bool = False
     storage_options: Mapping[str, str] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id_column, str) or not self.id_column:
-            raise ValueError("Checkpoint: id_column must be a column name")
+        if self.id_column is not None and (
+            not isinstance(self.id_column, str) or not self.id_column
+        ):
+            raise ValueError(
+                "Checkpoint: id_column must be a column name, or None to key rows by input position"
+            )
         if not isinstance(self.path, (str, os.PathLike)) or not isinstance(
             os.fspath(self.path), str
         ):

@@ -34,7 +34,7 @@ use crate::udf::PyFunction;
 #[derive(FromPyObject)]
 pub(crate) struct CheckpointConfig {
     #[pyo3(attribute)]
-    id_column: String,
+    id_column: Option<String>,
     #[pyo3(attribute, from_py_with = fspath)]
     path: String,
     #[pyo3(attribute)]
@@ -58,7 +58,11 @@ impl CheckpointConfig {
                 )))
             }
         };
-        let mut c = Checkpoint::new(self.id_column, self.path)
+        let c = match self.id_column {
+            Some(id_column) => Checkpoint::new(id_column, self.path),
+            None => Checkpoint::by_position(self.path),
+        };
+        let mut c = c
             .with_delete_on_success(self.delete_on_success)
             .with_on_changed_input(on_changed)
             .with_storage_options(self.storage_options);

@@ -57,7 +57,7 @@ JOB = textwrap.dedent(
             rows_per_file=1500,
             storage_options=options,
             checkpoint=forebay.Checkpoint(
-                "id", config["checkpoint"], storage_options=options,
+                config.get("id_column", "id"), config["checkpoint"], storage_options=options,
                 delete_on_success=config.get("delete_on_success", False),
             ),
             on_changed_input=config.get("on_changed_input", "error"),
@@ -184,11 +184,17 @@ def kill_at_random(job, rng: random.Random, config: dict) -> None:
     proc.communicate(timeout=60)
 
 
-def test_fifty_random_sigkills_each_followed_by_a_rerun(job):
+@pytest.mark.parametrize("id_column", ["id", None])
+def test_fifty_random_sigkills_each_followed_by_a_rerun(job, id_column):
+    """With an id column, and without (``Checkpoint(None, ...)``: rows known by input
+    position alone, no id written): each kill's rerun leaves every input row once."""
     rng = random.Random(20261122)
     outcomes = {"killed": 0, "finished first": 0}
     for trial in range(50):
-        config = {"compute": "processes" if trial % 5 == 4 else "threads"}
+        config = {
+            "compute": "processes" if trial % 5 == 4 else "threads",
+            "id_column": id_column,
+        }
         proc = job(config)
         assert proc.stdout.readline().strip() == "started"
         time.sleep(rng.uniform(0.0, 0.9))

@@ -226,6 +226,13 @@ impl CommitCoordinator {
         sink: &ParquetSink,
         dataset: &ParquetDataset,
     ) -> Result<CommitCoordinator> {
+        let Some(id_column) = checkpoint.id_column() else {
+            return Err(EngineError::InvalidArgument(format!(
+                "the checkpoint {} has no id column: a write whose readers run in other \
+                 processes drops done rows by id there, so it needs one",
+                checkpoint.path
+            )));
+        };
         crate::locations::check_write_locations(
             dataset,
             &sink.root,
@@ -242,8 +249,8 @@ impl CommitCoordinator {
             row_group_rows: sink.row_group_rows,
             state: log.state().root_uri(),
             state_options: log.storage_options().clone(),
-            id_column: checkpoint.id_column.clone(),
-            id_family: Some(log.id_family().name().to_string()),
+            id_column: id_column.to_string(),
+            id_family: log.ids().map(|ids| ids.family.name().to_string()),
             num_shards: log.num_shards(),
             run_id: log.run_id().to_string(),
         };

@@ -24,13 +24,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
 use forebay_checkpoint::IdPartsWriter;
 use forebay_parquet::StorageOptions;
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 
-use crate::commit::{stage_ids, wrong_id_type, CommitLog, StagedData};
+use crate::batch::EngineBatch;
+use crate::commit::{stage_ids, wrong_id_type, CommitLog, IdColumn, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::format::{FileFormat, FileSink, FormatWriter, ParquetFormat, DEFAULT_ROW_GROUP_ROWS};
@@ -559,8 +560,9 @@ struct Pending {
     commit: String,
     staged: String,
     final_name: String,
-    /// The ids of the file's rows, encoded into their shards' parts as they come.
-    ids: IdPartsWriter,
+    /// The ids of the file's rows, encoded into their shards' parts as they come (None: a
+    /// checkpoint by position writes no id).
+    ids: Option<IdPartsWriter>,
     tickets: Vec<Arc<UnitTicket>>,
     /// The input positions the file's batches consumed.
     consumed: Consumed,
@@ -586,33 +588,12 @@ fn write_checkpointed(
     let cancel = resources.cancel_token().clone();
     let mut pending: Option<Pending> = None;
     let mut schema: Option<SchemaRef> = None;
-    let id_column = log.id_column().to_string();
     while let Some(mut batch) = input.pop(&cancel)? {
         batch.move_to(holder);
         counters.record_in(batch.batch.num_rows());
         let started = Instant::now();
         check_schema(&mut schema, &batch)?;
-        let ids =
-            batch
-                .batch
-                .column_by_name(&id_column)
-                .cloned()
-                .ok_or_else(|| EngineError::BadOutput {
-                    stage: STAGE.into(),
-                    batch: batch.label(),
-                    reason: format!(
-                    "the batch has no column '{id_column}', the checkpoint's id column (it has \
-                     {:?}); keep the id column in every step's output",
-                    batch.batch.schema().fields().iter().map(|f| f.name()).collect::<Vec<_>>()
-                ),
-                })?;
-        if let Some(reason) = wrong_id_type(&id_column, log.id_family(), ids.data_type()) {
-            return Err(EngineError::BadOutput {
-                stage: STAGE.into(),
-                batch: batch.label(),
-                reason,
-            });
-        }
+        let ids = log.ids().map(|ids| batch_ids(ids, &batch)).transpose()?;
         let rows = batch.batch.num_rows();
         if pending.is_none() {
             let (commit, staged, final_name) = log.next_commit(target.extension());
@@ -629,16 +610,21 @@ fn write_checkpointed(
         }
         let p = pending.as_mut().expect("just opened");
         p.file.write(&batch.batch)?;
-        p.ids.push(&ids).map_err(|e| EngineError::Checkpoint {
-            stage: STAGE.into(),
-            source: Box::new(e),
-        })?;
+        if let (Some(writer), Some(ids)) = (p.ids.as_mut(), &ids) {
+            writer.push(ids).map_err(|e| EngineError::Checkpoint {
+                stage: STAGE.into(),
+                source: Box::new(e),
+            })?;
+        }
         rows_written.fetch_add(rows as u64, Ordering::Relaxed);
         written += rows as u64;
         p.consumed.add(&batch.origin);
         p.tickets.append(&mut batch.take_tickets());
         p.held = None;
-        let held = p.file.memory() + p.ids.encoded_bytes() + arrays_memory(p.ids.unencoded());
+        let held = p.file.memory()
+            + p.ids.as_ref().map_or(0, |ids| {
+                ids.encoded_bytes() + arrays_memory(ids.unencoded())
+            });
         p.held = Some(holder.reserve_bytes(held, Admission::Now)?);
         if p.file.rows as usize >= target.sink.rows_per_file {
             commit_file(target, log, pending.take().expect("open"), resources)?;
@@ -654,6 +640,38 @@ fn write_checkpointed(
     Ok(written)
 }
 
+/// A batch's ids (its id column, checked against the checkpoint's kind of ids).
+fn batch_ids(ids: &IdColumn, batch: &EngineBatch) -> Result<ArrayRef> {
+    let column = batch
+        .batch
+        .column_by_name(&ids.name)
+        .cloned()
+        .ok_or_else(|| EngineError::BadOutput {
+            stage: STAGE.into(),
+            batch: batch.label(),
+            reason: format!(
+                "the batch has no column '{}', the checkpoint's id column (it has {:?}); keep \
+                 the id column in every step's output",
+                ids.name,
+                batch
+                    .batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name())
+                    .collect::<Vec<_>>()
+            ),
+        })?;
+    match wrong_id_type(&ids.name, ids.family, column.data_type()) {
+        Some(reason) => Err(EngineError::BadOutput {
+            stage: STAGE.into(),
+            batch: batch.label(),
+            reason,
+        }),
+        None => Ok(column),
+    }
+}
+
 fn commit_file(
     target: &OutputTarget,
     log: &CommitLog,
@@ -664,7 +682,7 @@ fn commit_file(
     // they are independent, so they wait together.
     let Pending { file, ids, .. } = p;
     let (staged, ids) = std::thread::scope(|scope| {
-        let ids = scope.spawn(move || stage_ids(ids));
+        let ids = scope.spawn(move || ids.map(stage_ids).transpose().map(Option::flatten));
         let staged = file.finish();
         let ids = ids
             .join()

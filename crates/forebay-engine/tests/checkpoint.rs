@@ -243,6 +243,29 @@ fn failed_runs_with_repeated_ids_resume_to_what_an_uninterrupted_run_writes() {
 }
 
 #[test]
+fn a_checkpoint_by_position_resumes_without_writing_an_id() {
+    let (_tmp, input, out, ckpt) = job_dirs();
+    write_inputs(&input);
+    let run = |fail_after| {
+        Pipeline::new(Source::Parquet(dataset(&input)))
+            .with_memory_limit(64 << 20)
+            .map(doubling(fail_after))
+            .write_parquet_checkpointed(
+                ParquetSink::new(out.display().to_string()).with_rows_per_file(2_000),
+                Checkpoint::by_position(ckpt.display().to_string()),
+            )
+    };
+    assert!(run(Some(9)).is_err());
+    let first = output_ids(&out).len() as u64;
+    assert!(first > 0);
+    let stats = run(None).unwrap();
+    assert_exactly_once(&out, FILES * ROWS);
+    assert_eq!(stats.rows + first, (FILES * ROWS) as u64);
+    assert!(!ckpt.join("ids").exists(), "no id written");
+    assert!(ckpt.join("_forebay_by_position").exists());
+}
+
+#[test]
 fn a_changed_input_is_an_error_unless_reprocessing_is_asked_for() {
     let (_tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);

@@ -219,6 +219,12 @@ def write_parquet(
     """
     if not isinstance(checkpoint, Checkpoint):
         raise TypeError("checkpoint must be a forebay.Checkpoint")
+    if checkpoint.id_column is None:
+        raise ValueError(
+            "forebay.ray.write_parquet needs a checkpoint with an id column: its read tasks "
+            "drop done rows by id (a Checkpoint(id_column=None) resumes by input position, "
+            "which only forebay's own write_parquet records)"
+        )
     if on_changed_input not in ("error", "reprocess"):
         raise ValueError(
             f"on_changed_input must be 'error' or 'reprocess', not {on_changed_input!r}"
@@ -344,6 +350,8 @@ def _run(
     ray_remote_args: Mapping[str, Any] | None,
     started: float,
 ) -> dict[str, Any]:
+    id_column = checkpoint.id_column
+    assert id_column is not None, "write_parquet refuses a checkpoint without an id column"
     if not actors_given:  # the default never exceeds the checkpoint's shards
         num_filter_actors = min(num_filter_actors, coordinator.num_shards())
     files = coordinator.files()
@@ -354,7 +362,7 @@ def _run(
         )
     id_filter = ShardedCheckpointFilter(
         coordinator.state_uri(),
-        checkpoint.id_column,
+        id_column,
         num_shards=coordinator.num_shards(),
         num_actors=num_filter_actors,
         storage_options=checkpoint.storage_options,
@@ -367,7 +375,7 @@ def _run(
     )
     ledger = id_filter.actors[0]
     source.checkpointed = CheckpointedRead(
-        checkpoint.id_column,
+        id_column,
         json.loads(coordinator.finished_inputs()),
         {uri: i for i, uri in enumerate(files)},
         id_filter,
@@ -377,7 +385,7 @@ def _run(
     tracker = UnitTracker()
     try:
         staged = ds.map_batches(
-            functools.partial(_stage_block, coordinator.stager_spec(), checkpoint.id_column),
+            functools.partial(_stage_block, coordinator.stager_spec(), id_column),
             batch_format="pyarrow",
             batch_size=min_rows_per_file,
             zero_copy_batch=True,

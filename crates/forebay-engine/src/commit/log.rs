@@ -11,6 +11,7 @@ use forebay_parquet::{ParquetDataset, StorageOptions};
 use super::crash::crash_point;
 use super::ids::{id_family_of, id_parts_writer, load_ids};
 use super::open::OpenedState;
+use super::open::BY_POSITION;
 use super::records::{
     CommitRecord, DataFileRecord, FinishedInputs, IdPartsRecord, Identity, InputRecord,
 };
@@ -37,10 +38,8 @@ pub(crate) struct CommitLog {
     /// The checkpoint's state directory (forebay's files).
     state: Dir,
     storage_options: StorageOptions,
-    id_column: String,
-    /// The kind of ids the checkpoint holds: every output batch's id column must be one.
-    id_family: IdFamily,
-    num_shards: usize,
+    /// The ids each commit writes (None: a checkpoint by position writes none).
+    ids: Option<IdColumn>,
     book: Arc<LineageBook>,
     files: Vec<(String, Identity)>,
     /// The scan filter this run reads under (recorded with every completion).
@@ -58,6 +57,15 @@ pub(crate) struct CommitLog {
     /// This run's hold on the checkpoint, checked before every decision; `None` once
     /// released.
     lock: Mutex<Option<RunLock>>,
+}
+
+/// The id column of a checkpoint and how its commits write ids.
+#[derive(Debug, Clone)]
+pub(crate) struct IdColumn {
+    pub name: String,
+    /// The kind of ids the checkpoint holds: every output batch's id column must be one.
+    pub family: IdFamily,
+    pub num_shards: usize,
 }
 
 /// Everything a checkpointed run needs, prepared before it starts.
@@ -87,26 +95,24 @@ impl CommitLog {
         book: Arc<LineageBook>,
     ) -> Result<Prepared> {
         let opened = OpenedState::open(checkpoint, &output, dataset)?;
-        if opened.positions {
+        let (Some(id_column), Some(id_type), false) =
+            (&checkpoint.id_column, &opened.id_type, opened.positions)
+        else {
+            // (Opening a checkpoint without an id column checked that it resumes by position.)
             return Self::prepare_positions(checkpoint, output, dataset, book, opened);
-        }
+        };
         let options = &checkpoint.storage_options;
         // The ids done: everything under the checkpoint path (forebay's parts, and any id
         // files that were there: Ray's layout, a single file).
-        let mut index = load_ids(
-            &checkpoint.path,
-            options,
-            &checkpoint.id_column,
-            checkpoint.num_shards,
-        )
-        .map_err(checkpoint_err)?;
+        let mut index = load_ids(&checkpoint.path, options, id_column, checkpoint.num_shards)
+            .map_err(checkpoint_err)?;
         if opened.single_file {
             let shards = index
                 .as_ref()
                 .map(|i| i.num_shards())
                 .or(checkpoint.num_shards);
-            if let Some(more) = load_ids(&opened.state_uri, options, &checkpoint.id_column, shards)
-                .map_err(checkpoint_err)?
+            if let Some(more) =
+                load_ids(&opened.state_uri, options, id_column, shards).map_err(checkpoint_err)?
             {
                 match index.as_mut() {
                     Some(i) => i.merge(&more).map_err(checkpoint_err)?,
@@ -117,8 +123,8 @@ impl CommitLog {
         let index = match index {
             Some(i) => i,
             None => CheckpointIndex::new(
-                opened.id_type.clone(),
-                checkpoint.id_column.clone(),
+                id_type.clone(),
+                id_column.clone(),
                 checkpoint
                     .num_shards
                     .unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
@@ -131,8 +137,12 @@ impl CommitLog {
         let mut report = opened.report.clone();
         report.ids_done = index.len() as u64;
         let skip = Arc::new(opened.finished.clone());
-        let family = id_family_of(index.id_type())?;
-        let log = CommitLog::new(checkpoint, output, opened, index.num_shards(), family, book);
+        let ids = IdColumn {
+            name: id_column.clone(),
+            family: id_family_of(index.id_type())?,
+            num_shards: index.num_shards(),
+        };
+        let log = CommitLog::new(checkpoint, output, opened, Some(ids), book);
         Ok(Prepared {
             dataset: dataset.with_skip(skip),
             done: DoneRows::Ids(Arc::new(std::sync::RwLock::new(index))),
@@ -142,7 +152,8 @@ impl CommitLog {
     }
 
     /// [`prepare`](Self::prepare) of a checkpoint whose progress is recorded by position:
-    /// no id is loaded (the manifest is checked against the id column and type).
+    /// no id is loaded (the manifest is checked against the id column and type; without
+    /// an id column, the checkpoint is marked as one by position).
     fn prepare_positions(
         checkpoint: &Checkpoint,
         output: Dir,
@@ -150,12 +161,17 @@ impl CommitLog {
         book: Arc<LineageBook>,
         opened: OpenedState,
     ) -> Result<Prepared> {
-        let num_shards = Self::checked_num_shards(checkpoint, &opened)?;
+        let ids = Self::id_column(checkpoint, &opened)?;
+        if ids.is_none() {
+            opened
+                .state
+                .put_atomic(BY_POSITION, b"rows are known by input position".to_vec())
+                .map_err(storage_err)?;
+        }
         let mut report = opened.report.clone();
         report.ids_done = opened.ids_published;
         let finished = Arc::new(opened.finished.clone());
-        let family = id_family_of(&opened.id_type)?;
-        let log = CommitLog::new(checkpoint, output, opened, num_shards, family, book);
+        let log = CommitLog::new(checkpoint, output, opened, ids, book);
         Ok(Prepared {
             dataset: dataset.with_skip(finished.clone()),
             done: DoneRows::Positions(Arc::new(ConsumedRows::new(finished))),
@@ -164,10 +180,13 @@ impl CommitLog {
         })
     }
 
-    /// The checkpoint's shard count (its manifest's; else the one asked for, else the
-    /// default), with the manifest written when missing, or checked against the id column
-    /// and type.
-    fn checked_num_shards(checkpoint: &Checkpoint, opened: &OpenedState) -> Result<usize> {
+    /// The checkpoint's id column (None without one), with its shard count (its
+    /// manifest's; else the one asked for, else the default), the manifest written when
+    /// missing, or checked against the id column and type.
+    fn id_column(checkpoint: &Checkpoint, opened: &OpenedState) -> Result<Option<IdColumn>> {
+        let (Some(id_column), Some(id_type)) = (&checkpoint.id_column, &opened.id_type) else {
+            return Ok(None);
+        };
         let options = &checkpoint.storage_options;
         let declared = forebay_checkpoint::manifest_num_shards(&opened.state_uri, options)
             .map_err(checkpoint_err)?;
@@ -182,14 +201,14 @@ impl CommitLog {
             (Some(have), _) => have,
             (None, asked) => asked.unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
         };
-        CheckpointIndex::new(
-            opened.id_type.clone(),
-            checkpoint.id_column.clone(),
+        CheckpointIndex::new(id_type.clone(), id_column.clone(), num_shards)
+            .and_then(|layout| layout.prepare(&opened.state_uri, options))
+            .map_err(checkpoint_err)?;
+        Ok(Some(IdColumn {
+            name: id_column.clone(),
+            family: id_family_of(id_type)?,
             num_shards,
-        )
-        .and_then(|layout| layout.prepare(&opened.state_uri, options))
-        .map_err(checkpoint_err)?;
-        Ok(num_shards)
+        }))
     }
 
     /// Recover the checkpoint and open the log without loading the ids (they are loaded
@@ -209,10 +228,15 @@ impl CommitLog {
                 checkpoint.path
             )));
         }
-        let num_shards = Self::checked_num_shards(checkpoint, &opened)?;
+        let Some(ids) = Self::id_column(checkpoint, &opened)? else {
+            return Err(EngineError::InvalidArgument(format!(
+                "the checkpoint {} has no id column: this writer's readers (other processes) \
+                 drop done rows by id",
+                checkpoint.path
+            )));
+        };
         let finished = opened.finished.clone();
         let report = opened.report.clone();
-        let family = id_family_of(&opened.id_type)?;
         // Other processes read and commit: no batch of theirs carries positions.
         let mut opened = opened;
         opened.positions = false;
@@ -220,8 +244,7 @@ impl CommitLog {
             checkpoint,
             output,
             opened,
-            num_shards,
-            family,
+            Some(ids),
             Arc::new(LineageBook::default()),
         );
         Ok((log, finished, report))
@@ -231,17 +254,14 @@ impl CommitLog {
         checkpoint: &Checkpoint,
         output: Dir,
         opened: OpenedState,
-        num_shards: usize,
-        id_family: IdFamily,
+        ids: Option<IdColumn>,
         book: Arc<LineageBook>,
     ) -> CommitLog {
         CommitLog {
-            id_family,
             output,
             state: opened.state,
             storage_options: checkpoint.storage_options.clone(),
-            id_column: checkpoint.id_column.clone(),
-            num_shards,
+            ids,
             book,
             files: opened.files,
             scan_filter: opened.scan_filter,
@@ -254,8 +274,9 @@ impl CommitLog {
         }
     }
 
+    /// Shards of the checkpoint's id files (0 without an id column).
     pub(crate) fn num_shards(&self) -> usize {
-        self.num_shards
+        self.ids.as_ref().map_or(0, |i| i.num_shards)
     }
 
     /// Let the next run have the checkpoint (its lock or lease): the run is over, though
@@ -280,12 +301,9 @@ impl CommitLog {
         self.files.iter().map(|(uri, _)| uri.as_str())
     }
 
-    pub(crate) fn id_column(&self) -> &str {
-        &self.id_column
-    }
-
-    pub(crate) fn id_family(&self) -> IdFamily {
-        self.id_family
+    /// The checkpoint's id column (None: a checkpoint by position, which writes no id).
+    pub(crate) fn ids(&self) -> Option<&IdColumn> {
+        self.ids.as_ref()
     }
 
     pub(crate) fn output(&self) -> &Dir {
@@ -308,14 +326,20 @@ impl CommitLog {
 
     /// Step 1 of a commit for its ids, streaming: a writer of the commit's id parts, to be
     /// staged by [`stage_ids`] when the commit's data file is complete.
-    pub(crate) fn id_parts_writer(&self, commit: &str) -> Result<IdPartsWriter> {
-        id_parts_writer(
-            &self.state,
-            &self.storage_options,
-            &self.id_column,
-            self.num_shards,
-            commit,
-        )
+    /// None without an id column.
+    pub(crate) fn id_parts_writer(&self, commit: &str) -> Result<Option<IdPartsWriter>> {
+        self.ids
+            .as_ref()
+            .map(|ids| {
+                id_parts_writer(
+                    &self.state,
+                    &self.storage_options,
+                    &ids.name,
+                    ids.num_shards,
+                    commit,
+                )
+            })
+            .transpose()
     }
 
     /// Commit a staged data file (or, with `data: None`, only completions) with its staged
@@ -438,7 +462,7 @@ impl CommitLog {
             // The ids go; the inputs snapshot (every input finished) stays, so that a rerun
             // reads none of them instead of writing every row again.
             // Id files of commits (and the shard directories of ids written before them).
-            let trees: Vec<String> = (0..self.num_shards)
+            let trees: Vec<String> = (0..self.num_shards())
                 .map(|k| format!("shard={k}"))
                 .chain([IDS.to_string(), COMMITS.to_string(), STAGING.to_string()])
                 .collect();

@@ -116,7 +116,7 @@ mod tests;
 pub use records::FinishedInputs;
 
 pub(crate) use ids::{stage_id_parts, stage_ids, wrong_id_type};
-pub(crate) use log::{CommitLog, DoneRows, StagedData};
+pub(crate) use log::{CommitLog, DoneRows, IdColumn, StagedData};
 pub(crate) use records::{DataFileRecord, IdPartsRecord};
 
 use forebay_parquet::StorageOptions;
@@ -144,7 +144,8 @@ pub enum OnChangedInput {
 /// A checkpoint for a resumable, exactly-once `write_parquet`.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
-    pub(crate) id_column: String,
+    /// None: rows are known by input position alone, and no id is written.
+    pub(crate) id_column: Option<String>,
     pub(crate) path: String,
     pub(crate) num_shards: Option<usize>,
     pub(crate) delete_on_success: bool,
@@ -160,13 +161,25 @@ impl Checkpoint {
     /// single file, in the directory `<file>.forebay`).
     pub fn new(id_column: impl Into<String>, path: impl Into<String>) -> Checkpoint {
         Checkpoint {
-            id_column: id_column.into(),
+            id_column: Some(id_column.into()),
             path: path.into(),
             num_shards: None,
             delete_on_success: false,
             on_changed_input: OnChangedInput::Error,
             storage_options: StorageOptions::new(),
             lease_ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+
+    /// A checkpoint at `path` for input without an id column: rows are known by their
+    /// input position alone (file, row group, row), valid while the inputs are unchanged
+    /// (their identity is checked), and no id is written. Changed inputs cannot be read
+    /// again (`OnChangedInput::Reprocess`: nothing tells their done rows apart), nor can the
+    /// checkpoint hold ids of another writer.
+    pub fn by_position(path: impl Into<String>) -> Checkpoint {
+        Checkpoint {
+            id_column: None,
+            ..Checkpoint::new(String::new(), path)
         }
     }
 
@@ -200,8 +213,9 @@ impl Checkpoint {
         self
     }
 
-    pub fn id_column(&self) -> &str {
-        &self.id_column
+    /// The id column (None for a checkpoint [by position](Self::by_position)).
+    pub fn id_column(&self) -> Option<&str> {
+        self.id_column.as_deref()
     }
 }
 

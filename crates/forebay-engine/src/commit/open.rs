@@ -21,8 +21,8 @@ pub(super) struct OpenedState {
     pub(super) lock: RunLock,
     pub(super) finished: FinishedInputs,
     pub(super) report: ResumeReport,
-    /// The id column's value type in the input.
-    pub(super) id_type: DataType,
+    /// The id column's value type in the input (None: a checkpoint by position).
+    pub(super) id_type: Option<DataType>,
     pub(super) files: Vec<(String, Identity)>,
     pub(super) scan_filter: Option<String>,
     /// Earlier runs' progress is known by input positions alone (see `positions`): this
@@ -125,25 +125,46 @@ impl OpenedState {
         // Positions stand for rows only under the scan filter they were counted under, and
         // only while every done row is recorded by them (no id files of another writer).
         let has_positions = snapshot.files.values().any(|s| !s.consumed.is_empty());
+        let foreign_ids = !single_file && has_foreign_ids(&given)?;
         let positions = snapshot.positions
             && !single_file
             && report.files_changed.is_empty()
             && (snapshot.scan_filter == scan_filter || !has_positions)
-            && !has_foreign_ids(&given)?;
+            && !foreign_ids;
+        if checkpoint.id_column.is_none() {
+            check_by_position(
+                checkpoint,
+                &state,
+                &report,
+                single_file || foreign_ids,
+                positions,
+            )?;
+        } else if state.exists(BY_POSITION).map_err(storage_err)? {
+            return Err(changed_input_error(format!(
+                "the checkpoint {} was written without an id column (by position), so it \
+                 holds no id of the rows it finished: pass id_column=None to resume it, or \
+                 start a new checkpoint to key rows by '{}'",
+                state.root_uri(),
+                checkpoint.id_column.as_deref().unwrap_or_default()
+            )));
+        }
         report.files_done = snapshot.files.values().filter(|s| s.complete).count();
 
-        let id_type = {
-            let schema = dataset.schema();
-            let field = schema.field_with_name(&checkpoint.id_column).map_err(|_| {
-                EngineError::InvalidArgument(format!(
-                    "the checkpoint's id column '{}' is not a column of the input (it has {:?})",
-                    checkpoint.id_column,
-                    schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
-                ))
-            })?;
-            match field.data_type() {
-                DataType::Dictionary(_, v) => v.as_ref().clone(),
-                t => t.clone(),
+        let id_type = match &checkpoint.id_column {
+            None => None,
+            Some(id_column) => {
+                let schema = dataset.schema();
+                let field = schema.field_with_name(id_column).map_err(|_| {
+                    EngineError::InvalidArgument(format!(
+                        "the checkpoint's id column '{id_column}' is not a column of the input \
+                         (it has {:?})",
+                        schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                    ))
+                })?;
+                Some(match field.data_type() {
+                    DataType::Dictionary(_, v) => v.as_ref().clone(),
+                    t => t.clone(),
+                })
             }
         };
         let files = dataset
@@ -166,6 +187,44 @@ impl OpenedState {
             ids_published: snapshot.ids,
         })
     }
+}
+
+/// The mark of a checkpoint written without an id column (by position): a run with an id
+/// column must not take it over (it holds no id of the rows it finished).
+pub(super) const BY_POSITION: &str = "_forebay_by_position";
+
+/// A checkpoint by position (no id column) resumes only by position: every reason to
+/// drop rows by id is an error here.
+fn check_by_position(
+    checkpoint: &Checkpoint,
+    state: &Dir,
+    report: &ResumeReport,
+    holds_ids: bool,
+    positions: bool,
+) -> Result<()> {
+    let shown = state.root_uri();
+    let manifest = forebay_checkpoint::manifest_num_shards(&shown, &checkpoint.storage_options)
+        .map_err(super::checkpoint_err)?;
+    let reason = if manifest.is_some() || holds_ids {
+        "it holds ids (it was written with an id column, or holds id files of another \
+         writer): pass that id column"
+            .to_string()
+    } else if !report.files_changed.is_empty() {
+        format!(
+            "reading changed or re-filtered inputs again ({}) needs ids to tell their done \
+             rows apart: restore the inputs, or start a new checkpoint",
+            report.files_changed.join(", ")
+        )
+    } else if !positions {
+        "its progress was recorded by id (forebay.ray, or an older forebay): pass its id \
+         column"
+            .to_string()
+    } else {
+        return Ok(());
+    };
+    Err(changed_input_error(format!(
+        "the checkpoint {shown} cannot be resumed without an id column: {reason}"
+    )))
 }
 
 /// Whether the checkpoint path holds id files forebay's commits did not write (Ray Data's

@@ -341,7 +341,10 @@ impl Pipeline {
             // Done rows are dropped inside the scan, as their ids are decoded: they go no
             // further, and the rest of their columns is never decoded.
             DoneRows::Ids(index) => {
-                let filter = Arc::new(ResumeFilter::new(index, &id_column));
+                let id_column = id_column
+                    .as_deref()
+                    .expect("rows known by id have an id column");
+                let filter = Arc::new(ResumeFilter::new(index, id_column));
                 (
                     prepared.dataset.with_row_filter(filter.clone()),
                     DoneFilter::Ids(filter),
@@ -351,8 +354,10 @@ impl Pipeline {
         let mut maps = 0;
         for step in &mut self.steps {
             if let Step::Map(m) = step {
-                if !m.required_columns.contains(&id_column) {
-                    m.required_columns.push(id_column.clone());
+                if let Some(id_column) = &id_column {
+                    if !m.required_columns.contains(id_column) {
+                        m.required_columns.push(id_column.clone());
+                    }
                 }
                 // Its input is a map's output: merged whole, never split.
                 m.whole_input_batches = maps > 0;
@@ -368,7 +373,10 @@ impl Pipeline {
             dataset,
             done,
         };
-        let sink = sink.with_unique_column(id_column);
+        let sink = match id_column {
+            Some(id_column) => sink.with_unique_column(id_column),
+            None => sink,
+        };
         self.start_write_inner(sink, Some((book, commits)))
     }
 

@@ -1,9 +1,10 @@
-"""Inputs whose ids repeat (within a row group, across row groups and files): a checkpointed
-job killed with SIGKILL at random moments and at every point of the commit protocol, then
-run again, writes exactly what an uninterrupted run writes: every input row's output once,
-duplicates included. Progress is recorded by input position, so a resume never mistakes a
-row for another row holding the same id. The job filters rows, explodes others, returns
-several batches for one input, and chains two maps with different batch sizes."""
+"""Resumes by input position. Inputs whose ids repeat (within a row group, across row
+groups and files): a checkpointed job killed with SIGKILL at random moments and at every
+point of the commit protocol, then run again, writes exactly what an uninterrupted run
+writes: every input row's output once, duplicates included (a resume never mistakes a row
+for another row holding the same id). The job filters rows, explodes others, returns
+several batches for one input, and chains two maps with different batch sizes. And a
+checkpoint without an id column (``Checkpoint(None, path)``): what it refuses."""
 
 from __future__ import annotations
 
@@ -264,3 +265,95 @@ def test_a_limit_after_a_map_in_a_checkpointed_write_is_refused_before_anything_
         .write_parquet(str(tmp_path / "out"), checkpoint=forebay.Checkpoint("id", str(ckpt)))
     )
     assert stats["rows"] == 10
+
+
+# ---------------------------------------------------------------- no id column
+
+
+def small_input(directory: Path, rows: int = 1000) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"v": list(range(rows)), "text": [f"t{i}" for i in range(rows)]})
+    pq.write_table(table, directory / "a.parquet", row_group_size=300)
+
+
+def test_a_checkpoint_without_an_id_column_writes_no_id_and_resumes_by_position(tmp_path):
+    small_input(tmp_path / "in")
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    seen = []
+
+    def fail_late(batch):
+        seen.append(batch.num_rows)
+        if sum(seen) > 600:
+            raise RuntimeError("interrupted")
+        time.sleep(0.05)
+        return batch
+
+    def run(fn):
+        return (
+            forebay.read_parquet(str(tmp_path / "in"), batch_size=100)
+            .map_batches(fn, batch_size=100, concurrency=1)
+            .write_parquet(
+                str(out),
+                rows_per_file=200,
+                concurrency=1,
+                checkpoint=forebay.Checkpoint(None, ckpt),
+            )
+        )
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run(fail_late)
+    written = pq.read_table(out).num_rows
+    assert 0 < written <= 600
+    stats = run(lambda b: b)
+    resume = stats["resume"]
+    # Finished row groups (300 rows) are skipped unread, the rest of the done rows dropped
+    # by position.
+    assert resume["rows_skipped_by_position"] + 300 * resume["row_groups_skipped"] == written
+    assert sorted(pq.read_table(out).column("v").to_pylist()) == list(range(1000))
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert "ids" not in names and "_forebay_checkpoint" not in names, names
+    assert "_forebay_by_position" in names
+    assert run(lambda b: b)["rows"] == 0
+
+
+def test_a_checkpoint_by_position_and_one_with_ids_do_not_mix(tmp_path):
+    small_input(tmp_path / "in")
+
+    def run(checkpoint: forebay.Checkpoint, out: str = "out") -> dict:
+        return forebay.read_parquet(str(tmp_path / "in")).write_parquet(
+            str(tmp_path / out), checkpoint=checkpoint
+        )
+
+    by_position = tmp_path / "by-position"
+    run(forebay.Checkpoint(None, by_position))
+    with pytest.raises(forebay.CheckpointError, match="written without an id column"):
+        run(forebay.Checkpoint("v", by_position))
+    with_ids = tmp_path / "with-ids"
+    run(forebay.Checkpoint("v", with_ids), out="out2")
+    with pytest.raises(forebay.CheckpointError, match="cannot be resumed without an id column"):
+        run(forebay.Checkpoint(None, with_ids), out="out2")
+
+
+def test_a_checkpoint_by_position_refuses_to_read_changed_input_again(tmp_path):
+    small_input(tmp_path / "in")
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    forebay.read_parquet(str(tmp_path / "in")).write_parquet(
+        str(out), checkpoint=forebay.Checkpoint(None, ckpt)
+    )
+    time.sleep(0.02)
+    small_input(tmp_path / "in", rows=1200)  # rewritten: its positions name other rows
+    with pytest.raises(forebay.CheckpointError, match="needs ids to tell their done rows apart"):
+        forebay.read_parquet(str(tmp_path / "in")).write_parquet(
+            str(out), checkpoint=forebay.Checkpoint(None, ckpt), on_changed_input="reprocess"
+        )
+    with pytest.raises(forebay.CheckpointError, match="changed since the checkpoint"):
+        forebay.read_parquet(str(tmp_path / "in")).write_parquet(
+            str(out), checkpoint=forebay.Checkpoint(None, ckpt)
+        )
+    assert pq.read_table(out).num_rows == 1000, "nothing written again"
+
+
+def test_checkpoint_id_column_values():
+    assert forebay.Checkpoint(None, "x").id_column is None
+    with pytest.raises(ValueError, match="None to key rows by input position"):
+        forebay.Checkpoint("", "x")
