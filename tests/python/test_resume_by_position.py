@@ -357,3 +357,45 @@ def test_checkpoint_id_column_values():
     assert forebay.Checkpoint(None, "x").id_column is None
     with pytest.raises(ValueError, match="None to key rows by input position"):
         forebay.Checkpoint("", "x")
+
+
+def test_rows_a_map_turned_into_nothing_are_not_mapped_again_on_a_resume(tmp_path):
+    """A filter that drops the first half of one row group: once a later commit has
+    recorded those rows as done, a resume does not send them to the function again (a
+    model is not paid twice for rows that had no output)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(
+        pa.table({"id": list(range(3000)), "v": list(range(3000))}),
+        src / "a.parquet",
+        row_group_size=3000,
+    )
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    seen: list[int] = []
+
+    def keep_second_half(batch, fail_after=None):
+        seen.extend(batch["v"].to_pylist())
+        if fail_after is not None and len(seen) > fail_after:
+            raise RuntimeError("interrupted")
+        time.sleep(0.02)  # the writer commits files before the failure
+        return batch.filter(pa.compute.greater_equal(batch["v"], 1500))
+
+    def run(fail_after=None):
+        return (
+            forebay.read_parquet(str(src), batch_size=100)
+            .map_batches(lambda b: keep_second_half(b, fail_after), batch_size=100, concurrency=1)
+            .write_parquet(
+                str(out),
+                rows_per_file=200,
+                concurrency=1,
+                checkpoint=forebay.Checkpoint("id", str(ckpt)),
+            )
+        )
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run(fail_after=2000)
+    assert pq.read_table(out).num_rows > 0
+    seen.clear()
+    run()
+    assert min(seen) >= 1500, f"rows {min(seen)}.. were mapped again"
+    assert sorted(pq.read_table(out).column("v").to_pylist()) == list(range(1500, 3000))

@@ -362,7 +362,10 @@ impl CommitCoordinator {
     /// After a successful run: fold the records into the inputs snapshot, delete leftovers
     /// of stagers that died, and delete forebay's state if the checkpoint asks for it.
     pub fn finish(&self) -> Result<()> {
-        self.log.finish(self.delete_on_success)
+        self.log.finish(
+            self.delete_on_success,
+            crate::positions::Consumed::default(),
+        )
     }
 }
 

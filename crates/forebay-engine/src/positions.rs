@@ -8,7 +8,8 @@
 //!  source ──► batch of a row group, positions p..p+n ──► (rows of earlier commits dropped)
 //!              Origin { ticket: (file, row group), position: p, rows: a..b }  = p+a..p+b
 //!  map      one output batch per input batch (several outputs are concatenated), carrying
-//!           the input's origins: it holds exactly what those positions became
+//!           the input's origins: it holds exactly what those positions became; an input
+//!           that became nothing is recorded with the next commit (`RunPositions`)
 //!  later map inputs are whole outputs of the map before, merged (never split)
 //!  writer   a batch goes whole into one file: the commit records its origins' positions
 //!  resume   finished row groups skipped unread (lineage); in the others, the source drops
@@ -29,7 +30,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -110,20 +111,44 @@ impl Consumed {
                 .insert(first + o.rows.start as u64, first + o.rows.end as u64);
         }
     }
+
+    pub(crate) fn merge(&mut self, other: Consumed) {
+        for (unit, ranges) in other.0 {
+            self.0.entry(unit).or_default().extend(&ranges);
+        }
+    }
 }
 
-/// The source's side of a resume: which rows of a row group earlier commits consumed.
-pub(crate) struct ConsumedRows {
+/// The input positions of a run that resumes by position: which rows earlier commits
+/// consumed (the source drops them), and which rows this run's maps turned into nothing
+/// (recorded with the next commit, so that a resume does not map them again).
+pub(crate) struct RunPositions {
     finished: Arc<FinishedInputs>,
     dropped: AtomicU64,
+    emptied: Mutex<Consumed>,
 }
 
-impl ConsumedRows {
-    pub(crate) fn new(finished: Arc<FinishedInputs>) -> ConsumedRows {
-        ConsumedRows {
+impl RunPositions {
+    pub(crate) fn new(finished: Arc<FinishedInputs>) -> RunPositions {
+        RunPositions {
             finished,
             dropped: AtomicU64::new(0),
+            emptied: Mutex::new(Consumed::default()),
         }
+    }
+
+    /// A map turned the rows of these origins into nothing: they are done.
+    pub(crate) fn record_emptied(&self, origins: &[Origin]) {
+        self.emptied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(origins);
+    }
+
+    /// The rows maps emptied since the last call, for a commit to record. (Lost if that
+    /// commit does not happen: a resume maps them again, with no output again.)
+    pub(crate) fn take_emptied(&self) -> Consumed {
+        std::mem::take(&mut *self.emptied.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The rows (offsets into the batch) of a batch of `rows` rows at positions

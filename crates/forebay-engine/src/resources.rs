@@ -10,7 +10,7 @@ use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
 use crate::lineage::LineageBook;
 use crate::memory::{Admission, CancelToken, MemoryPool, Reservation};
-use crate::positions::ConsumedRows;
+use crate::positions::RunPositions;
 use crate::queue::Wake;
 
 /// Settings of the run's object store (worker exchange and held batches).
@@ -36,8 +36,8 @@ struct Inner {
     queues: Mutex<Vec<Arc<dyn Wake>>>,
     /// Set in checkpointed runs: which inputs are finished.
     lineage: Option<Arc<LineageBook>>,
-    /// What earlier commits consumed (a checkpointed run that resumes by position).
-    consumed_rows: Option<Arc<ConsumedRows>>,
+    /// A checkpointed run's input positions (one that resumes by position).
+    positions: Option<Arc<RunPositions>>,
 }
 
 impl RunResources {
@@ -56,7 +56,7 @@ impl RunResources {
                 first_error: Mutex::new(None),
                 queues: Mutex::new(Vec::new()),
                 lineage: None,
-                consumed_rows: None,
+                positions: None,
             }),
         }
     }
@@ -69,17 +69,17 @@ impl RunResources {
         self
     }
 
-    /// Drop rows at positions earlier commits consumed (in the source). Call before the run
-    /// starts.
-    pub(crate) fn with_consumed_rows(mut self, consumed: Arc<ConsumedRows>) -> RunResources {
+    /// Record and drop rows by input position (a checkpointed run that resumes by
+    /// position). Call before the run starts.
+    pub(crate) fn with_positions(mut self, positions: Arc<RunPositions>) -> RunResources {
         Arc::get_mut(&mut self.inner)
             .expect("set before the run starts")
-            .consumed_rows = Some(consumed);
+            .positions = Some(positions);
         self
     }
 
-    pub(crate) fn consumed_rows(&self) -> Option<&Arc<ConsumedRows>> {
-        self.inner.consumed_rows.as_ref()
+    pub(crate) fn positions(&self) -> Option<&Arc<RunPositions>> {
+        self.inner.positions.as_ref()
     }
 
     pub(crate) fn lineage(&self) -> Option<&Arc<LineageBook>> {

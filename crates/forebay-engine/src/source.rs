@@ -148,7 +148,7 @@ pub(crate) fn run_source(
                 file: None,
                 unit: None,
             });
-            let consumed = resources.consumed_rows().cloned();
+            let positions = resources.positions().cloned();
             // Input positions (checkpointed runs, see `positions`): the unit being read,
             // and how many of its rows the scan emitted before this batch.
             let mut unit: Option<(usize, usize)> = None;
@@ -174,7 +174,7 @@ pub(crate) fn run_source(
                 unit_rows += rows as u64;
                 counters.record_in(rows);
                 // The runs of rows no earlier commit consumed.
-                let kept = match &consumed {
+                let kept = match &positions {
                     Some(c) if rows > 0 => c.keep(&item.provenance.file, row_group, first, rows),
                     _ if rows > 0 => std::iter::once(0..rows).collect(),
                     _ => Vec::new(),

@@ -593,7 +593,10 @@ fn serve(
             }
             if reserved.len() == before {
                 // Every row of the input is done (filtered out, or dropped by the function):
-                // a legitimate end of its lineage.
+                // a legitimate end of its lineage, and positions done (see `positions`).
+                if let Some(positions) = r.resources.positions() {
+                    positions.record_emptied(&input.origin);
+                }
                 if let Some(book) = r.resources.lineage() {
                     book.release(input.take_tickets());
                 }

@@ -680,7 +680,15 @@ fn commit_file(
 ) -> Result<()> {
     // Both halves of step 1 wait on the device (the data file's fsync, the id parts'):
     // they are independent, so they wait together.
-    let Pending { file, ids, .. } = p;
+    let Pending {
+        file,
+        ids,
+        mut consumed,
+        ..
+    } = p;
+    if let Some(positions) = resources.positions() {
+        consumed.merge(positions.take_emptied());
+    }
     let (staged, ids) = std::thread::scope(|scope| {
         let ids = scope.spawn(move || ids.map(stage_ids).transpose().map(Option::flatten));
         let staged = file.finish();
@@ -696,7 +704,7 @@ fn commit_file(
         rows: staged.rows,
         bytes: staged.bytes,
     };
-    log.commit(&p.commit, Some(data), ids, p.tickets, p.consumed)?;
+    log.commit(&p.commit, Some(data), ids, p.tickets, consumed)?;
     drop(p.held);
     target.record(
         WrittenFile {

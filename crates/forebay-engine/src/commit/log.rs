@@ -20,7 +20,7 @@ use super::{checkpoint_err, storage_err, Checkpoint, ResumeReport, COMMITS, FORM
 use crate::error::{EngineError, Result};
 use crate::lease::RunLock;
 use crate::lineage::{Completed, LineageBook, UnitTicket};
-use crate::positions::{Consumed, ConsumedRows};
+use crate::positions::{Consumed, RunPositions};
 use forebay_io::Dir;
 
 /// A data file the writer staged, ready to commit.
@@ -81,7 +81,7 @@ pub(crate) struct Prepared {
 /// How a checkpointed run recognises rows earlier runs finished.
 pub(crate) enum DoneRows {
     /// By input position (see `positions`); no id is loaded.
-    Positions(Arc<ConsumedRows>),
+    Positions(Arc<RunPositions>),
     /// By id: every id under the checkpoint path, loaded.
     Ids(SharedCheckpointIndex),
 }
@@ -174,7 +174,7 @@ impl CommitLog {
         let log = CommitLog::new(checkpoint, output, opened, ids, book);
         Ok(Prepared {
             dataset: dataset.with_skip(finished.clone()),
-            done: DoneRows::Positions(Arc::new(ConsumedRows::new(finished))),
+            done: DoneRows::Positions(Arc::new(RunPositions::new(finished))),
             log: Arc::new(log),
             report,
         })
@@ -452,9 +452,10 @@ impl CommitLog {
 
     /// After a successful run: record the last completions, fold the records into the
     /// inputs snapshot, and delete forebay's state if asked.
-    pub(crate) fn finish(&self, delete: bool) -> Result<()> {
+    /// `emptied`: rows maps turned into nothing since the last commit took them.
+    pub(crate) fn finish(&self, delete: bool, emptied: Consumed) -> Result<()> {
         let commit = self.next_commit_id();
-        self.commit(&commit, None, None, Vec::new(), Consumed::default())?;
+        self.commit(&commit, None, None, Vec::new(), emptied)?;
         let published =
             std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));
         recover_skipping(&self.state, &self.output, &published)?;

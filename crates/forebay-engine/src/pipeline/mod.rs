@@ -45,7 +45,7 @@ use crate::events::{EventSink, PipelineEvent};
 use crate::lineage::LineageBook;
 use crate::locations::check_write_locations;
 use crate::memory::MemoryPool;
-use crate::positions::ConsumedRows;
+use crate::positions::RunPositions;
 use crate::queue::BatchQueue;
 use crate::resources::{RunResources, StoreSettings};
 use crate::resume_filter::ResumeFilter;
@@ -395,8 +395,8 @@ impl Pipeline {
         )?);
         let workers = target.concurrency();
         let progress = self.options.progress;
-        let consumed = commits.as_ref().and_then(|c| c.done.consumed_rows());
-        let (mut run, last) = self.start("write_parquet", workers, book, consumed)?;
+        let positions = commits.as_ref().and_then(|c| c.done.positions());
+        let (mut run, last) = self.start("write_parquet", workers, book, positions)?;
         let counters = run.add_counters("write_parquet");
         let holder = run.resources.pool().consumer("write_parquet");
         for worker in 0..workers {
@@ -432,7 +432,7 @@ impl Pipeline {
         sink_name: &str,
         sink_workers: usize,
         lineage: Option<Arc<LineageBook>>,
-        consumed: Option<Arc<ConsumedRows>>,
+        positions: Option<Arc<RunPositions>>,
     ) -> Result<(Run, Arc<BatchQueue>)> {
         let Pipeline {
             source,
@@ -458,8 +458,8 @@ impl Pipeline {
             Some(book) => resources.with_lineage(book),
             None => resources,
         };
-        let resources = match consumed {
-            Some(consumed) => resources.with_consumed_rows(consumed),
+        let resources = match positions {
+            Some(positions) => resources.with_positions(positions),
             None => resources,
         };
         let mut names = vec![source.name().to_string()];

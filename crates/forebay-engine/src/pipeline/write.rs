@@ -8,7 +8,7 @@ use super::run::Run;
 use super::stream::free_in_background;
 use crate::commit::{CommitLog, ResumeReport};
 use crate::error::{EngineError, Result};
-use crate::positions::ConsumedRows;
+use crate::positions::RunPositions;
 use crate::resume_filter::ResumeFilter;
 use crate::stats::RunStats;
 use crate::stats::{ResumeStats, WriteStats};
@@ -29,7 +29,7 @@ pub(super) struct CheckpointRun {
 #[derive(Clone)]
 pub(super) enum DoneFilter {
     /// The source, by input position.
-    Positions(Arc<ConsumedRows>),
+    Positions(Arc<RunPositions>),
     /// The scan, by id.
     Ids(Arc<ResumeFilter>),
 }
@@ -42,7 +42,7 @@ impl DoneFilter {
         }
     }
 
-    pub(super) fn consumed_rows(&self) -> Option<Arc<ConsumedRows>> {
+    pub(super) fn positions(&self) -> Option<Arc<RunPositions>> {
         match self {
             DoneFilter::Positions(c) => Some(c.clone()),
             DoneFilter::Ids(_) => None,
@@ -97,10 +97,11 @@ impl RunningWrite {
         }
         let mut written = write_stats(&self.target, started);
         // The last completions, folded into the checkpoint (or the checkpoint deleted).
-        let finished = self
-            .commits
-            .as_ref()
-            .map(|c| c.log.finish(c.delete_on_success));
+        let finished = self.commits.as_ref().map(|c| {
+            let emptied = c.done.positions().map(|p| p.take_emptied());
+            c.log
+                .finish(c.delete_on_success, emptied.unwrap_or_default())
+        });
         if let Some(Err(e)) = finished {
             self.release_checkpoint();
             return Err(e);
