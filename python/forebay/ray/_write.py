@@ -185,7 +185,10 @@ def write_parquet(
 
     checkpoint: a :class:`forebay.Checkpoint` (a directory or URI every task can reach; its
         ``id_column`` must survive your steps). A directory of Ray Data's checkpoint files
-        counts their ids as done.
+        counts their ids as done. Done rows are dropped by id in the read tasks: a row whose
+        id an earlier run wrote is not written, even if it is another row with the same id
+        (an uninterrupted run writes both). forebay's own ``write_parquet`` records input
+        positions instead and writes every row once, ids repeated or not.
     on_changed_input: ``"error"`` (default) or ``"reprocess"`` an input file that changed
         since the checkpoint recorded it.
     compression, row_group_rows: of the data files (default zstd, 131,072 rows).
