@@ -31,7 +31,7 @@ use forebay_parquet::{ParquetDataset, StorageOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::commit::{
-    stage_id_parts, wrong_id_type, Checkpoint, CommitLog, DataFileRecord, FinishedInputs,
+    ids_to_commit, stage_id_parts, Checkpoint, CommitLog, DataFileRecord, FinishedInputs,
     IdPartsRecord, ResumeReport,
 };
 use crate::error::{EngineError, Result};
@@ -133,29 +133,10 @@ impl CommitStager {
         let id_column = &self.spec.id_column;
         let mut ids: Vec<ArrayRef> = Vec::with_capacity(batches.len());
         for batch in batches {
-            let column = batch.column_by_name(id_column).ok_or_else(|| {
-                EngineError::write(
-                    STAGE,
-                    self.output_shown(),
-                    format!(
-                        "the rows to write have no column '{id_column}', the checkpoint's id \
-                         column (they have {:?}); keep the id column in every step's output",
-                        batch
-                            .schema()
-                            .fields()
-                            .iter()
-                            .map(|f| f.name())
-                            .collect::<Vec<_>>()
-                    ),
-                )
-            })?;
             let expected = self.spec.id_family.as_deref().and_then(IdFamily::from_name);
-            if let Some(reason) =
-                expected.and_then(|f| wrong_id_type(id_column, f, column.data_type()))
-            {
-                return Err(EngineError::write(STAGE, self.output_shown(), reason));
-            }
-            ids.push(column.clone());
+            let column = ids_to_commit(batch, id_column, expected)
+                .map_err(|reason| EngineError::write(STAGE, self.output_shown(), reason))?;
+            ids.push(column);
         }
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         if rows == 0 {

@@ -31,7 +31,7 @@ use forebay_parquet::StorageOptions;
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 
 use crate::batch::EngineBatch;
-use crate::commit::{stage_ids, wrong_id_type, CommitLog, IdColumn, StagedData};
+use crate::commit::{ids_to_commit, stage_ids, CommitLog, IdColumn, StagedData};
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::format::{FileFormat, FileSink, FormatWriter, ParquetFormat, DEFAULT_ROW_GROUP_ROWS};
@@ -642,34 +642,13 @@ fn write_checkpointed(
 
 /// A batch's ids (its id column, checked against the checkpoint's kind of ids).
 fn batch_ids(ids: &IdColumn, batch: &EngineBatch) -> Result<ArrayRef> {
-    let column = batch
-        .batch
-        .column_by_name(&ids.name)
-        .cloned()
-        .ok_or_else(|| EngineError::BadOutput {
-            stage: STAGE.into(),
-            batch: batch.label(),
-            reason: format!(
-                "the batch has no column '{}', the checkpoint's id column (it has {:?}); keep \
-                 the id column in every step's output",
-                ids.name,
-                batch
-                    .batch
-                    .schema()
-                    .fields()
-                    .iter()
-                    .map(|f| f.name())
-                    .collect::<Vec<_>>()
-            ),
-        })?;
-    match wrong_id_type(&ids.name, ids.family, column.data_type()) {
-        Some(reason) => Err(EngineError::BadOutput {
+    ids_to_commit(&batch.batch, &ids.name, Some(ids.family)).map_err(|reason| {
+        EngineError::BadOutput {
             stage: STAGE.into(),
             batch: batch.label(),
             reason,
-        }),
-        None => Ok(column),
-    }
+        }
+    })
 }
 
 fn commit_file(

@@ -49,7 +49,7 @@ fn write_ids(path: &Path, ids: Vec<i64>) {
         Field::new("text", DataType::Utf8, false),
     ]));
     let batch = RecordBatch::try_new(
-        schema.clone(),
+        schema,
         vec![
             Arc::new(Int64Array::from(ids.clone())),
             Arc::new(StringArray::from_iter_values(
@@ -58,16 +58,21 @@ fn write_ids(path: &Path, ids: Vec<i64>) {
         ],
     )
     .unwrap();
+    write_batch(path, &batch);
+}
+
+/// One Parquet file of `batch`, in row groups of 1,000 rows.
+fn write_batch(path: &Path, batch: &RecordBatch) {
     let props = parquet::file::properties::WriterProperties::builder()
         .set_max_row_group_row_count(Some(1000))
         .build();
     let mut w = parquet::arrow::ArrowWriter::try_new(
         std::fs::File::create(path).unwrap(),
-        schema,
+        batch.schema(),
         Some(props),
     )
     .unwrap();
-    w.write(&batch).unwrap();
+    w.write(batch).unwrap();
     w.close().unwrap();
 }
 
@@ -185,7 +190,7 @@ fn write_repeating_ids(path: &Path, first: i64, n: i64, distinct: i64) {
     ]));
     let rows: Vec<i64> = (first..first + n).collect();
     let batch = RecordBatch::try_new(
-        schema.clone(),
+        schema,
         vec![
             Arc::new(Int64Array::from_iter_values(
                 rows.iter().map(|r| r % distinct),
@@ -194,17 +199,7 @@ fn write_repeating_ids(path: &Path, first: i64, n: i64, distinct: i64) {
         ],
     )
     .unwrap();
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_max_row_group_row_count(Some(1000))
-        .build();
-    let mut w = parquet::arrow::ArrowWriter::try_new(
-        std::fs::File::create(path).unwrap(),
-        schema,
-        Some(props),
-    )
-    .unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    write_batch(path, &batch);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! A commit's ids: staged as hash-partitioned parts (one file, a row group per shard),
 //! checked for the checkpoint's id type, and loaded back as the index a resumed run probes.
 
-use arrow_array::ArrayRef;
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use forebay_checkpoint::{CheckpointIndex, IdFamily, IdPartsWriter};
 use forebay_parquet::StorageOptions;
@@ -73,10 +73,35 @@ pub(super) fn id_family_of(id_type: &DataType) -> Result<IdFamily> {
     })
 }
 
+/// The ids of rows to commit: their `id_column`, checked against the checkpoint's kind of
+/// ids (`expected`, when known); else why they cannot be committed.
+pub(crate) fn ids_to_commit(
+    batch: &RecordBatch,
+    id_column: &str,
+    expected: Option<IdFamily>,
+) -> std::result::Result<ArrayRef, String> {
+    let column = batch.column_by_name(id_column).ok_or_else(|| {
+        format!(
+            "the rows to write have no column '{id_column}', the checkpoint's id column (they \
+             have {:?}); keep the id column in every step's output",
+            batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+        )
+    })?;
+    match expected.and_then(|f| wrong_id_type(id_column, f, column.data_type())) {
+        Some(reason) => Err(reason),
+        None => Ok(column.clone()),
+    }
+}
+
 /// Why ids of `got` cannot go into a checkpoint of `expected` ids, if they cannot: ids of
 /// another kind would hash differently, so the checkpoint could never find them again (and
 /// every later run would fail on its files). Checked before anything of them is staged.
-pub(crate) fn wrong_id_type(id_column: &str, expected: IdFamily, got: &DataType) -> Option<String> {
+fn wrong_id_type(id_column: &str, expected: IdFamily, got: &DataType) -> Option<String> {
     let family = IdFamily::of(got);
     let kind = family.map_or("not an id type".to_string(), |f| {
         format!("{} ids", f.name())

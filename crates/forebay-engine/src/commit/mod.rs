@@ -115,7 +115,7 @@ mod tests;
 
 pub use records::FinishedInputs;
 
-pub(crate) use ids::{stage_id_parts, stage_ids, wrong_id_type};
+pub(crate) use ids::{ids_to_commit, stage_id_parts, stage_ids};
 pub(crate) use log::{CommitLog, DoneRows, IdColumn, StagedData};
 pub(crate) use records::{DataFileRecord, IdPartsRecord};
 
