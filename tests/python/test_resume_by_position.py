@@ -150,6 +150,22 @@ def job(tmp_path):
     return start
 
 
+def failing_after(rows: int, pause: float):
+    """A map that passes its batches on, pausing ``pause`` s each (so that the writer
+    commits files meanwhile), and raises once it has seen more than ``rows`` rows."""
+    seen = 0
+
+    def fail_late(batch):
+        nonlocal seen
+        seen += batch.num_rows
+        if seen > rows:
+            raise RuntimeError("interrupted")
+        time.sleep(pause)
+        return batch
+
+    return fail_late
+
+
 def test_an_uninterrupted_run_writes_every_row_of_every_duplicate_id(job):
     stats = job.run()
     expected = expected_rows()
@@ -199,14 +215,7 @@ def test_a_resume_loads_no_id_and_drops_done_rows_by_position(tmp_path):
     table = pa.table({"id": [i % 1000 for i in range(3000)], "v": list(range(3000))})
     pq.write_table(table, src / "a.parquet", row_group_size=3000)  # one row group
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    seen = []
-
-    def fail_late(batch):
-        seen.append(batch.num_rows)
-        if sum(seen) > 2000:
-            raise RuntimeError("interrupted")
-        time.sleep(0.1)  # the writer commits the files before
-        return batch
+    fail_late = failing_after(2000, pause=0.1)
 
     checkpoint = forebay.Checkpoint("id", str(ckpt))
     with pytest.raises(RuntimeError, match="interrupted"):
@@ -279,14 +288,7 @@ def small_input(directory: Path, rows: int = 1000) -> None:
 def test_a_checkpoint_without_an_id_column_writes_no_id_and_resumes_by_position(tmp_path):
     small_input(tmp_path / "in")
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    seen = []
-
-    def fail_late(batch):
-        seen.append(batch.num_rows)
-        if sum(seen) > 600:
-            raise RuntimeError("interrupted")
-        time.sleep(0.05)
-        return batch
+    fail_late = failing_after(600, pause=0.05)
 
     def run(fn):
         return (

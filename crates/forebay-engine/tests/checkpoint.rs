@@ -126,12 +126,27 @@ fn run(
     ckpt: &Path,
     fail_after: Option<usize>,
 ) -> Result<forebay_engine::WriteStats, EngineError> {
+    run_with(
+        input,
+        out,
+        Checkpoint::new("id", ckpt.display().to_string()),
+        fail_after,
+    )
+}
+
+/// The job of [`run`] with the checkpoint given.
+fn run_with(
+    input: &Path,
+    out: &Path,
+    checkpoint: Checkpoint,
+    fail_after: Option<usize>,
+) -> Result<forebay_engine::WriteStats, EngineError> {
     Pipeline::new(Source::Parquet(dataset(input)))
         .with_memory_limit(64 << 20)
         .map(doubling(fail_after))
         .write_parquet_checkpointed(
             ParquetSink::new(out.display().to_string()).with_rows_per_file(2_000),
-            Checkpoint::new("id", ckpt.display().to_string()),
+            checkpoint,
         )
 }
 
@@ -242,13 +257,8 @@ fn a_checkpoint_by_position_resumes_without_writing_an_id() {
     let (_tmp, input, out, ckpt) = job_dirs();
     write_inputs(&input);
     let run = |fail_after| {
-        Pipeline::new(Source::Parquet(dataset(&input)))
-            .with_memory_limit(64 << 20)
-            .map(doubling(fail_after))
-            .write_parquet_checkpointed(
-                ParquetSink::new(out.display().to_string()).with_rows_per_file(2_000),
-                Checkpoint::by_position(ckpt.display().to_string()),
-            )
+        let checkpoint = Checkpoint::by_position(ckpt.display().to_string());
+        run_with(&input, &out, checkpoint, fail_after)
     };
     assert!(run(Some(9)).is_err());
     let first = output_ids(&out).len() as u64;
