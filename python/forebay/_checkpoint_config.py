@@ -18,7 +18,8 @@ class Checkpoint:
     Progress is recorded by input position (file, row group, row), not by id: rows that
     share an id are each written once, as an uninterrupted run writes them, and a resume
     loads no id. A checkpoint that also holds ids known only as ids (Ray Data's layout, a
-    single id file, or commits of ``forebay.ray``) drops rows by id as well, as does a run
+    single id file, commits of an older forebay, or ``forebay.ray`` commits whose rows lost
+    its hidden tag columns in a step) drops rows by id as well, as does a run
     reading changed inputs again (``on_changed_input="reprocess"``); there a row whose id
     another row already wrote is not written. A commit never splits what one input batch
     became: files hold at least ``rows_per_file`` rows and less than a batch more, a function
@@ -31,8 +32,8 @@ class Checkpoint:
         ``None`` for input without an id: rows are known by input position alone (valid
         while the inputs are unchanged, which every run checks) and no id is written. Such
         a checkpoint cannot read changed inputs again (``on_changed_input="reprocess"``),
-        hold another writer's id files, be resumed with an id column (nor one with ids
-        without it), or be used by ``forebay.ray``.
+        hold another writer's id files, or be resumed with an id column (nor one with ids
+        without it).
     path: a directory or URI for the checkpoint (``s3://...`` works: commits need no rename).
         If it already holds Parquet files with ``id_column`` (Ray Data's checkpoint layout)
         or is a single such file, their ids count as done; forebay keeps its own files

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_pyarrow::FromPyArrow;
-use forebay_engine::{CommitCoordinator, CommitStager, ParquetSink, StagedCommit, StagerSpec};
+use forebay_engine::{
+    CommitCoordinator, CommitStager, ConsumedPositions, ParquetSink, StagedCommit, StagerSpec,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -87,7 +89,8 @@ impl RsCommitCoordinator {
         Ok(self.inner()?.num_shards())
     }
 
-    /// `commits_recovered`, `files_done`, `files_changed`.
+    /// `commits_recovered`, `files_done`, `files_changed`, `ids_done` (published by
+    /// forebay's commits).
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = self.inner()?;
         let r = inner.report();
@@ -95,24 +98,34 @@ impl RsCommitCoordinator {
         d.set_item("commits_recovered", r.commits_recovered)?;
         d.set_item("files_done", r.files_done)?;
         d.set_item("files_changed", r.files_changed.clone())?;
+        d.set_item("ids_done", r.ids_done)?;
         Ok(d)
     }
 
+    /// Whether readers drop done rows by the positions in `finished_inputs` (else by id).
+    fn resumes_by_position(&self) -> PyResult<bool> {
+        Ok(self.inner()?.resumes_by_position())
+    }
+
     /// Commit a staged commit (JSON from `RsCommitStager.stage`, or None for completions
-    /// only) with the row groups `(file, row_group)` and whole files it completes.
+    /// only) with the row groups `(file, row_group)` and whole files it completes, and the
+    /// input positions its rows hold (`[((file, row_group), [(start, end), ...]), ...]`;
+    /// None: unknown).
+    #[pyo3(signature = (staged, completed_units, completed_files, consumed=None))]
     fn commit(
         &self,
         py: Python<'_>,
         staged: Option<String>,
         completed_units: Vec<(usize, usize)>,
         completed_files: Vec<usize>,
+        consumed: Option<ConsumedPositions>,
     ) -> PyResult<()> {
         let staged = staged
             .map(|s| StagedCommit::from_json(&s))
             .transpose()
             .map_err(|e| engine_err(py, e))?;
         let inner = self.inner()?;
-        py.detach(|| inner.commit(staged, completed_units, completed_files))
+        py.detach(|| inner.commit(staged, completed_units, completed_files, consumed))
             .map_err(|e| engine_err(py, e))
     }
 

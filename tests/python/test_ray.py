@@ -421,6 +421,8 @@ def test_write_parquet_a_step_dropping_the_tag_stays_exactly_once(
     second = fray.write_parquet(ds, out, checkpoint=ckpt)
     assert second["resume"]["files_done"] == FILES
     assert second["rows"] == 0
+    # Its commits could not say which input rows they held: a resume drops done rows by id.
+    assert not second["resume"]["by_position"]
     assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
 
 
@@ -451,9 +453,20 @@ def test_write_parquet_a_damaged_checkpoint_fails_naming_the_file(
     ckpt = forebay.Checkpoint("id", str(tmp_path / "ckpt"))
     first = fray.write_parquet(fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt)
     assert first["rows"] == FILES * ROWS_PER_FILE
+    assert first["resume"]["by_position"]
+    # A resume by position reads the record of finished inputs, not the ids.
+    inputs_record = tmp_path / "ckpt" / "_forebay_inputs.json"
+    kept = inputs_record.read_bytes()
+    inputs_record.write_bytes(b"{ not json")
+    with pytest.raises(forebay.CheckpointError, match=inputs_record.name):
+        fray.write_parquet(fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt)
+    inputs_record.write_bytes(kept)
+    # Ray Data's id files beside forebay's make the resume drop done rows by id: a damaged
+    # id part is then read, in the shard actors, which load while the read tasks start:
+    # their error must still end the run.
+    pq.write_table(pa.table({"id": ["id-none"]}), tmp_path / "ckpt" / "ray-checkpoint.parquet")
     damaged = next((tmp_path / "ckpt" / "ids").glob("*.parquet"))
     damaged.write_bytes(b"not parquet at all")
-    # The shard actors load while the read tasks start: their error must still end the run.
     with pytest.raises(Exception, match=damaged.name):
         fray.write_parquet(fray.read_parquet(str(inputs)), tmp_path / "out", checkpoint=ckpt)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
@@ -23,7 +25,7 @@ import ray
 
 import forebay
 import forebay.ray as fray
-from forebay.ray._write import _forebay_source
+from forebay.ray._write import _forebay_source, positions_held
 
 FILES = 10
 ROWS_PER_FILE = 10_000
@@ -344,10 +346,139 @@ def test_a_checkpoint_with_fewer_shards_than_default_actors(
         checkpoint=forebay.Checkpoint("id", str(tmp_path / "ckpt"), num_shards=2),
     )
     assert result["rows"] == ROWS
-    with pytest.raises(ValueError, match=r"num_actors must be 1\.\.2"):
+    # More actors than shards is refused, whether or not the resume needs the actors (it
+    # drops done rows by position here).
+    with pytest.raises(ValueError, match=r"num_filter_actors must be 1\.\.2"):
         fray.write_parquet(
             fray.read_parquet(str(inputs)),
             tmp_path / "out",
             checkpoint=forebay.Checkpoint("id", str(tmp_path / "ckpt"), num_shards=2),
             num_filter_actors=3,
         )
+
+
+# ---------------------------------------------------------------- progress by input position
+
+DUPLICATES = """
+import os, sys, time, ray, forebay, forebay.ray as fray
+inputs, out, ckpt, progress, id_column = sys.argv[2:7]
+# The workers of this driver's job import the model by name and note their progress.
+env = {"PYTHONPATH": os.environ["PYTHONPATH"], "FOREBAY_TEST_PROGRESS": progress}
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False,
+         runtime_env={"env_vars": env})
+ray.data.DataContext.get_current().enable_progress_bars = False
+from test_ray_edges import model
+ds = fray.read_parquet(inputs, batch_size=250).map_batches(model, batch_format="pyarrow")
+fray.write_parquet(ds, out, checkpoint=forebay.Checkpoint(id_column or None, ckpt),
+                   min_rows_per_file=500)
+"""
+
+DUP_FILES, DUP_ROWS, DUP_DISTINCT = 3, 3000, 1700  # ids repeat within and across files
+
+
+def model(batch: pa.Table) -> pa.Table:
+    """A model that drops every eighth row, works 0.3 ms a row and, in a killed driver's
+    run, notes how many rows it has seen."""
+    time.sleep(batch.num_rows * 3e-4)
+    progress = os.environ.get("FOREBAY_TEST_PROGRESS")
+    if progress:
+        with open(os.path.join(progress, f"{os.getpid()}-{time.monotonic_ns()}"), "w") as f:
+            f.write(str(batch.num_rows))
+    keep = pc.not_equal(pc.bit_wise_and(batch.column("n"), 7), 0)
+    kept = batch.filter(keep)
+    return kept.append_column("answer", pc.multiply(kept.column("n"), 3))
+
+
+def test_positions_held_by_a_block() -> None:
+    units = np.array([5, 7, 5, 5, 7, 5, 5], dtype=np.int64)
+    rows = np.array([3, 0, 0, 1, 1, 9, 9], dtype=np.int64)
+    # Unit 5: positions 0, 1, 3, 9 (twice: a step multiplied it); unit 7: 0-1.
+    assert positions_held(units, rows) == {
+        5: (5, [(0, 2), (3, 4), (9, 10)]),
+        7: (2, [(0, 2)]),
+    }
+    assert positions_held(np.array([], np.int64), np.array([], np.int64)) == {}
+
+
+@pytest.mark.parametrize("id_column", ["id", None])
+def test_random_driver_kills_write_what_an_uninterrupted_run_writes(
+    cluster, tmp_path: Path, id_column: str | None
+) -> None:
+    """Input ids repeat (within row groups and across files). A driver SIGKILLed at random
+    moments, then the job run again: the output is the uninterrupted run's, every input
+    row's once (a resume that dropped done rows by id lost the other rows of their ids)."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for f in range(DUP_FILES):
+        n = np.arange(f * DUP_ROWS, (f + 1) * DUP_ROWS)
+        table = pa.table({"id": (n * 7919) % DUP_DISTINCT, "n": n})
+        pq.write_table(table, inputs / f"part-{f}.parquet", row_group_size=400)
+    every = np.arange(DUP_FILES * DUP_ROWS)
+    expected = every[every & 7 != 0]
+    address = ray.get_runtime_context().gcs_address
+    rng = random.Random(20261127 if id_column else 20261128)
+    ds = fray.read_parquet(str(inputs), batch_size=250).map_batches(model, batch_format="pyarrow")
+    committed_by_kills = []
+    for trial in range(3):
+        out, ckpt, progress = (tmp_path / f"{name}{trial}" for name in ("out", "ckpt", "progress"))
+        progress.mkdir()
+        driver = subprocess.Popen(
+            [sys.executable, "-c", DUPLICATES, address]
+            + [str(p) for p in (inputs, out, ckpt, progress, id_column or "")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+        )
+        kill_at = rng.uniform(0.2, 0.9) * len(every)
+        deadline = time.monotonic() + 240
+        while sum(int(p.read_text() or 0) for p in progress.iterdir()) < kill_at:
+            assert driver.poll() is None, driver.stderr.read()[-3000:] if driver.stderr else ""
+            assert time.monotonic() < deadline, "the job made no progress"
+            time.sleep(0.01)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        killed_with = len(pq.read_table(out)) if out.exists() else 0
+        committed_by_kills.append(killed_with)
+        resumed = fray.write_parquet(ds, out, checkpoint=forebay.Checkpoint(id_column, str(ckpt)))
+        written = np.sort(pq.read_table(out, columns=["n"]).column("n").to_numpy())
+        assert np.array_equal(written, expected), (
+            f"trial {trial}: {len(written)} rows written for {len(expected)} "
+            f"({killed_with} before the resume); it reported {resumed['resume']}"
+        )
+        print(f"trial {trial}: {killed_with} rows committed when killed")
+        assert resumed["resume"]["by_position"]
+        assert resumed["rows"] == len(expected) - killed_with
+        # No id was loaded: the ids done are counted from the commit records.
+        assert resumed["resume"]["ids_done"] == (killed_with if id_column else 0)
+    # Kills after commits and before the end: a resume had done rows to drop.
+    assert any(0 < k < len(expected) for k in committed_by_kills), committed_by_kills
+
+
+def test_a_checkpoint_without_ids_needs_the_tags(cluster, inputs: Path, tmp_path: Path) -> None:
+    ckpt = forebay.Checkpoint(None, str(tmp_path / "ckpt"))
+    ds = fray.read_parquet(str(inputs))
+    first = fray.write_parquet(ds, tmp_path / "out", checkpoint=ckpt)
+    assert first["rows"] == ROWS and first["resume"]["by_position"]
+    assert not (tmp_path / "ckpt" / "ids").exists()
+    assert fray.write_parquet(ds, tmp_path / "out", checkpoint=ckpt)["rows"] == 0
+    # A step that drops forebay's tags leaves nothing to resume by: refused at its commit.
+    untagged = fray.read_parquet(str(inputs)).map_batches(drop_the_tags, batch_format="pyarrow")
+    with pytest.raises(ValueError, match="tag columns"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", fray.RowCountWarning)
+        fray.write_parquet(
+            untagged,
+            tmp_path / "out2",
+            checkpoint=forebay.Checkpoint(None, str(tmp_path / "ckpt2")),
+        )
+    # Nothing was published.
+    assert committed_rows(tmp_path / "out2") == 0
+    # The checkpoint by position refuses an id column, and the other way round.
+    with pytest.raises(forebay.CheckpointError, match="without an id column"):
+        fray.write_parquet(
+            ds, tmp_path / "out", checkpoint=forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+        )
+
+
+def drop_the_tags(batch: pa.Table) -> pa.Table:
+    return pa.table({"id": batch.column("id"), "value": batch.column("value")})

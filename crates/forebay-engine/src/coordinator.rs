@@ -8,11 +8,14 @@
 //!  ─────────────────────────────────────           ─────────────────────────────────
 //!  CommitCoordinator::open
 //!    lock, recover, check inputs, manifest
-//!    ├─ finished_inputs() ── JSON ─────────────►  readers skip finished files/row groups
+//!    ├─ finished_inputs() ── JSON ─────────────►  readers skip finished files/row groups,
+//!    │                                             and the positions commits consumed
+//!    │                                             (resumes_by_position(); else by id)
 //!    └─ stager_spec() ────── JSON ─────────────►  CommitStager::new(spec)
 //!                                                  stage(batches): the data file and the
 //!                                                  id parts under _forebay_staging/
-//!  commit(staged, completed inputs) ◄── JSON ────  StagedCommit
+//!  commit(staged, completed inputs,  ◄── JSON ────  StagedCommit
+//!         positions its rows hold)
 //!    one record at a time (the commit point), then publish
 //!  finish()
 //! ```
@@ -22,6 +25,8 @@
 //! are processed again). The caller decides which input units a commit completes (it tracks
 //! each unit's rows across processes) and must report a unit complete only in the commit of
 //! its last rows or after it: the record is what makes a later run skip the unit unread.
+//! Likewise it tells each commit the input positions its rows hold (the `positions`
+//! module: readers tag rows with them), so that a resume drops exactly those rows.
 
 use std::sync::Mutex;
 
@@ -36,11 +41,16 @@ use crate::commit::{
 };
 use crate::error::{EngineError, Result};
 use crate::lineage::Completed;
+use crate::positions::Consumed;
 use crate::stats::WrittenFile;
 use crate::writer::{OutputTarget, ParquetSink};
 use forebay_io::Dir;
 
 const STAGE: &str = "write_parquet";
+
+/// Input positions a staged file's rows hold: per `(file, row_group)`, ranges
+/// `(start, end)` of positions (see the `positions` module).
+pub type ConsumedPositions = Vec<((usize, usize), Vec<(u64, u64)>)>;
 
 /// What a stager needs to know, from the coordinator (serialisable).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,7 +62,8 @@ pub struct StagerSpec {
     /// The checkpoint's state directory.
     state: String,
     state_options: StorageOptions,
-    id_column: String,
+    /// None: a checkpoint by position (no ids are staged).
+    id_column: Option<String>,
     /// The kind of ids the checkpoint holds (`IdFamily::name`); staged ids must be one.
     #[serde(default)]
     id_family: Option<String>,
@@ -70,8 +81,8 @@ impl StagerSpec {
             .map_err(|e| EngineError::InvalidArgument(format!("not a stager spec: {e}")))
     }
 
-    pub fn id_column(&self) -> &str {
-        &self.id_column
+    pub fn id_column(&self) -> Option<&str> {
+        self.id_column.as_deref()
     }
 }
 
@@ -111,11 +122,13 @@ pub struct CommitStager {
 
 impl CommitStager {
     pub fn new(spec: StagerSpec) -> Result<CommitStager> {
-        let sink = ParquetSink::new(spec.output.clone())
+        let mut sink = ParquetSink::new(spec.output.clone())
             .with_storage_options(spec.output_options.clone())
             .with_compression(&spec.compression)?
-            .with_row_group_rows(spec.row_group_rows)
-            .with_unique_column(&spec.id_column);
+            .with_row_group_rows(spec.row_group_rows);
+        if let Some(id_column) = &spec.id_column {
+            sink = sink.with_unique_column(id_column);
+        }
         let output = OutputTarget::open(sink, None)?;
         let state = Dir::open(&spec.state, &spec.state_options)
             .map_err(|e| EngineError::write("checkpoint", e.path(), e.reason()))?;
@@ -126,17 +139,19 @@ impl CommitStager {
         })
     }
 
-    /// Write `batches` as one staged data file and stage the ids of their rows. The id
-    /// column must be in every batch; it is written to the data file like any other.
+    /// Write `batches` as one staged data file and stage the ids of their rows (with an id
+    /// column, which must be in every batch; it is written to the data file like any
+    /// other).
     pub fn stage(&self, batches: &[RecordBatch]) -> Result<StagedCommit> {
         let commit = format!("{}-{}", self.spec.run_id, unique_suffix());
-        let id_column = &self.spec.id_column;
         let mut ids: Vec<ArrayRef> = Vec::with_capacity(batches.len());
-        for batch in batches {
+        if let Some(id_column) = &self.spec.id_column {
             let expected = self.spec.id_family.as_deref().and_then(IdFamily::from_name);
-            let column = ids_to_commit(batch, id_column, expected)
-                .map_err(|reason| EngineError::write(STAGE, self.output_shown(), reason))?;
-            ids.push(column);
+            for batch in batches {
+                let column = ids_to_commit(batch, id_column, expected)
+                    .map_err(|reason| EngineError::write(STAGE, self.output_shown(), reason))?;
+                ids.push(column);
+            }
         }
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         if rows == 0 {
@@ -149,14 +164,17 @@ impl CommitStager {
         let name = format!("part-{commit}.{}", self.output.extension());
         let staged = format!("{}/{name}", crate::commit::STAGING);
         let written: WrittenFile = self.output.stage_file(&staged, batches)?;
-        let ids = stage_id_parts(
-            &self.state,
-            &self.spec.state_options,
-            id_column,
-            self.spec.num_shards,
-            &commit,
-            &ids,
-        )?;
+        let ids = match &self.spec.id_column {
+            Some(id_column) => stage_id_parts(
+                &self.state,
+                &self.spec.state_options,
+                id_column,
+                self.spec.num_shards,
+                &commit,
+                &ids,
+            )?,
+            None => None,
+        };
         Ok(StagedCommit {
             commit,
             data: Some(DataFileRecord {
@@ -195,6 +213,8 @@ pub struct CommitCoordinator {
     report: ResumeReport,
     spec: StagerSpec,
     delete_on_success: bool,
+    /// Earlier runs' progress is known by position (see [`resumes_by_position`]).
+    by_position: bool,
     committed: Mutex<Vec<WrittenFile>>,
 }
 
@@ -207,13 +227,6 @@ impl CommitCoordinator {
         sink: &ParquetSink,
         dataset: &ParquetDataset,
     ) -> Result<CommitCoordinator> {
-        let Some(id_column) = checkpoint.id_column() else {
-            return Err(EngineError::InvalidArgument(format!(
-                "the checkpoint {} has no id column: a write whose readers run in other \
-                 processes drops done rows by id there, so it needs one",
-                checkpoint.path
-            )));
-        };
         crate::locations::check_write_locations(
             dataset,
             &sink.root,
@@ -230,12 +243,13 @@ impl CommitCoordinator {
             row_group_rows: sink.row_group_rows,
             state: log.state().root_uri(),
             state_options: log.storage_options().clone(),
-            id_column: id_column.to_string(),
+            id_column: checkpoint.id_column().map(str::to_string),
             id_family: log.ids().map(|ids| ids.family.name().to_string()),
             num_shards: log.num_shards(),
             run_id: log.run_id().to_string(),
         };
         Ok(CommitCoordinator {
+            by_position: log.records_positions(),
             log,
             finished,
             report,
@@ -245,7 +259,8 @@ impl CommitCoordinator {
         })
     }
 
-    /// What recovery found (`ids_done` is 0: the ids are not loaded here).
+    /// What recovery found (`ids_done`: the ids forebay's commits published; the ids are
+    /// not loaded here).
     pub fn report(&self) -> &ResumeReport {
         &self.report
     }
@@ -273,26 +288,71 @@ impl CommitCoordinator {
         self.log.num_shards()
     }
 
+    /// Whether this run resumes by input position: readers drop the positions the
+    /// finished inputs list (`consumed`) and need no id; else they drop done rows by id.
+    pub fn resumes_by_position(&self) -> bool {
+        self.by_position
+    }
+
     /// Commit what a stager staged (or, with `None`, only completions), recording as
-    /// finished the row groups `(file, row_group)` and the whole files in `completed_files`.
+    /// finished the row groups `(file, row_group)` and the whole files in `completed_files`,
+    /// and the input positions the staged rows hold: `consumed` lists, per `(file,
+    /// row_group)`, ranges `start..end` of positions (see the `positions` module). `None`
+    /// says the caller cannot tell which input rows the staged file holds: this commit and
+    /// the run's later ones then record no positions, and a resume drops done rows by id.
     /// One commit at a time; when it returns, the data file is published.
     pub fn commit(
         &self,
         staged: Option<StagedCommit>,
         completed_units: Vec<(usize, usize)>,
         completed_files: Vec<usize>,
+        consumed: Option<ConsumedPositions>,
     ) -> Result<()> {
         let files = self.log.files().count();
+        let consumed_files = consumed.iter().flatten().map(|((f, _), _)| *f);
         if let Some(bad) = completed_units
             .iter()
             .map(|(f, _)| *f)
             .chain(completed_files.iter().copied())
+            .chain(consumed_files)
             .find(|f| *f >= files)
         {
             return Err(EngineError::InvalidArgument(format!(
                 "completion names input file {bad}, but the run has {files} input files"
             )));
         }
+        let consumed = match consumed {
+            Some(listed) => {
+                let mut positions = Consumed::default();
+                for (unit, ranges) in listed {
+                    let held = positions.0.entry(unit).or_default();
+                    for (start, end) in ranges {
+                        if start >= end {
+                            return Err(EngineError::InvalidArgument(format!(
+                                "consumed positions {start}..{end} of input {unit:?} are empty"
+                            )));
+                        }
+                        held.insert(start, end);
+                    }
+                }
+                positions
+            }
+            None => {
+                if staged.as_ref().is_some_and(|s| s.data.is_some()) {
+                    if self.log.ids().is_none() {
+                        return Err(EngineError::InvalidArgument(format!(
+                            "a staged file's rows do not say which input rows they hold, and \
+                             the checkpoint {} has no id column: a resume could not tell them \
+                             apart from rows not written (keep forebay's tag columns through \
+                             your steps, or checkpoint with an id column)",
+                            self.log.state().root_uri()
+                        )));
+                    }
+                    self.log.forget_positions();
+                }
+                Consumed::default()
+            }
+        };
         let completed = Completed {
             units: completed_units,
             files: completed_files,
@@ -315,14 +375,8 @@ impl CommitCoordinator {
             rows: d.rows,
             bytes: d.bytes,
         });
-        self.log.decide_and_publish(
-            &commit,
-            data,
-            ids,
-            Vec::new(),
-            completed,
-            crate::positions::Consumed::default(),
-        )?;
+        self.log
+            .decide_and_publish(&commit, data, ids, Vec::new(), completed, consumed)?;
         if let Some(file) = published {
             self.committed
                 .lock()
@@ -416,7 +470,7 @@ mod tests {
 
         let staged = StagedCommit::from_json(&staged.to_json()).unwrap();
         coordinator
-            .commit(Some(staged), vec![(0, 0)], vec![0])
+            .commit(Some(staged), vec![(0, 0)], vec![0], None)
             .unwrap();
         assert_eq!(data_files(&out).len(), 1);
         assert_eq!(coordinator.committed()[0].rows, 100);
@@ -448,10 +502,12 @@ mod tests {
             ids: None,
         };
         let err = coordinator
-            .commit(Some(stranger), vec![], vec![])
+            .commit(Some(stranger), vec![], vec![], None)
             .unwrap_err();
         assert!(err.to_string().contains("another run"), "{err}");
-        let err = coordinator.commit(None, vec![(3, 0)], vec![]).unwrap_err();
+        let err = coordinator
+            .commit(None, vec![(3, 0)], vec![], None)
+            .unwrap_err();
         assert!(err.to_string().contains("input file 3"), "{err}");
     }
 
@@ -470,5 +526,82 @@ mod tests {
         .unwrap();
         let err = stager.stage(&[batch]).unwrap_err();
         assert!(err.to_string().contains("'id'"), "{err}");
+    }
+
+    fn uri(dataset: &ParquetDataset) -> String {
+        dataset.files()[0].uri().to_string()
+    }
+
+    #[test]
+    fn positions_committed_elsewhere_are_what_the_next_run_drops() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dataset = input(tmp.path());
+        let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").to_str().unwrap());
+        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
+        let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        assert!(coordinator.resumes_by_position(), "a new checkpoint");
+        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
+        // Rows 0-39 and 50-59 of row group 0, committed; then the run dies.
+        let staged = stager
+            .stage(&[batch.slice(0, 40), batch.slice(50, 10)])
+            .unwrap();
+        let held = vec![((0, 0), vec![(50, 60), (0, 40)])];
+        coordinator
+            .commit(Some(staged), vec![], vec![], Some(held))
+            .unwrap();
+        drop(coordinator);
+
+        let again = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        assert!(again.resumes_by_position());
+        assert_eq!(again.report().ids_done, 50);
+        let consumed = again.finished_inputs().consumed(&uri(&dataset), 0).cloned();
+        assert_eq!(consumed.unwrap().uncovered(0, 100), vec![40..50, 60..100]);
+        // A commit whose rows do not say their positions: from now on, by id.
+        let stager = CommitStager::new(again.stager_spec().clone()).unwrap();
+        let staged = stager.stage(&[batch.slice(40, 10)]).unwrap();
+        again.commit(Some(staged), vec![], vec![], None).unwrap();
+        drop(again);
+        let third = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        assert!(!third.resumes_by_position());
+        let err = third
+            .commit(None, vec![], vec![], Some(vec![((0, 0), vec![(5, 5)])]))
+            .unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn a_checkpoint_by_position_stages_no_id_and_needs_positions() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dataset = input(tmp.path());
+        let ckpt = tmp.path().join("ckpt");
+        let checkpoint = Checkpoint::by_position(ckpt.to_str().unwrap());
+        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
+        let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
+        let staged = stager.stage(&[batch.slice(0, 10)]).unwrap();
+        assert!(staged.ids.is_none(), "no id is staged");
+        let err = coordinator
+            .commit(Some(staged.clone()), vec![], vec![], None)
+            .unwrap_err();
+        assert!(err.to_string().contains("no id column"), "{err}");
+        coordinator
+            .commit(
+                Some(staged),
+                vec![],
+                vec![],
+                Some(vec![((0, 0), vec![(0, 10)])]),
+            )
+            .unwrap();
+        coordinator.finish().unwrap();
+        drop(coordinator);
+        assert!(!ckpt.join("ids").exists());
+        // Marked as by position: a run with an id column is refused.
+        let with_ids = Checkpoint::new("id", ckpt.to_str().unwrap());
+        let err = CommitCoordinator::open(&with_ids, &sink, &dataset)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("without an id column"), "{err}");
     }
 }

@@ -113,7 +113,9 @@ mod writer;
 
 pub use batch::{EngineBatch, Origin};
 pub use commit::{Checkpoint, FinishedInputs, OnChangedInput, ResumeReport};
-pub use coordinator::{CommitCoordinator, CommitStager, StagedCommit, StagerSpec};
+pub use coordinator::{
+    CommitCoordinator, CommitStager, ConsumedPositions, StagedCommit, StagerSpec,
+};
 pub use error::{BatchLabel, EngineError, Result, UserError};
 pub use events::{EventSink, PipelineEvent};
 pub use memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, PoolSnapshot, Reservation};

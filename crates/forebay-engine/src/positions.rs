@@ -21,7 +21,7 @@
 //! writes. Positions make the output of a resumed run the output of an uninterrupted one,
 //! duplicates or not, and a resume needs no id of what was done. Ids are still written with
 //! every commit (Ray Data's layout, `CheckpointFilter`); a checkpoint holding ids without
-//! positions (older forebay, forebay.ray's commits, Ray Data's own files) is still probed by
+//! positions (older forebay, untagged forebay.ray commits, Ray Data's own files) is still probed by
 //! id as well.
 //!
 //! Positions are stable across runs while the inputs (checked by their identity) and the

@@ -49,7 +49,7 @@ def default_num_actors(cluster_cpus: int, num_shards: int = DEFAULT_NUM_SHARDS) 
     return max(1, min(4, num_shards, cluster_cpus // 2))
 
 
-def _stop_named(prefix: str) -> int:
+def stop_named_actors(prefix: str) -> int:
     """Stop the actors named ``prefix-<n>`` in forebay's namespace (left by a killed
     driver); returns how many there were."""
     stopped = 0
@@ -244,7 +244,7 @@ class ShardedCheckpointFilter:
         self.num_shards = num_shards
         options = dict(storage_options) if storage_options else None
         if name is not None:
-            _stop_named(name)
+            stop_named_actors(name)
         self.actors: list[Any] = []
         for a in range(num_actors):
             actor_options: dict[str, Any] = {

@@ -14,7 +14,7 @@ import pyarrow as pa
 import forebay
 
 from .._filters import normalize_filter
-from ._lineage import UNIT_COLUMN, CheckpointedRead
+from ._lineage import TAG_FIELDS, CheckpointedRead
 
 try:
     import ray
@@ -267,7 +267,8 @@ class ForebayParquetDatasource(Datasource):
             )
             schema = self._schema
             if self.checkpointed is not None:
-                schema = schema.append(pa.field(UNIT_COLUMN, pa.int64(), nullable=False))
+                for tag in TAG_FIELDS:
+                    schema = schema.append(tag)
             read = functools.partial(
                 _read_task,
                 files,

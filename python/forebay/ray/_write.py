@@ -33,16 +33,30 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal, cast
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 import forebay
 
 from .._checkpoint_config import Checkpoint
 from .._forebay import RsCommitCoordinator, RsCommitStager
-from ._checkpoint import ShardedCheckpointFilter, default_num_actors, forebay_cause
+from ._checkpoint import (
+    ACTOR_NAMESPACE,
+    ShardedCheckpointFilter,
+    default_num_actors,
+    forebay_cause,
+    stop_named_actors,
+)
 from ._datasource import ForebayParquetDatasource, cluster_cpus
-from ._lineage import UNIT_COLUMN, CheckpointedRead, LedgerShardOwner, UnitTracker
+from ._lineage import (
+    ROW_COLUMN,
+    UNIT_COLUMN,
+    CheckpointedRead,
+    LedgerShardOwner,
+    UnitLedger,
+    UnitTracker,
+    split_unit,
+)
 
 try:
     import ray
@@ -60,6 +74,7 @@ _STAGED_SCHEMA = pa.schema(
     [
         ("staged", pa.string()),
         ("units", pa.string()),
+        ("consumed", pa.string()),
         ("rows", pa.int64()),
         ("repeated", pa.list_(pa.int64())),
     ]
@@ -106,37 +121,23 @@ def _forebay_source(ds: ray.data.Dataset) -> ForebayParquetDatasource:
     return found[0]
 
 
-def _stage_block(spec: str, id_column: str, table: pa.Table) -> pa.Table:
+def _stage_block(spec: str, table: pa.Table) -> pa.Table:
     """A stage task: one block -> one staged data file (and its ids), described in a row:
-    the rows it holds per input unit, and the units some of whose rows share an id (rows a
-    step multiplied)."""
-    rows_per_unit: str | None = None
+    the rows it holds per input unit, their positions, and the units some of whose rows
+    share a position (rows a step multiplied)."""
+    tags = [name for name in (UNIT_COLUMN, ROW_COLUMN) if name in table.column_names]
+    rows_per_unit = consumed = None
     repeated: list[int] = []
-    if UNIT_COLUMN in table.column_names:
-        units = table.column(UNIT_COLUMN)
-        if id_column in table.column_names:
-            counts = (
-                pa.table({"unit": units, "id": table.column(id_column)})
-                .group_by("unit")
-                .aggregate(
-                    [
-                        ("id", "count", pc.CountOptions(mode="all")),
-                        ("id", "count_distinct", pc.CountOptions(mode="all")),
-                    ]
-                )
-            )
-            rows_per_unit = json.dumps(
-                dict(
-                    zip(
-                        counts.column("unit").to_pylist(),
-                        counts.column("id_count").to_pylist(),
-                        strict=True,
-                    )
-                )
-            )
-            repeats = pc.less(counts.column("id_count_distinct"), counts.column("id_count"))
-            repeated = counts.column("unit").filter(repeats).to_pylist()
-        table = table.drop_columns([UNIT_COLUMN])
+    if len(tags) == 2:
+        held = positions_held(
+            table.column(UNIT_COLUMN).to_numpy(), table.column(ROW_COLUMN).to_numpy()
+        )
+        rows_per_unit = json.dumps({unit: rows for unit, (rows, _) in held.items()})
+        consumed = json.dumps({unit: ranges for unit, (_, ranges) in held.items()})
+        repeated = [
+            unit for unit, (rows, ranges) in held.items() if rows > sum(e - s for s, e in ranges)
+        ]
+    table = table.drop_columns(tags)
     staged = None
     if table.num_rows:
         # The stager names a missing id column in its error.
@@ -145,11 +146,35 @@ def _stage_block(spec: str, id_column: str, table: pa.Table) -> pa.Table:
         {
             "staged": [staged],
             "units": [rows_per_unit],
+            "consumed": [consumed],
             "rows": [table.num_rows],
             "repeated": [repeated],
         },
         schema=_STAGED_SCHEMA,
     )
+
+
+def positions_held(
+    units: np.ndarray, positions: np.ndarray
+) -> dict[int, tuple[int, list[tuple[int, int]]]]:
+    """Per unit of the rows' tags: how many rows, and the positions they hold as sorted,
+    disjoint ranges ``(start, end)``."""
+    order = np.lexsort((positions, units))
+    units, positions = units[order], positions[order]
+    bounds = np.flatnonzero(np.diff(units)) + 1
+    held: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+    for first, end in zip(np.r_[0, bounds], np.r_[bounds, len(units)], strict=True):
+        if first == end:
+            continue
+        run = positions[first:end]
+        gaps = np.flatnonzero(np.diff(run) > 1) + 1
+        starts = run[np.r_[0, gaps]]
+        ends = run[np.r_[gaps - 1, len(run) - 1]] + 1
+        held[int(units[first])] = (
+            int(end - first),
+            list(zip(starts.tolist(), ends.tolist(), strict=True)),
+        )
+    return held
 
 
 def write_parquet(
@@ -171,24 +196,29 @@ def write_parquet(
     ``ds`` must read from :func:`forebay.ray.read_parquet` (any Ray Data steps may follow:
     ``map_batches``, ``filter`` and the like). Killed at any moment (a task, an actor, the
     driver, the cluster) and run again with the same checkpoint, the job skips the input
-    files and row groups that are finished without reading them, drops rows whose id is
-    done right after reading (in sharded actors), and writes every row exactly once.
+    files and row groups that are finished without reading them, drops the rows earlier
+    commits hold right after reading them, and writes the output of every input row exactly
+    once, ids repeated or not: what an uninterrupted run writes.
 
-    What exactly once means with steps between the read and the write: it is per id. A row
-    read is processed in one run only: a rerun drops it when any output row with its id is
-    committed. Steps that add columns or drop rows (filters) are exact; a step that emits
-    several rows per input row keeping the id (an explode) has them written once each when
+    How: each row read carries two hidden columns, ``__forebay_unit`` (its input file and
+    row group) and ``__forebay_row`` (its position among the rows the scan emits there), and
+    each commit records the positions of its rows; a resume drops those positions, and
+    loads no id. Steps that add columns or drop rows (filters) are exact. A step that emits
+    several rows per input row keeping the tags (an explode) has them written once each when
     they reach the write in one block, but a kill between two commits holding rows of the
-    same id loses the later ones on resume (the id is done). Such steps are seen (a unit's
-    rows repeat an id or outnumber the rows read): a :class:`RowCountWarning` says so, and
-    ``min_rows_per_file=None`` keeps each block's rows in one commit.
+    same input row loses the later ones on resume (the position is done). Such steps are
+    seen (a unit's rows repeat a position or outnumber the rows read): a
+    :class:`RowCountWarning` says so, and ``min_rows_per_file=None`` keeps each block's
+    rows in one commit.
 
     checkpoint: a :class:`forebay.Checkpoint` (a directory or URI every task can reach; its
-        ``id_column`` must survive your steps). A directory of Ray Data's checkpoint files
-        counts their ids as done. Done rows are dropped by id in the read tasks: a row whose
-        id an earlier run wrote is not written, even if it is another row with the same id
-        (an uninterrupted run writes both). forebay's own ``write_parquet`` records input
-        positions instead and writes every row once, ids repeated or not.
+        ``id_column`` must survive your steps: the commits write the ids too, in Ray Data's
+        layout; ``id_column=None`` writes none, for data without ids). A checkpoint whose progress is known only by id is probed by id, in shard
+        actors: one holding Ray Data's checkpoint files (their ids count as done), one
+        written by an older forebay, or one some of whose commits held rows without the
+        tags (a step dropped them). Then a row whose id an earlier run wrote is not
+        written, even if it is another row with the same id (an uninterrupted run writes
+        both).
     on_changed_input: ``"error"`` (default) or ``"reprocess"`` an input file that changed
         since the checkpoint recorded it.
     compression, row_group_rows: of the data files (default zstd, 131,072 rows).
@@ -199,22 +229,25 @@ def write_parquet(
         rows. None: one file per block, which after a step with a small ``batch_size`` means
         many small files and commits.
     storage_options: object_store options for a URI ``path``.
-    num_filter_actors: actors sharing the checkpoint's ids (default: one per two CPUs of
-        the cluster, 1-4).
+    num_filter_actors: actors sharing the checkpoint's ids when the resume drops done rows
+        by id (default: one per two CPUs of the cluster, 1-4; at most the checkpoint's
+        shards). A resume by position starts one actor, for the read tasks' reports.
     num_cpus_per_filter_actor: CPUs each filter actor reserves (default 0: they mostly
         wait, and a reservation would take CPUs from the read and stage tasks).
     ray_remote_args: options of the stage tasks (``num_cpus``, ``memory``, ...).
 
     Returns ``{"rows", "files", "bytes", "seconds", "paths", "resume"}``; ``resume`` holds
     what recovery found (``commits_recovered``, ``files_done``, ``files_changed``), the ids
-    done at the start (``ids_done``), the input units (row groups) this run recorded
+    done at the start (``ids_done``), whether done rows were dropped by position
+    (``by_position``, else by id) and how many (``rows_skipped_by_position``), the input
+    units (row groups) this run recorded
     finished (``units_finished``), why they could be recorded only when the run ended
     (``finished_late``: None when each was recorded as soon as its rows were committed),
     and the rows read that steps dropped (``rows_dropped_by_steps``).
 
     A resumed run skips a unit when every row read from it was committed or dropped by a
-    step: it relies on each output row keeping its input row's hidden ``__forebay_unit``
-    column, as steps that add columns to the batch they get do.
+    step: it relies on each output row keeping its input row's hidden tag columns, as steps
+    that add columns to the batch they get do.
 
     Raises ValueError naming the resources when the cluster cannot run the job (filter
     actors' and tasks' CPUs), and the first forebay error of a Ray task as itself (a step
@@ -222,12 +255,6 @@ def write_parquet(
     """
     if not isinstance(checkpoint, Checkpoint):
         raise TypeError("checkpoint must be a forebay.Checkpoint")
-    if checkpoint.id_column is None:
-        raise ValueError(
-            "forebay.ray.write_parquet needs a checkpoint with an id column: its read tasks "
-            "drop done rows by id (a Checkpoint(id_column=None) resumes by input position, "
-            "which only forebay's own write_parquet records)"
-        )
     if on_changed_input not in ("error", "reprocess"):
         raise ValueError(
             f"on_changed_input must be 'error' or 'reprocess', not {on_changed_input!r}"
@@ -241,12 +268,13 @@ def write_parquet(
             raise ValueError("min_rows_per_file must be at least 1")
     started = time.monotonic()
     source = _forebay_source(ds)
-    if source.columns is not None and checkpoint.id_column not in source.columns:
+    id_column = checkpoint.id_column
+    if id_column is not None and source.columns is not None and id_column not in source.columns:
         raise ValueError(
             f"read_parquet(columns={source.columns}) does not read the checkpoint's id "
             f"column {checkpoint.id_column!r}"
         )
-    if checkpoint.id_column not in source.schema.names:
+    if id_column is not None and id_column not in source.schema.names:
         raise ValueError(
             f"the input has no column {checkpoint.id_column!r} (the checkpoint's id_column); "
             f"its columns: {source.schema.names}"
@@ -354,33 +382,59 @@ def _run(
     started: float,
 ) -> dict[str, Any]:
     id_column = checkpoint.id_column
-    assert id_column is not None, "write_parquet refuses a checkpoint without an id column"
-    if not actors_given:  # the default never exceeds the checkpoint's shards
-        num_filter_actors = min(num_filter_actors, coordinator.num_shards())
     files = coordinator.files()
     if files != source.files:
         raise RuntimeError(
             "the checkpoint's coordinator listed the input files differently from the "
             f"dataset ({len(files)} vs {len(source.files)} files)"
         )
-    id_filter = ShardedCheckpointFilter(
-        coordinator.state_uri(),
-        id_column,
-        num_shards=coordinator.num_shards(),
-        num_actors=num_filter_actors,
-        storage_options=checkpoint.storage_options,
-        num_cpus_per_actor=num_cpus_per_filter_actor,
-        wait_for_load=False,  # the actors load while the read tasks start
-        first_actor_class=LedgerShardOwner,
-        # Named after the checkpoint (whose lock this run holds): actors a killed driver
-        # left behind are found and stopped here.
-        name=f"forebay-write-{hashlib.sha1(coordinator.state_uri().encode()).hexdigest()[:16]}",
-    )
-    ledger = id_filter.actors[0]
+    # Named after the checkpoint (whose lock this run holds): actors a killed driver left
+    # behind are found and stopped here.
+    name = f"forebay-write-{hashlib.sha1(coordinator.state_uri().encode()).hexdigest()[:16]}"
+    shards = coordinator.num_shards()
+    if actors_given and not 1 <= num_filter_actors <= shards:
+        raise ValueError(
+            f"num_filter_actors must be 1..{shards} (the checkpoint's shards), not "
+            f"{num_filter_actors}"
+        )
+    by_position = coordinator.resumes_by_position()
+    id_filter: ShardedCheckpointFilter | None = None
+    ledger: Any  # an actor handle: a UnitLedger, or shard actor 0
+    if by_position:
+        # Done rows are dropped by position: no id is loaded, the ledger is the one actor.
+        stop_named_actors(name)
+        ledger = (
+            ray.remote(UnitLedger)
+            .options(
+                name=f"{name}-0",
+                namespace=ACTOR_NAMESPACE,
+                num_cpus=num_cpus_per_filter_actor,
+                max_restarts=-1,
+                max_task_retries=-1,
+            )
+            .remote()
+        )
+    else:
+        assert id_column is not None, "a checkpoint without ids resumes by position"
+        if not actors_given:  # the default never exceeds the checkpoint's shards
+            num_filter_actors = min(num_filter_actors, shards)
+        id_filter = ShardedCheckpointFilter(
+            coordinator.state_uri(),
+            id_column,
+            num_shards=coordinator.num_shards(),
+            num_actors=num_filter_actors,
+            storage_options=checkpoint.storage_options,
+            num_cpus_per_actor=num_cpus_per_filter_actor,
+            wait_for_load=False,  # the actors load while the read tasks start
+            first_actor_class=LedgerShardOwner,
+            name=name,
+        )
+        ledger = id_filter.actors[0]
     source.checkpointed = CheckpointedRead(
         id_column,
         json.loads(coordinator.finished_inputs()),
         {uri: i for i, uri in enumerate(files)},
+        by_position,
         id_filter,
         ledger,
         block_rows=min_rows_per_file,
@@ -388,7 +442,7 @@ def _run(
     tracker = UnitTracker()
     try:
         staged = ds.map_batches(
-            functools.partial(_stage_block, coordinator.stager_spec(), id_column),
+            functools.partial(_stage_block, coordinator.stager_spec()),
             batch_format="pyarrow",
             batch_size=min_rows_per_file,
             zero_copy_batch=True,
@@ -415,9 +469,10 @@ def _run(
 
         for batch in staged.iter_batches(batch_size=None, batch_format="pyarrow"):
             block = cast(pa.Table, batch)
-            for described, units, rows, repeated in zip(
+            for described, units, consumed, rows, repeated in zip(
                 block.column("staged").to_pylist(),
                 block.column("units").to_pylist(),
+                block.column("consumed").to_pylist(),
                 block.column("rows").to_pylist(),
                 block.column("repeated").to_pylist(),
                 strict=True,
@@ -429,15 +484,18 @@ def _run(
                 tracker.committing(rows_per_unit, rows, repeated or [])
                 candidates += [int(u) for u in rows_per_unit or {}]
                 done_units, done_files = tracker.finished(candidates)
-                coordinator.commit(described, done_units, done_files)
+                coordinator.commit(described, done_units, done_files, _positions(consumed))
         new_reports()
         done_units, done_files = tracker.finished_at_end()
         coordinator.commit(None, done_units, done_files)
-        ids_done = len(id_filter)
+        ids_done = len(id_filter) if id_filter is not None else coordinator.report()["ids_done"]
         coordinator.finish()
     finally:
         source.checkpointed = None
-        id_filter.shutdown()
+        if id_filter is not None:
+            id_filter.shutdown()
+        else:
+            ray.kill(ledger, no_restart=True)
     committed = coordinator.committed()
     return {
         "rows": sum(rows for _, rows, _ in committed),
@@ -448,8 +506,21 @@ def _run(
         "resume": {
             **coordinator.report(),
             "ids_done": ids_done,
+            "by_position": by_position,
+            "rows_skipped_by_position": tracker.rows_skipped_by_position,
             "units_finished": len(tracker.recorded),
             "finished_late": tracker.late,
             "rows_dropped_by_steps": tracker.rows_dropped(),
         },
     }
+
+
+def _positions(consumed: str | None) -> list[tuple[tuple[int, int], list[tuple[int, int]]]] | None:
+    """A stage task's positions (JSON by unit) as the coordinator takes them (None: the
+    rows carried no tags)."""
+    if consumed is None:
+        return None
+    return [
+        (split_unit(int(unit)), [(int(s), int(e)) for s, e in ranges])
+        for unit, ranges in json.loads(consumed).items()
+    ]

@@ -2,7 +2,7 @@
 //! decision at a time (the commit point) and publishes, and finishes the checkpoint at the end.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use forebay_checkpoint::{CheckpointIndex, IdFamily, IdPartsWriter, SharedCheckpointIndex};
@@ -45,8 +45,9 @@ pub(crate) struct CommitLog {
     /// The scan filter this run reads under (recorded with every completion).
     scan_filter: Option<String>,
     /// This run records the positions each commit consumed (see `positions`); false when
-    /// its rows are probed by id instead (a checkpoint with ids known only by id).
-    positions: bool,
+    /// its rows are probed by id instead (a checkpoint with ids known only by id), and from
+    /// the first commit whose positions its caller could not say (`forget_positions`).
+    positions: AtomicBool,
     /// One decision at a time (see the module docs: completions go to the next record).
     deciding: Mutex<()>,
     /// Commits this log published itself: the last recovery of a run need not publish them
@@ -161,13 +162,7 @@ impl CommitLog {
         book: Arc<LineageBook>,
         opened: OpenedState,
     ) -> Result<Prepared> {
-        let ids = Self::id_column(checkpoint, &opened)?;
-        if ids.is_none() {
-            opened
-                .state
-                .put_atomic(BY_POSITION, b"rows are known by input position".to_vec())
-                .map_err(storage_err)?;
-        }
+        let ids = Self::id_column_or_mark(checkpoint, &opened)?;
         let mut report = opened.report.clone();
         report.ids_done = opened.ids_published;
         let finished = Arc::new(opened.finished.clone());
@@ -178,6 +173,22 @@ impl CommitLog {
             log: Arc::new(log),
             report,
         })
+    }
+
+    /// [`id_column`](Self::id_column), and without one the checkpoint marked as one by
+    /// position (a run with an id column must not take it over).
+    fn id_column_or_mark(
+        checkpoint: &Checkpoint,
+        opened: &OpenedState,
+    ) -> Result<Option<IdColumn>> {
+        let ids = Self::id_column(checkpoint, opened)?;
+        if ids.is_none() {
+            opened
+                .state
+                .put_atomic(BY_POSITION, b"rows are known by input position".to_vec())
+                .map_err(storage_err)?;
+        }
+        Ok(ids)
     }
 
     /// The checkpoint's id column (None without one), with its shard count (its
@@ -211,10 +222,12 @@ impl CommitLog {
         }))
     }
 
-    /// Recover the checkpoint and open the log without loading the ids (they are loaded
-    /// elsewhere: by the readers' filters in other processes). The id parts get the
-    /// checkpoint's shard count (its manifest's; else the one asked for, else the default),
-    /// and the manifest is written when missing.
+    /// Recover the checkpoint and open the log without loading any id (readers in other
+    /// processes drop done rows: by the positions in the finished inputs when
+    /// [`records_positions`](Self::records_positions), else by id in their own filters).
+    /// The id parts get the checkpoint's shard count (its manifest's; else the one asked
+    /// for, else the default), and the manifest is written when missing; a checkpoint
+    /// without an id column is marked as one by position.
     pub(crate) fn prepare_without_ids(
         checkpoint: &Checkpoint,
         output: Dir,
@@ -228,23 +241,18 @@ impl CommitLog {
                 checkpoint.path
             )));
         }
-        let Some(ids) = Self::id_column(checkpoint, &opened)? else {
-            return Err(EngineError::InvalidArgument(format!(
-                "the checkpoint {} has no id column: this writer's readers (other processes) \
-                 drop done rows by id",
-                checkpoint.path
-            )));
-        };
+        // (Opening a checkpoint without an id column checked that it resumes by position.)
+        let ids = Self::id_column_or_mark(checkpoint, &opened)?;
         let finished = opened.finished.clone();
-        let report = opened.report.clone();
-        // Other processes read and commit: no batch of theirs carries positions.
-        let mut opened = opened;
-        opened.positions = false;
+        let mut report = opened.report.clone();
+        report.ids_done = opened.ids_published;
+        // Whether this run resumes by position (`records_positions`) is the readers' to
+        // follow: they drop the positions in `finished`, else probe ids.
         let log = CommitLog::new(
             checkpoint,
             output,
             opened,
-            Some(ids),
+            ids,
             Arc::new(LineageBook::default()),
         );
         Ok((log, finished, report))
@@ -265,13 +273,25 @@ impl CommitLog {
             book,
             files: opened.files,
             scan_filter: opened.scan_filter,
-            positions: opened.positions,
+            positions: AtomicBool::new(opened.positions),
             deciding: Mutex::new(()),
             published: Mutex::new(BTreeSet::new()),
             run_id: opened.run_id,
             next: AtomicU64::new(0),
             lock: Mutex::new(Some(opened.lock)),
         }
+    }
+
+    /// Whether this run records the positions its commits consume: earlier runs' progress
+    /// is known by position, so a resume drops rows by position, not by id.
+    pub(crate) fn records_positions(&self) -> bool {
+        self.positions.load(Ordering::Relaxed)
+    }
+
+    /// Commits from now on do not record positions: their caller cannot say which input
+    /// rows they hold (a resume then drops done rows by id).
+    pub(crate) fn forget_positions(&self) {
+        self.positions.store(false, Ordering::Relaxed);
     }
 
     /// Shards of the checkpoint's id files (0 without an id column).
@@ -388,7 +408,7 @@ impl CommitLog {
                 ids,
                 inputs: self.input_records(&completed, consumed),
                 scan_filter: self.scan_filter.clone(),
-                positions: self.positions,
+                positions: self.positions.load(Ordering::Relaxed),
             };
             if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
                 return Ok(());
@@ -438,7 +458,7 @@ impl CommitLog {
         for &file in &completed.files {
             by_file.entry(file).or_insert_with(|| record(file)).complete = true;
         }
-        if self.positions {
+        if self.positions.load(Ordering::Relaxed) {
             for ((file, rg), ranges) in consumed.0 {
                 let entry = by_file.entry(file).or_insert_with(|| record(file));
                 // A row group this record finishes needs no positions.

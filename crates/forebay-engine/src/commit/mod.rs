@@ -60,8 +60,9 @@
 //! row derived from them is committed or was dropped empty (the `lineage` module).
 //!
 //! Positions need every done row recorded by position: the snapshot says whether all
-//! folded commits recorded them. When not (a snapshot of an older forebay, commits of
-//! forebay.ray, id files another writer left under the checkpoint path), or when this run
+//! folded commits recorded them. When not (a snapshot of an older forebay, forebay.ray
+//! commits whose rows lost their position tags, id files another writer left under the
+//! checkpoint path), or when this run
 //! reads changed inputs again, the run drops done rows by id instead: every id under the
 //! checkpoint path is loaded, and its records say they hold no positions. Rows that share
 //! an id are then written once in all (what probing by id can do).

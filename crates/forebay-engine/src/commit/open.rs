@@ -216,8 +216,8 @@ fn check_by_position(
             report.files_changed.join(", ")
         )
     } else if !positions {
-        "its progress was recorded by id (forebay.ray, or an older forebay): pass its id \
-         column"
+        "its progress was recorded by id (an older forebay, or forebay.ray rows without \
+         their position tags): pass its id column"
             .to_string()
     } else {
         return Ok(());

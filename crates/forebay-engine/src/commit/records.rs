@@ -89,7 +89,7 @@ pub(super) struct InputsSnapshot {
     pub(super) scan_filter: Option<String>,
     /// Every commit folded in recorded the positions it consumed (see `positions`): a
     /// resume needs no probe by id. False for snapshots written before positions, and once
-    /// a commit without them (forebay.ray's) is folded in.
+    /// a commit without them (forebay.ray's, of rows that lost their tags) is folded in.
     #[serde(default)]
     pub(super) positions: bool,
     /// Ids published by the commits folded in.
