@@ -176,6 +176,28 @@ def test_killed_while_deleting_on_success_then_rerun_writes_nothing_again(job):
     ]
 
 
+def test_kills_inside_folds_lose_nothing_and_leave_few_records(job):
+    """A run folds its commit records into the inputs snapshot every few commits (3 here;
+    256 by default), so that a resume reads few records however many commits came before.
+    Killed at 20 random points inside folds (the snapshot written, its records partly
+    deleted), then run again: every row once, and the rerun rolled forward fewer records
+    than a fold takes."""
+    rng = random.Random(2026112701)
+    fold = {"FOREBAY_FOLD_EVERY": "3"}
+    # 16 commits: 5 folds of 3 records in the run, then the last one in `finish`.
+    points = [f"folded:{n}" for n in range(1, 6)] + [f"folding:{n}" for n in range(1, 16)]
+    for point in rng.sample(points, 20):
+        victim = job({}, env={**fold, "FOREBAY_CRASH_AT": point})
+        _, err = victim.communicate(timeout=120)
+        assert victim.returncode == -signal.SIGKILL, f"{point}: {err[-2000:]}"
+        records = list((job.tmp / "ckpt" / "_forebay_commits").glob("*.json"))
+        stats = job.run(env=fold)
+        assert_exactly_once(job.tmp / "out")
+        assert len(records) <= 3 + 2, f"{point}: {len(records)} records left"
+        assert stats["resume"]["commits_recovered"] <= 3, (point, stats["resume"])
+        reset(job.tmp)
+
+
 def kill_at_random(job, rng: random.Random, config: dict) -> None:
     proc = job(config)
     assert proc.stdout.readline().strip() == "started"

@@ -604,4 +604,35 @@ mod tests {
             .unwrap();
         assert!(err.to_string().contains("without an id column"), "{err}");
     }
+
+    #[test]
+    fn a_run_folds_its_records_so_a_resume_reads_few() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dataset = input(tmp.path());
+        let ckpt = tmp.path().join("ckpt");
+        let checkpoint = Checkpoint::new("id", ckpt.to_str().unwrap()).with_fold_every(4);
+        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
+        let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
+        for i in 0..10 {
+            let staged = stager.stage(&[batch.slice(i * 10, 10)]).unwrap();
+            let held = vec![((0, 0), vec![(i as u64 * 10, i as u64 * 10 + 10)])];
+            coordinator
+                .commit(Some(staged), vec![], vec![], Some(held))
+                .unwrap();
+        }
+        // Killed before finishing: 8 records folded, 2 left.
+        drop(coordinator);
+        let records = std::fs::read_dir(ckpt.join("_forebay_commits"))
+            .unwrap()
+            .count();
+        assert_eq!(records, 2);
+        let again = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
+        assert_eq!(again.report().commits_recovered, 2);
+        assert_eq!(again.report().ids_done, 100);
+        let consumed = again.finished_inputs().consumed(&uri(&dataset), 0).cloned();
+        assert!(consumed.unwrap().uncovered(0, 100).is_empty());
+        assert_eq!(data_files(&tmp.path().join("out")).len(), 10);
+    }
 }

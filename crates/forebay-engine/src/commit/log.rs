@@ -13,9 +13,9 @@ use super::ids::{id_family_of, id_parts_writer, load_ids};
 use super::open::OpenedState;
 use super::open::BY_POSITION;
 use super::records::{
-    CommitRecord, DataFileRecord, FinishedInputs, IdPartsRecord, Identity, InputRecord,
+    load_inputs, CommitRecord, DataFileRecord, FinishedInputs, IdPartsRecord, Identity, InputRecord,
 };
-use super::recovery::{publish, recover_skipping};
+use super::recovery::{fold_records, publish, record_path, recover_skipping};
 use super::{checkpoint_err, storage_err, Checkpoint, ResumeReport, COMMITS, FORMAT, IDS, STAGING};
 use crate::error::{EngineError, Result};
 use crate::lease::RunLock;
@@ -50,6 +50,13 @@ pub(crate) struct CommitLog {
     positions: AtomicBool,
     /// One decision at a time (see the module docs: completions go to the next record).
     deciding: Mutex<()>,
+    /// Records this log published and has not folded into the inputs snapshot yet.
+    unfolded: Mutex<Vec<CommitRecord>>,
+    /// Records folded at a time (`Checkpoint::with_fold_every`, else `FOLD_EVERY` or
+    /// `FOREBAY_FOLD_EVERY`).
+    fold_every: usize,
+    /// One fold at a time (each rewrites the snapshot).
+    folding: Mutex<()>,
     /// Commits this log published itself: the last recovery of a run need not publish them
     /// again (on an object store that was two requests per file of every commit).
     published: Mutex<BTreeSet<String>>,
@@ -275,6 +282,9 @@ impl CommitLog {
             scan_filter: opened.scan_filter,
             positions: AtomicBool::new(opened.positions),
             deciding: Mutex::new(()),
+            unfolded: Mutex::new(Vec::new()),
+            fold_every: checkpoint.fold_every.unwrap_or_else(fold_every),
+            folding: Mutex::new(()),
             published: Mutex::new(BTreeSet::new()),
             run_id: opened.run_id,
             next: AtomicU64::new(0),
@@ -421,7 +431,7 @@ impl CommitLog {
             }
             let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
             self.state
-                .put_atomic(&format!("{COMMITS}/{commit}.json"), bytes)
+                .put_atomic(&record_path(commit), bytes)
                 .map_err(storage_err)?;
             crash_point("recorded");
             record
@@ -432,7 +442,35 @@ impl CommitLog {
         self.published
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(record.commit);
+            .insert(record.commit.clone());
+        // Every `fold_every` records, fold them into the inputs snapshot.
+        let due = {
+            let mut unfolded = self.unfolded.lock().unwrap_or_else(|p| p.into_inner());
+            unfolded.push(record);
+            (unfolded.len() >= self.fold_every).then(|| std::mem::take(&mut *unfolded))
+        };
+        match due {
+            Some(records) => self.fold(records),
+            None => Ok(()),
+        }
+    }
+
+    /// Fold records this log published into the inputs snapshot and delete them, so that a
+    /// resume reads the snapshot and at most `fold_every` records, however many commits
+    /// the run made (recovery's fold, during the run).
+    fn fold(&self, records: Vec<CommitRecord>) -> Result<()> {
+        let _one_fold_at_a_time = self.folding.lock().unwrap_or_else(|p| p.into_inner());
+        match &*self.lock.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(lock) => lock.check()?,
+            None => return Err(EngineError::Cancelled),
+        }
+        let mut snapshot = load_inputs(&self.state)?;
+        let names: Vec<String> = records.iter().map(|r| r.commit.clone()).collect();
+        fold_records(&self.state, &mut snapshot, &records, &names)?;
+        let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        for name in &names {
+            published.remove(name);
+        }
         Ok(())
     }
 
@@ -476,9 +514,14 @@ impl CommitLog {
     pub(crate) fn finish(&self, delete: bool, emptied: Consumed) -> Result<()> {
         let commit = self.next_commit_id();
         self.commit(&commit, None, None, Vec::new(), emptied)?;
+        let _one_fold_at_a_time = self.folding.lock().unwrap_or_else(|p| p.into_inner());
         let published =
             std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));
         recover_skipping(&self.state, &self.output, &published)?;
+        self.unfolded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         if delete {
             // The ids go; the inputs snapshot (every input finished) stays, so that a rerun
             // reads none of them instead of writing every row again.
@@ -495,4 +538,19 @@ impl CommitLog {
         }
         Ok(())
     }
+}
+
+/// Records a run folds into the inputs snapshot at a time: a resume reads at most this many
+/// records besides the snapshot. Each fold rewrites the snapshot (a few hundred bytes per
+/// input file) and deletes the records, one request each on object stores.
+const FOLD_EVERY: usize = 256;
+
+/// [`FOLD_EVERY`], or `FOREBAY_FOLD_EVERY` (the protocol's tests fold every few commits to
+/// kill the process inside folds).
+fn fold_every() -> usize {
+    std::env::var("FOREBAY_FOLD_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(FOLD_EVERY)
 }

@@ -48,10 +48,16 @@
 //!  for each record in _forebay_commits/:          (a corrupt record is an error, never a rerun)
 //!      roll forward: publish every file it names that is still staged
 //!      (a file neither staged nor published: error: it was deleted by hand)
-//!  merge the records' inputs into _forebay_inputs.json (atomic), then delete the records
+//!  merge the records' inputs into _forebay_inputs.json (atomic; it names the records it
+//!      folded), then delete the records (a record the snapshot names is deleted unfolded:
+//!      a fold was killed before deleting it)
 //!  delete _forebay_staging/ in both directories: staged files without a record are
 //!      commits that never happened (rolled back; their rows are processed again)
 //! ```
+//!
+//! A run folds its own records the same way every 256 commits (`Checkpoint::
+//! with_fold_every`), once they are published: a resume reads the snapshot and at most that
+//! many records, not one per commit of a job that committed 10,000 times.
 //!
 //! A SIGKILL at any moment leaves one of: staged files without a record (rolled back), a
 //! record with files still staged (rolled forward), or a finished commit. Rows are written
@@ -90,8 +96,11 @@
 //!
 //! `FOREBAY_CRASH_AT=<point>:<n>` makes the process SIGKILL itself the `n`-th time it
 //! reaches `<point>` (`staged`, `recorded`, `ids-published`, `published`, `recovering`,
+//! `folded`: a fold's snapshot written, `folding`: after each record a fold deletes,
 //! `deleting`: inside `delete_on_success`), so that tests can stop it inside a commit, a
-//! recovery or the final deletion at will. Unset, it costs one check.
+//! recovery, a fold or the final deletion at will. Unset, it costs one check.
+//! `FOREBAY_FOLD_EVERY=<n>` folds every `n` commits (`Checkpoint::with_fold_every`), so
+//! that a small test job folds often.
 //!
 //! ## Modules
 //!
@@ -153,6 +162,8 @@ pub struct Checkpoint {
     pub(crate) on_changed_input: OnChangedInput,
     pub(crate) storage_options: StorageOptions,
     pub(crate) lease_ttl: std::time::Duration,
+    /// Commit records a run folds into the inputs snapshot at a time (None: the default).
+    pub(crate) fold_every: Option<usize>,
 }
 
 impl Checkpoint {
@@ -169,6 +180,7 @@ impl Checkpoint {
             on_changed_input: OnChangedInput::Error,
             storage_options: StorageOptions::new(),
             lease_ttl: DEFAULT_LEASE_TTL,
+            fold_every: None,
         }
     }
 
@@ -189,6 +201,16 @@ impl Checkpoint {
     /// on the same machine is noticed at once). The run renews it every third of that.
     pub fn with_lease_ttl(mut self, ttl: std::time::Duration) -> Self {
         self.lease_ttl = ttl.max(std::time::Duration::from_millis(30));
+        self
+    }
+
+    /// Fold the run's commit records into the inputs snapshot every `records` commits
+    /// (default 256): a resume then reads the snapshot and fewer than `records` records,
+    /// however many commits earlier runs made. Each fold rewrites the snapshot (a few
+    /// hundred bytes per input file) and deletes the records it folded (a request each on
+    /// object stores).
+    pub fn with_fold_every(mut self, records: usize) -> Self {
+        self.fold_every = Some(records.max(1));
         self
     }
 

@@ -96,6 +96,49 @@ pub(super) struct InputsSnapshot {
     #[serde(default)]
     pub(super) ids: u64,
     pub(super) files: BTreeMap<String, InputState>,
+    /// The commits whose records the fold that wrote this snapshot folded in. A kill
+    /// before their record files were deleted leaves them behind: the next fold deletes
+    /// them without folding them again (a record folded twice would count its ids twice,
+    /// and an old record's scan filter would undo a newer one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) folded: Vec<String>,
+}
+
+impl InputsSnapshot {
+    /// Add what a commit recorded.
+    pub(super) fn fold(&mut self, record: &CommitRecord) {
+        if record.scan_filter != self.scan_filter {
+            // A run under another filter. What was finished with no filter stays finished
+            // (every row was read); what was finished under another filter is not finished
+            // under this one, and is read again.
+            if self.scan_filter.is_some() {
+                self.files.clear();
+            }
+            // Positions count the rows a filter keeps: under another one they name other
+            // rows.
+            for state in self.files.values_mut() {
+                state.consumed.clear();
+            }
+            self.scan_filter = record.scan_filter.clone();
+        }
+        let ids = record.ids.as_ref().map_or(0, |i| i.count);
+        self.ids += ids;
+        if ids > 0 && !record.positions {
+            // Rows this record published are known only by id from now on.
+            self.positions = false;
+        }
+        for input in &record.inputs {
+            let entry = self
+                .files
+                .entry(input.uri.clone())
+                .or_insert_with(|| InputState::new(input.identity.clone()));
+            if !entry.identity.same_as(&input.identity) {
+                // Recorded again after it changed (reprocess): the new identity wins.
+                *entry = InputState::new(input.identity.clone());
+            }
+            entry.fold(input);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -200,6 +243,7 @@ pub(super) fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
             positions: true,
             ids: 0,
             files: BTreeMap::new(),
+            folded: Vec::new(),
         }),
         Some(bytes) => {
             let snapshot: InputsSnapshot = serde_json::from_slice(&bytes).map_err(|e| {

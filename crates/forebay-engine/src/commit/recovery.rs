@@ -1,10 +1,12 @@
 //! Recovery at the start of every run: roll recorded commits forward, fold their inputs
-//! into the snapshot, and roll back what was staged without a record.
+//! into the snapshot, and roll back what was staged without a record. Folding also runs
+//! during a run (`CommitLog` folds every `FOLD_EVERY` records it published), so that a
+//! long job's resume opens a bounded number of records, not one per commit.
 
 use std::collections::BTreeSet;
 
 use super::crash::crash_point;
-use super::records::{load_inputs, CommitRecord, InputState};
+use super::records::{load_inputs, CommitRecord, InputsSnapshot};
 use super::{corrupt, storage_err, COMMITS, FORMAT, INPUTS, STAGING};
 use crate::error::{EngineError, Result};
 use forebay_io::Dir;
@@ -26,12 +28,17 @@ pub(super) fn recover_skipping(
         .list(COMMITS)
         .map_err(storage_err)?
         .into_iter()
-        .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
+        .filter_map(|n| Some(n.strip_suffix(".json")?.to_string()))
+        .filter(|n| !n.starts_with('.'))
         .collect();
     names.sort();
+    let mut snapshot = load_inputs(state)?;
     let mut records = Vec::with_capacity(names.len());
     for name in &names {
-        let relative = format!("{COMMITS}/{name}");
+        if snapshot.folded.contains(name) {
+            continue; // folded and published already; its file was not deleted yet
+        }
+        let relative = record_path(name);
         let bytes = state
             .get(&relative)
             .map_err(storage_err)?
@@ -50,54 +57,44 @@ pub(super) fn recover_skipping(
         crash_point("recovering");
         records.push(record);
     }
-    if !records.is_empty() {
-        let mut snapshot = load_inputs(state)?;
-        for record in &records {
-            if record.scan_filter != snapshot.scan_filter {
-                // A run under another filter. What was finished with no filter stays
-                // finished (every row was read); what was finished under another filter
-                // is not finished under this one, and is read again.
-                if snapshot.scan_filter.is_some() {
-                    snapshot.files.clear();
-                }
-                // Positions count the rows a filter keeps: under another one they
-                // name other rows.
-                for state in snapshot.files.values_mut() {
-                    state.consumed.clear();
-                }
-                snapshot.scan_filter = record.scan_filter.clone();
-            }
-            let ids = record.ids.as_ref().map_or(0, |i| i.count);
-            snapshot.ids += ids;
-            if ids > 0 && !record.positions {
-                // Rows this record published are known only by id from now on.
-                snapshot.positions = false;
-            }
-            for input in &record.inputs {
-                let entry = snapshot
-                    .files
-                    .entry(input.uri.clone())
-                    .or_insert_with(|| InputState::new(input.identity.clone()));
-                if !entry.identity.same_as(&input.identity) {
-                    // Recorded again after it changed (reprocess): the new identity wins.
-                    *entry = InputState::new(input.identity.clone());
-                }
-                entry.fold(input);
-            }
-        }
-        snapshot.format = FORMAT;
-        let bytes = serde_json::to_vec_pretty(&snapshot).expect("snapshots serialise");
-        state.put_atomic(INPUTS, bytes).map_err(storage_err)?;
-        for name in &names {
-            state
-                .delete(&format!("{COMMITS}/{name}"))
-                .map_err(storage_err)?;
-        }
-    }
+    fold_records(state, &mut snapshot, &records, &names)?;
     // Staged files that no record names are commits that did not happen.
     state.delete_staging(STAGING).map_err(storage_err)?;
     output.delete_staging(STAGING).map_err(storage_err)?;
     Ok(records.len())
+}
+
+/// Fold published `records` into `snapshot` (as loaded from the state directory), write it,
+/// then delete the record files `names` (the records' commits, and any the snapshot says
+/// were folded already). The snapshot is written first and names what it folded, so a kill
+/// at any moment loses nothing and folds nothing twice.
+pub(super) fn fold_records(
+    state: &Dir,
+    snapshot: &mut InputsSnapshot,
+    records: &[CommitRecord],
+    names: &[String],
+) -> Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    for record in records {
+        snapshot.fold(record);
+    }
+    snapshot.format = FORMAT;
+    snapshot.folded = names.to_vec();
+    let bytes = serde_json::to_vec_pretty(&snapshot).expect("snapshots serialise");
+    state.put_atomic(INPUTS, bytes).map_err(storage_err)?;
+    crash_point("folded");
+    for name in names {
+        state.delete(&record_path(name)).map_err(storage_err)?;
+        crash_point("folding");
+    }
+    Ok(())
+}
+
+/// Where the record of `commit` is, in the state directory.
+pub(super) fn record_path(commit: &str) -> String {
+    format!("{COMMITS}/{commit}.json")
 }
 
 /// Move a record's staged files to their final names (idempotent).

@@ -234,3 +234,44 @@ fn vanished_files_on(kind: &str) {
     let err = recover(&state, &output).unwrap_err().to_string();
     assert!(err.contains("c4.json") && err.contains("damaged"), "{err}");
 }
+
+#[test]
+fn a_fold_killed_before_deleting_its_records_folds_nothing_twice() {
+    for kind in ["local", "memory"] {
+        let (_tmp, state, output) = dirs_on(kind);
+        for commit in ["c1", "c2"] {
+            stage(&state, &output, commit);
+            let bytes = serde_json::to_vec(&record(commit)).unwrap();
+            state
+                .put_atomic(&recovery::record_path(commit), bytes)
+                .unwrap();
+        }
+        // A fold (published records, as a run folds its own) whose snapshot was written,
+        // killed before it deleted the records.
+        let records = [record("c1"), record("c2")];
+        for r in &records {
+            recovery::publish(&state, &output, r).unwrap();
+        }
+        let mut snapshot = load_inputs(&state).unwrap();
+        for r in &records {
+            snapshot.fold(r);
+        }
+        snapshot.folded = vec!["c1".into(), "c2".into()];
+        state
+            .put_atomic(INPUTS, serde_json::to_vec(&snapshot).unwrap())
+            .unwrap();
+        // The next recovery finds them beside a record of a later run.
+        let mut newer = under_filter_b("c3");
+        newer.ids = None;
+        recorded_then_recovered(&state, &output, &newer);
+        let snapshot = load_inputs(&state).unwrap();
+        assert_eq!(
+            snapshot.ids, 6,
+            "{kind}: the ids of c1 and c2, counted once"
+        );
+        assert_eq!(snapshot.scan_filter.as_deref(), Some("B"), "{kind}");
+        assert!(snapshot.files.contains_key("/in/b.parquet"), "{kind}");
+        assert!(state.list(COMMITS).unwrap().is_empty(), "{kind}");
+        assert!(output.exists("part-c1.parquet").unwrap());
+    }
+}
