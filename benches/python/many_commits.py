@@ -76,7 +76,7 @@ class Storage:
             sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
             from conftest import S3_CREDENTIALS, moto_s3  # the tests' moto server
 
-            self.moto = moto_s3(root / "moto.log")
+            self.moto = moto_s3(Path(tempfile.gettempdir()) / "many_commits_moto.log")
             self.client, self.endpoint = self.moto.__enter__()
             self.options = {**S3_CREDENTIALS, "aws_endpoint": self.endpoint}
 

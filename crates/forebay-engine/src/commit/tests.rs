@@ -275,3 +275,21 @@ fn a_fold_killed_before_deleting_its_records_folds_nothing_twice() {
         assert!(output.exists("part-c1.parquet").unwrap());
     }
 }
+
+#[test]
+fn a_complete_file_keeps_no_row_groups_or_positions_in_the_snapshot() {
+    let (_tmp, state, output) = dirs();
+    let mut partly = record("c1");
+    partly.inputs[0]
+        .consumed
+        .insert(1, serde_json::from_str("[[0, 10]]").unwrap());
+    recorded_then_recovered(&state, &output, &partly);
+    let snapshot = load_inputs(&state).unwrap();
+    let a = &snapshot.files["/in/a.parquet"];
+    assert!(!a.complete && a.row_groups.len() == 2 && a.consumed.len() == 1);
+    let mut finishing = record("c2");
+    finishing.inputs[0].complete = true;
+    recorded_then_recovered(&state, &output, &finishing);
+    let a = load_inputs(&state).unwrap().files["/in/a.parquet"].clone();
+    assert!(a.complete && a.row_groups.is_empty() && a.consumed.is_empty());
+}
