@@ -528,6 +528,12 @@ mod tests {
         assert!(err.to_string().contains("'id'"), "{err}");
     }
 
+    /// A run of the tests' job: its input, checkpoint path and sink under `tmp`.
+    fn job(tmp: &std::path::Path) -> (ParquetDataset, std::path::PathBuf, ParquetSink) {
+        let sink = ParquetSink::new(tmp.join("out").to_str().unwrap());
+        (input(tmp), tmp.join("ckpt"), sink)
+    }
+
     fn uri(dataset: &ParquetDataset) -> String {
         dataset.files()[0].uri().to_string()
     }
@@ -535,9 +541,8 @@ mod tests {
     #[test]
     fn positions_committed_elsewhere_are_what_the_next_run_drops() {
         let tmp = tempfile::tempdir().unwrap();
-        let dataset = input(tmp.path());
-        let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").to_str().unwrap());
-        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
+        let (dataset, ckpt, sink) = job(tmp.path());
+        let checkpoint = Checkpoint::new("id", ckpt.to_str().unwrap());
         let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
         assert!(coordinator.resumes_by_position(), "a new checkpoint");
         let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
@@ -573,10 +578,8 @@ mod tests {
     #[test]
     fn a_checkpoint_by_position_stages_no_id_and_needs_positions() {
         let tmp = tempfile::tempdir().unwrap();
-        let dataset = input(tmp.path());
-        let ckpt = tmp.path().join("ckpt");
+        let (dataset, ckpt, sink) = job(tmp.path());
         let checkpoint = Checkpoint::by_position(ckpt.to_str().unwrap());
-        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
         let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
         let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
         let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
@@ -608,10 +611,8 @@ mod tests {
     #[test]
     fn a_run_folds_its_records_so_a_resume_reads_few() {
         let tmp = tempfile::tempdir().unwrap();
-        let dataset = input(tmp.path());
-        let ckpt = tmp.path().join("ckpt");
+        let (dataset, ckpt, sink) = job(tmp.path());
         let checkpoint = Checkpoint::new("id", ckpt.to_str().unwrap()).with_fold_every(4);
-        let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
         let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
         let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
         let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;

@@ -130,6 +130,7 @@ class CheckpointedRead:
         # Positions: the unit being read and how many of its rows the scan emitted before
         # the current batch (as forebay's own source counts them).
         unit, unit_rows = -1, 0
+        consumed: np.ndarray | None = None  # the unit's consumed positions (by_position)
         # Batches wait here until FILTER_ROWS of them can be filtered with one request per
         # shard actor (a request per small batch would cost more than the probing), and
         # the actors probe one group while the task reads the next.
@@ -144,12 +145,14 @@ class CheckpointedRead:
                 emitted.setdefault(this, 0)
                 if this != unit:
                     unit, unit_rows = this, 0
+                    if self.by_position:
+                        consumed = self._consumed_ranges(
+                            provenance["file"], provenance["row_group"]
+                        )
                 first, unit_rows = unit_rows, unit_rows + batch.num_rows
                 positions = np.arange(first, unit_rows, dtype=np.int64)
-                if self.by_position and batch.num_rows:
-                    keep = self._not_consumed(
-                        provenance["file"], provenance["row_group"], first, batch.num_rows
-                    )
+                if consumed is not None and batch.num_rows:
+                    keep = not_consumed(consumed, first, batch.num_rows)
                     if keep is not None:
                         skipped += batch.num_rows - int(np.count_nonzero(keep))
                         batch, positions = batch.filter(pa.array(keep)), positions[keep]
@@ -172,22 +175,13 @@ class CheckpointedRead:
         ray.get(self.ledger.report.remote(emitted, self.pieces, skipped))
         yield from last
 
-    def _not_consumed(self, uri: str, row_group: int, first: int, rows: int) -> np.ndarray | None:
-        """Which rows at positions ``first .. first + rows`` of the row group no earlier
-        commit consumed (None: all of them)."""
+    def _consumed_ranges(self, uri: str, row_group: int) -> np.ndarray | None:
+        """The positions earlier commits consumed in a row group, as ``(start, end)`` rows
+        (None: none)."""
         consumed = self.finished.get(uri, {}).get("consumed", {}).get(str(row_group))
         if not consumed:
             return None
-        ranges = np.asarray(consumed, dtype=np.int64).reshape(-1, 2)
-        # The sorted, disjoint ranges overlapping [first, first + rows).
-        lo = int(np.searchsorted(ranges[:, 1], first, side="right"))
-        hi = int(np.searchsorted(ranges[:, 0], first + rows, side="left"))
-        if lo >= hi:
-            return None
-        keep = np.ones(rows, dtype=bool)
-        for start, end in ranges[lo:hi]:
-            keep[max(start - first, 0) : min(end - first, rows)] = False
-        return keep
+        return np.asarray(consumed, dtype=np.int64).reshape(-1, 2)
 
     def _ask(self, group: list[_Rows]) -> Any:
         if self.id_filter is None or self.id_column is None:
@@ -223,6 +217,20 @@ class CheckpointedRead:
             step = self.block_rows or table.num_rows
             for first in range(0, table.num_rows, step):
                 yield table.slice(first, step)
+
+
+def not_consumed(ranges: np.ndarray, first: int, rows: int) -> np.ndarray | None:
+    """Which rows at positions ``first .. first + rows`` of a row group no earlier commit
+    consumed, given the row group's consumed ``ranges`` (None: all of them)."""
+    # The sorted, disjoint ranges overlapping [first, first + rows).
+    lo = int(np.searchsorted(ranges[:, 1], first, side="right"))
+    hi = int(np.searchsorted(ranges[:, 0], first + rows, side="left"))
+    if lo >= hi:
+        return None
+    keep = np.ones(rows, dtype=bool)
+    for start, end in ranges[lo:hi]:
+        keep[max(start - first, 0) : min(end - first, rows)] = False
+    return keep
 
 
 @dataclass
