@@ -2,6 +2,8 @@
 
     python benches/python/resume_scale.py --rows 200000000 --ids int
     python benches/python/resume_scale.py --rows 50000000 --ids string
+    python benches/python/resume_scale.py --work-left 2000000 --ids int
+
 
 The job: ``--rows`` rows in ``--files`` Parquet files (an int64 or string id and a 48-byte
 incompressible payload; row groups of 1/8 of a file), generated with numpy and pyarrow and
@@ -9,6 +11,11 @@ deleted afterwards. ``forebay.read_parquet(in).map_batches(f).write_parquet(out,
 checkpoint=forebay.Checkpoint("id", ckpt))`` with ``f`` a Python function returning its
 batch (the shape of an inference job, without the model). A full run first, then for each
 kill point a run SIGKILLed once that share of the rows is committed, then its resume.
+
+With ``--work-left N``, each kill point gets a job of its own, sized so that N rows are left
+after the kill: N / (1 - point) rows in files of ``--rows-per-file``. The resumes then do the
+same work, and differ only in the ids done before them (N, 9 N, 99 N at 50, 90 and 99 %):
+what their memory shows is what the done ids cost.
 
 Reported per run, each in a fresh subprocess: wall time, every byte the process read
 (``/proc/self/io`` rchar: input, checkpoint, everything), the rise of system-wide used
@@ -133,6 +140,37 @@ def line(label: str, got: dict, full: dict) -> str:
     )
 
 
+def same_work_left(args: argparse.Namespace, root: Path) -> None:
+    """A job per kill point, each leaving ``args.work_left`` rows to its resume."""
+    table = [
+        "| kill point | job rows | ids done before the resume | rows written | s "
+        "| GB read | sys rise MB | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for fraction in args.kill:
+        rows = round(args.work_left / (1 - fraction))
+        files = max(1, rows // args.rows_per_file)
+        rows = files * args.rows_per_file
+        shutil.rmtree(root, ignore_errors=True)
+        try:
+            generate(root / "in", rows, files, args.ids)
+            done = killed_at(root / "in", root / "out", root / "ckpt", rows, fraction, OUTPUT_FILES)
+            resumed = run(root / "in", root / "out", root / "ckpt", rows)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(
+            f"{fraction:.0%} of {rows:,} rows ({files} files): {done} files committed; "
+            f"resume {json.dumps(resumed)}",
+            flush=True,
+        )
+        table.append(
+            f"| {fraction:.0%} | {rows:,} | {rows - resumed['rows']:,} | {resumed['rows']:,} "
+            f"| {resumed['seconds']:.1f} | {resumed['process_read'] / 1e9:.2f} "
+            f"| {resumed['rise_mb']:.0f} | {resumed['rss_mb']:.0f} |"
+        )
+    print("\n".join(table))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(child_run(*sys.argv[2:6])))
@@ -143,8 +181,15 @@ def main() -> None:
     parser.add_argument("--ids", choices=["int", "string"], default="int")
     parser.add_argument("--kill", type=float, nargs="+", default=[0.5, 0.9, 0.99])
     parser.add_argument("--dir", default="/var/tmp/forebay-resume-scale")
+    parser.add_argument(
+        "--work-left", type=int, default=None, help="rows left after each kill (a job each)"
+    )
+    parser.add_argument("--rows-per-file", type=int, default=1_000_000)
     args = parser.parse_args()
     root = Path(args.dir)
+    if args.work_left is not None:
+        same_work_left(args, root)
+        return
     shutil.rmtree(root, ignore_errors=True)
     try:
         started = time.monotonic()

@@ -10,6 +10,7 @@
 //! | [`publish_all`](Dir::publish_all) | renames, then each directory synced once, in parallel | copies (8 at a time), then bulk deletes of the sources |
 //! | [`get`](Dir::get), [`list`](Dir::list), [`entries`](Dir::entries), [`exists`](Dir::exists), [`delete`](Dir::delete), [`delete_tree`](Dir::delete_tree) | std::fs | object_store |
 //! | [`delete_trees`](Dir::delete_trees) | trees removed on several threads | `delete_tree` each (a listing, then bulk deletes) |
+//! | [`delete_files`](Dir::delete_files) | unlinks, one after another | bulk deletes (S3: 1,000 objects a request) |
 //!
 //! Paths are relative to the directory and use `/`. Local temp files are named
 //! `.<name>.<pid>.tmp` ([`temp_name`]): readers skip dot-files, and whoever finds one whose
@@ -23,9 +24,10 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -389,6 +391,54 @@ impl Dir {
             .collect())
     }
 
+    /// Every file under the directory `relative`, at any depth, as paths relative to this
+    /// directory (`relative/a/b`); none if it does not exist. One listing on object stores
+    /// (a request per 1,000 objects), a walk locally.
+    pub fn files_under(&self, relative: &str) -> DirResult<Vec<String>> {
+        match self {
+            Dir::Local(_) => {
+                let mut files = Vec::new();
+                let mut pending = vec![relative.trim_end_matches('/').to_string()];
+                while let Some(dir) = pending.pop() {
+                    for entry in self.entries(&dir)? {
+                        let path = if dir.is_empty() {
+                            entry.name
+                        } else {
+                            format!("{dir}/{}", entry.name)
+                        };
+                        if entry.is_dir {
+                            pending.push(path);
+                        } else {
+                            files.push(path);
+                        }
+                    }
+                }
+                Ok(files)
+            }
+            Dir::Remote { store, prefix, .. } => {
+                let (store, location) = (store.clone(), object_path(prefix, relative));
+                let listed: Vec<ObjectPath> = crate::block_on(async move {
+                    store
+                        .list(Some(&location))
+                        .map_ok(|meta| meta.location)
+                        .try_collect()
+                        .await
+                })
+                .map_err(self.store_error(relative))?;
+                Ok(listed
+                    .iter()
+                    .filter_map(|location| {
+                        let parts: Vec<String> = location
+                            .prefix_match(prefix)?
+                            .map(|part| part.as_ref().to_string())
+                            .collect();
+                        Some(parts.join("/"))
+                    })
+                    .collect())
+            }
+        }
+    }
+
     /// The files and directories directly in the directory `relative` (empty: this
     /// directory); none if it does not exist. On object stores a directory is a common prefix.
     pub fn entries(&self, relative: &str) -> DirResult<Vec<Entry>> {
@@ -450,6 +500,30 @@ impl Dir {
         }
     }
 
+    /// Delete the files at `relatives`, in as few requests as the store allows (S3's
+    /// DeleteObjects removes up to 1,000 a request, where [`Dir::delete`] costs one request
+    /// a file); ones already gone are fine. `deleted` is called once per file gone: locally
+    /// after each unlink, remotely once the bulk requests returned.
+    pub fn delete_files(&self, relatives: &[String], mut deleted: impl FnMut()) -> DirResult<()> {
+        match self {
+            Dir::Local(_) => relatives.iter().try_for_each(|relative| {
+                self.delete(relative)?;
+                deleted();
+                Ok(())
+            }),
+            Dir::Remote { store, prefix, .. } => {
+                let store = store.clone();
+                let locations: Vec<ObjectPath> =
+                    relatives.iter().map(|r| object_path(prefix, r)).collect();
+                let first = relatives.first().cloned().unwrap_or_default();
+                crate::block_on(async move { delete_all(&*store, locations).await })
+                    .map_err(self.store_error(&first))?;
+                relatives.iter().for_each(|_| deleted());
+                Ok(())
+            }
+        }
+    }
+
     /// Delete the directory `relative` and everything under it.
     ///
     /// A writer of an earlier run that is still going (a Ray task of a killed driver) can add
@@ -463,12 +537,11 @@ impl Dir {
             Dir::Remote { store, prefix, .. } => {
                 let (store, location) = (store.clone(), object_path(prefix, relative));
                 crate::block_on(async move {
-                    // Listed and deleted as one stream: stores with a bulk delete (S3's
-                    // DeleteObjects) remove up to 1,000 objects a request.
-                    let listed = store
+                    let listed: Vec<ObjectPath> = store
                         .list(Some(&location))
                         .map_ok(|meta| meta.location)
-                        .boxed();
+                        .try_collect()
+                        .await?;
                     delete_all(&*store, listed).await
                 })
                 .map_err(self.store_error(relative))
@@ -564,7 +637,6 @@ impl Dir {
                 .buffer_unordered(REQUESTS_IN_FLIGHT)
                 .try_collect::<Vec<()>>()
                 .await?;
-            let sources = futures::stream::iter(sources.into_iter().map(Ok)).boxed();
             delete_all(&*store, sources)
                 .await
                 .map_err(|e| (first_source, e))
@@ -729,18 +801,40 @@ async fn copy_object(
 
 /// Delete every object of `locations` in as few requests as the store allows (S3: up to
 /// 1,000 a request); objects already gone are fine.
+///
+/// object_store retries a request whose connection failed before it was sent, but not a bulk
+/// delete (a POST) whose connection broke after: it cannot know the request is idempotent.
+/// Deleting again is harmless, so a failed attempt is retried (3 times, from 100 ms apart)
+/// unless the store refused the credentials.
 async fn delete_all(
     store: &dyn ObjectStore,
-    locations: BoxStream<'static, object_store::Result<ObjectPath>>,
+    locations: Vec<ObjectPath>,
 ) -> object_store::Result<()> {
-    let mut deleted = store.delete_stream(locations);
-    while let Some(result) = deleted.next().await {
-        match result {
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(e),
+    let attempt = || async {
+        let listed = futures::stream::iter(locations.clone().into_iter().map(Ok)).boxed();
+        let mut deleted = store.delete_stream(listed);
+        while let Some(result) = deleted.next().await {
+            match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
-    }
-    Ok(())
+        Ok(())
+    };
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_times(3);
+    attempt
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(|e| {
+            !matches!(
+                e,
+                object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            )
+        })
+        .await
 }
 
 fn object_path(prefix: &ObjectPath, relative: &str) -> ObjectPath {
@@ -913,6 +1007,58 @@ mod tests {
             assert_eq!(dir.list("moved").unwrap(), vec!["top.parquet".to_string()]);
             dir.delete_tree("moved").unwrap();
             assert!(!dir.exists("moved/top.parquet").unwrap());
+        }
+    }
+
+    #[test]
+    fn delete_files_removes_exactly_the_files_named_on_both_kinds() {
+        let tmp = tempfile::tempdir().unwrap();
+        for root in [
+            tmp.path().display().to_string(),
+            "memory://delete-files".to_string(),
+        ] {
+            let dir = Dir::open(&root, &StorageOptions::new()).unwrap();
+            for k in 0..5 {
+                dir.put_atomic(&format!("c/{k}.json"), vec![k]).unwrap();
+            }
+            // Gone already (a kill between two deletes): fine, and counted.
+            let doomed: Vec<String> = ["c/0.json", "c/2.json", "c/gone.json", "c/4.json"]
+                .map(String::from)
+                .to_vec();
+            let mut confirmed = 0;
+            dir.delete_files(&doomed, || confirmed += 1).unwrap();
+            assert_eq!(confirmed, 4, "{root}");
+            let mut left = dir.list("c").unwrap();
+            left.sort();
+            assert_eq!(left, ["1.json", "3.json"], "{root}");
+            dir.delete_files(&[], || unreachable!()).unwrap();
+        }
+    }
+
+    #[test]
+    fn files_under_lists_every_depth_relative_to_the_directory_on_both_kinds() {
+        let tmp = tempfile::tempdir().unwrap();
+        for root in [
+            tmp.path().display().to_string(),
+            "memory://files-under/ckpt".to_string(),
+        ] {
+            let dir = Dir::open(&root, &StorageOptions::new()).unwrap();
+            for file in [
+                "s/c1/ids/p1.parquet",
+                "s/c1/ids/p2.parquet",
+                "s/c2.json",
+                "top.json",
+            ] {
+                dir.put_atomic(file, b"x".to_vec()).unwrap();
+            }
+            let mut files = dir.files_under("s").unwrap();
+            files.sort();
+            assert_eq!(
+                files,
+                ["s/c1/ids/p1.parquet", "s/c1/ids/p2.parquet", "s/c2.json"],
+                "{root}"
+            );
+            assert!(dir.files_under("missing").unwrap().is_empty(), "{root}");
         }
     }
 

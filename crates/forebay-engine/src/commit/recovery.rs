@@ -3,12 +3,14 @@
 //! during a run (`CommitLog` folds every `FOLD_EVERY` records it published), so that a
 //! long job's resume opens a bounded number of records, not one per commit.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Mutex;
 
 use super::crash::crash_point;
 use super::records::{load_inputs, CommitRecord, InputsSnapshot};
 use super::{corrupt, storage_err, COMMITS, FORMAT, INPUTS, STAGING};
 use crate::error::{EngineError, Result};
+use forebay_io::durable::in_parallel;
 use forebay_io::Dir;
 
 /// Roll every recorded commit forward, fold the records into the inputs snapshot, delete
@@ -19,6 +21,13 @@ pub(super) fn recover(state: &Dir, output: &Dir) -> Result<usize> {
 
 /// [`recover`], trusting that the commits in `published` are published (this process
 /// published them).
+///
+/// A record is read, and its files published, on several threads: on an object store each
+/// is a round trip. A record none of whose files is still staged was published already (a
+/// publish removes a staged file only after its copy or rename): only the files' presence
+/// is checked, instead of a publish that finds nothing to move (a failed copy, a check and
+/// a delete a file, on object stores). One listing of each staging directory tells them
+/// apart.
 pub(super) fn recover_skipping(
     state: &Dir,
     output: &Dir,
@@ -33,35 +42,117 @@ pub(super) fn recover_skipping(
         .collect();
     names.sort();
     let mut snapshot = load_inputs(state)?;
-    let mut records = Vec::with_capacity(names.len());
-    for name in &names {
-        if snapshot.folded.contains(name) {
-            continue; // folded and published already; its file was not deleted yet
-        }
-        let relative = record_path(name);
-        let bytes = state
-            .get(&relative)
-            .map_err(storage_err)?
-            .ok_or_else(|| corrupt(state.shown(&relative), "vanished while being read"))?;
-        let record: CommitRecord = serde_json::from_slice(&bytes)
-            .map_err(|e| corrupt(state.shown(&relative), format!("not a commit record: {e}")))?;
-        if record.format != FORMAT {
-            return Err(corrupt(
-                state.shown(&relative),
-                format!("format {} (this forebay reads {FORMAT})", record.format),
-            ));
-        }
+    // Records folded and published already, whose files were not deleted yet, are skipped.
+    let to_roll: Vec<&String> = names
+        .iter()
+        .filter(|name| !snapshot.folded.contains(*name))
+        .collect();
+    let staged = if to_roll.is_empty() {
+        StillStaged::default()
+    } else {
+        StillStaged::list(state, output)?
+    };
+    let rolled: Vec<Mutex<Option<CommitRecord>>> =
+        to_roll.iter().map(|_| Mutex::new(None)).collect();
+    let slots: Vec<(&String, &Mutex<Option<CommitRecord>>)> =
+        to_roll.iter().copied().zip(&rolled).collect();
+    in_parallel(&slots, |(name, slot)| {
+        let record = read_record(state, name)?;
         if !published.contains(&record.commit) {
-            publish(state, output, &record)?;
+            if staged.holds_any_of(&record) {
+                publish(state, output, &record)?;
+            } else {
+                check_published(state, output, &record)?;
+            }
         }
         crash_point("recovering");
-        records.push(record);
-    }
+        *slot.lock().expect("no recovery thread panics holding it") = Some(record);
+        Ok::<(), EngineError>(())
+    })?;
+    let records: Vec<CommitRecord> = rolled
+        .into_iter()
+        .filter_map(|slot| slot.into_inner().expect("no recovery thread panicked"))
+        .collect();
     fold_records(state, &mut snapshot, &records, &names)?;
     // Staged files that no record names are commits that did not happen.
     state.delete_staging(STAGING).map_err(storage_err)?;
     output.delete_staging(STAGING).map_err(storage_err)?;
     Ok(records.len())
+}
+
+/// The commit record `name`, checked to be one this forebay reads.
+fn read_record(state: &Dir, name: &str) -> Result<CommitRecord> {
+    let relative = record_path(name);
+    let bytes = state
+        .get(&relative)
+        .map_err(storage_err)?
+        .ok_or_else(|| corrupt(state.shown(&relative), "vanished while being read"))?;
+    let record: CommitRecord = serde_json::from_slice(&bytes)
+        .map_err(|e| corrupt(state.shown(&relative), format!("not a commit record: {e}")))?;
+    if record.format != FORMAT {
+        return Err(corrupt(
+            state.shown(&relative),
+            format!("format {} (this forebay reads {FORMAT})", record.format),
+        ));
+    }
+    Ok(record)
+}
+
+/// The files left in the staging directories of the checkpoint and of the output.
+#[derive(Default)]
+struct StillStaged {
+    state: HashSet<String>,
+    output: HashSet<String>,
+}
+
+impl StillStaged {
+    fn list(state: &Dir, output: &Dir) -> Result<StillStaged> {
+        let files = |dir: &Dir| -> Result<HashSet<String>> {
+            Ok(dir
+                .files_under(STAGING)
+                .map_err(storage_err)?
+                .into_iter()
+                .collect())
+        };
+        Ok(StillStaged {
+            state: files(state)?,
+            output: files(output)?,
+        })
+    }
+
+    /// Whether any file of `record` is still staged (its commit is not fully published).
+    fn holds_any_of(&self, record: &CommitRecord) -> bool {
+        let ids = record.ids.iter().flat_map(|ids| &ids.parts).any(|part| {
+            self.state
+                .contains(&format!("{STAGING}/{}/{part}", record.commit))
+        });
+        let data = record
+            .data
+            .as_ref()
+            .is_some_and(|data| self.output.contains(&data.staged));
+        ids || data
+    }
+}
+
+/// A record with nothing left staged: its files must be at their final names. Anything else
+/// is a checkpoint someone changed by hand.
+fn check_published(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
+    let ids = record
+        .ids
+        .iter()
+        .flat_map(|ids| &ids.parts)
+        .map(|p| (state, p));
+    let data = record.data.iter().map(|data| (output, &data.final_name));
+    for (dir, final_name) in ids.chain(data) {
+        if !dir.exists(final_name).map_err(storage_err)? {
+            return Err(neither_published_nor_staged(
+                dir,
+                final_name,
+                &record.commit,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Fold published `records` into `snapshot` (as loaded from the state directory), write it,
@@ -86,11 +177,11 @@ pub(super) fn fold_records(
     let bytes = serde_json::to_vec(&snapshot).expect("snapshots serialise");
     state.put_atomic(INPUTS, bytes).map_err(storage_err)?;
     crash_point("folded");
-    for name in names {
-        state.delete(&record_path(name)).map_err(storage_err)?;
-        crash_point("folding");
-    }
-    Ok(())
+    // One bulk request on object stores, not one per record.
+    let paths: Vec<String> = names.iter().map(|name| record_path(name)).collect();
+    state
+        .delete_files(&paths, || crash_point("folding"))
+        .map_err(storage_err)
 }
 
 /// Where the record of `commit` is, in the state directory.
@@ -146,12 +237,16 @@ pub(super) fn check_publishable(
     if dir.exists(staged).map_err(storage_err)? || dir.exists(final_name).map_err(storage_err)? {
         return Ok(());
     }
-    Err(EngineError::Write {
+    Err(neither_published_nor_staged(dir, final_name, commit))
+}
+
+fn neither_published_nor_staged(dir: &Dir, final_name: &str, commit: &str) -> EngineError {
+    EngineError::Write {
         stage: "checkpoint".into(),
         path: dir.shown(final_name),
         reason: format!(
             "commit {commit} recorded this file, but it is neither published nor staged (deleted \
              by hand?); restore it, or delete the checkpoint to start over"
         ),
-    })
+    }
 }

@@ -293,3 +293,63 @@ fn a_complete_file_keeps_no_row_groups_or_positions_in_the_snapshot() {
     let a = load_inputs(&state).unwrap().files["/in/a.parquet"].clone();
     assert!(a.complete && a.row_groups.is_empty() && a.consumed.is_empty());
 }
+
+/// Recovery tells records by what is still staged: a commit killed before its publish is
+/// published, one killed between its two publishes is finished, one fully published is
+/// only checked, and one whose published file was deleted by hand is a damaged checkpoint.
+#[test]
+fn recovery_publishes_what_is_still_staged_and_checks_the_rest() {
+    for kind in ["local", "memory"] {
+        let (_tmp, state, output) = dirs_on(kind);
+        let write_record = |commit: &str| {
+            let bytes = serde_json::to_vec(&record(commit)).unwrap();
+            state
+                .put_atomic(&format!("{COMMITS}/{commit}.json"), bytes)
+                .unwrap();
+        };
+        for commit in ["c1", "c2", "c3"] {
+            stage(&state, &output, commit);
+            write_record(commit);
+        }
+        // c2: its id part published, its data file still staged; c3: both published.
+        let ids_of = |c: &str| {
+            (
+                format!("{STAGING}/{c}/shard=1/part-{c}.parquet"),
+                format!("shard=1/part-{c}.parquet"),
+            )
+        };
+        state.publish_all(&[ids_of("c2"), ids_of("c3")]).unwrap();
+        output
+            .publish(&format!("{STAGING}/part-c3.parquet"), "part-c3.parquet")
+            .unwrap();
+        assert_eq!(recover(&state, &output).unwrap(), 3, "{kind}");
+        for commit in ["c1", "c2", "c3"] {
+            assert_eq!(
+                output
+                    .get(&format!("part-{commit}.parquet"))
+                    .unwrap()
+                    .unwrap()
+                    .as_ref(),
+                b"data",
+                "{kind} {commit}"
+            );
+            assert!(state
+                .exists(&format!("shard=1/part-{commit}.parquet"))
+                .unwrap());
+        }
+
+        // c4 published whole, then its data file deleted by hand: recovery says so.
+        stage(&state, &output, "c4");
+        write_record("c4");
+        state.publish_all(&[ids_of("c4")]).unwrap();
+        output
+            .publish(&format!("{STAGING}/part-c4.parquet"), "part-c4.parquet")
+            .unwrap();
+        output.delete("part-c4.parquet").unwrap();
+        let err = recover(&state, &output).unwrap_err().to_string();
+        assert!(
+            err.contains("part-c4.parquet") && err.contains("neither published nor staged"),
+            "{kind}: {err}"
+        );
+    }
+}
