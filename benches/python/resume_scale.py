@@ -154,7 +154,12 @@ def same_work_left(args: argparse.Namespace, root: Path) -> None:
         shutil.rmtree(root, ignore_errors=True)
         try:
             generate(root / "in", rows, files, args.ids)
-            done = killed_at(root / "in", root / "out", root / "ckpt", rows, fraction, OUTPUT_FILES)
+            # A full run first: how many files (commits) the job makes.
+            run(root / "in", root / "out", root / "ckpt", rows)
+            full_files = committed_files(root / "out")
+            for name in ("out", "ckpt"):
+                shutil.rmtree(root / name)
+            done = killed_at(root / "in", root / "out", root / "ckpt", rows, fraction, full_files)
             resumed = run(root / "in", root / "out", root / "ckpt", rows)
         finally:
             shutil.rmtree(root, ignore_errors=True)
