@@ -92,6 +92,9 @@ pub fn open_location(
 /// `ParquetDatasetBuilder::with_file_extensions`).
 pub const DEFAULT_FILE_EXTENSIONS: &[&str] = &[".parquet", ".parq", ".pq"];
 
+/// Paths of a list expanded (HEAD, LIST) at once.
+const EXPANSIONS_IN_FLIGHT: usize = 16;
+
 /// Resolve a [`DatasetSource`] into the ordered list of its files. A listed directory keeps
 /// the names ending in one of `extensions` (all names with `None`).
 pub(crate) async fn resolve(
@@ -109,9 +112,19 @@ pub(crate) async fn resolve(
                 return Err(ParquetError::InvalidArgument("no paths given".into()));
             }
             let mut stores = Stores::default();
-            for uri in uris {
-                let (root, path) = stores.open(uri, storage_options)?;
-                files.extend(expand(&root, uri, &path, extensions, metrics).await?);
+            let roots = uris
+                .iter()
+                .map(|uri| Ok((uri, stores.open(uri, storage_options)?)))
+                .collect::<Result<Vec<_>>>()?;
+            // Each expansion is a round trip or two on an object store: a list of 1,000
+            // file URIs waits for ~1,000 / EXPANSIONS_IN_FLIGHT of them, not 1,000.
+            for batch in roots.chunks(EXPANSIONS_IN_FLIGHT) {
+                let mut expansions = Vec::with_capacity(batch.len());
+                for (uri, (root, path)) in batch {
+                    expansions.push(expand(root, uri, path, extensions, metrics));
+                }
+                let expanded = futures::future::try_join_all(expansions).await?;
+                files.extend(expanded.into_iter().flatten());
             }
         }
         DatasetSource::Store {
@@ -191,17 +204,37 @@ async fn expand(
     }
 
     let location = Path::from_iter(path.split('/').filter(|s| !s.is_empty()));
-    metrics.record_head();
-    match root.store.head(&location).await {
-        Ok(meta) => return Ok(vec![entry(meta)]),
-        Err(object_store::Error::NotFound { .. }) => {}
+    // A file, or a directory (a prefix)? Locally a HEAD answers at once. On an object store
+    // each question is a round trip, so the HEAD and the LIST go out together (one round
+    // trip before the first footer instead of two; the LIST of a file's name as a prefix
+    // finds nothing and costs one request), and a path ending in '/' is only listed.
+    let named_a_prefix = root.local.is_none() && shown.ends_with('/');
+    let head = async {
+        if named_a_prefix {
+            return None;
+        }
+        metrics.record_head();
+        Some(root.store.head(&location).await)
+    };
+    let (head, listed) = if root.local.is_some() {
+        (head.await, None)
+    } else {
+        let (head, listed) = futures::join!(head, list(root, shown, &location, metrics));
+        (head, Some(listed))
+    };
+    match head {
+        Some(Ok(meta)) => return Ok(vec![entry(meta)]),
+        Some(Err(object_store::Error::NotFound { .. })) | None => {}
         // Local directories answer HEAD with an error other than NotFound on some platforms.
-        Err(err) if !is_directory_error(&err) => {
+        Some(Err(err)) if !is_directory_error(&err) => {
             return Err(ParquetError::from_store(shown.to_string(), err))
         }
-        Err(_) => {}
+        Some(Err(_)) => {}
     }
-    let mut found = list(root, shown, &location, metrics).await?;
+    let mut found = match listed {
+        Some(listed) => listed?,
+        None => list(root, shown, &location, metrics).await?,
+    };
     found.retain(|m| !is_hidden(&relative_to(&location, &m.location)));
     if found.is_empty() {
         let empty_dir =
@@ -341,6 +374,52 @@ mod tests {
         assert!(m("part-[0-3].parquet", "part-2.parquet"));
         assert!(!m("part-[!0-3].parquet", "part-2.parquet"));
         assert!(m("shard=*/part-*", "shard=3/part-x.parquet"));
+    }
+
+    /// On an object store a path is asked about with a HEAD and a LIST at once; a path
+    /// ending in '/' only with the LIST; a list of paths keeps its order.
+    #[test]
+    fn remote_paths_resolve_to_files_a_prefix_or_an_ordered_list() {
+        let base = "memory://resolve-test";
+        for name in ["d/b.parquet", "d/a.parquet", "d/_SUCCESS", "f.parquet"] {
+            put_memory_object(&format!("{base}/{name}"), b"x".to_vec()).unwrap();
+        }
+        let resolved = |uris: &[&str]| {
+            let metrics = IoMetrics::default();
+            let source = DatasetSource::uris(uris.iter().map(|u| format!("{base}/{u}")));
+            let files = forebay_io::block_on(async move {
+                let files = resolve(&source, None, &metrics).await;
+                (files, metrics.snapshot())
+            });
+            let (files, io) = files;
+            let names: Vec<String> = files
+                .unwrap()
+                .iter()
+                .map(|f| f.uri.trim_start_matches(base).to_string())
+                .collect();
+            (names, io.head_requests, io.list_requests)
+        };
+        assert_eq!(resolved(&["f.parquet"]), (vec!["/f.parquet".into()], 1, 1));
+        let listed = vec!["/d/a.parquet".to_string(), "/d/b.parquet".to_string()];
+        assert_eq!(resolved(&["d"]), (listed.clone(), 1, 1));
+        assert_eq!(resolved(&["d/"]), (listed, 0, 1));
+        let many: Vec<String> = (0..40).map(|k| format!("m/{k:02}.parquet")).collect();
+        for name in &many {
+            put_memory_object(&format!("{base}/{name}"), b"x".to_vec()).unwrap();
+        }
+        let mut order: Vec<&str> = many.iter().map(String::as_str).collect();
+        order.reverse();
+        let (names, heads, _) = resolved(&order);
+        assert_eq!(names, order.iter().map(|n| format!("/{n}")).collect::<Vec<_>>());
+        assert_eq!(heads, 40);
+        let source = DatasetSource::uris([format!("{base}/nothing-here")]);
+        let missing = forebay_io::block_on(async move {
+            resolve(&source, None, &IoMetrics::default()).await.map(|f| f.len())
+        });
+        assert!(
+            matches!(missing, Err(ParquetError::NotFound { .. })),
+            "{missing:?}"
+        );
     }
 
     #[test]
