@@ -163,6 +163,9 @@ pub(crate) struct ObjectFileReader {
     /// first): a requested range starting where they start is served from them, and only
     /// its remainder is fetched.
     prefetched: Option<(Range<u64>, Bytes)>,
+    /// The whole file, fetched with its footer (a small file on an object store): every
+    /// read is served from it, none goes to the store.
+    whole_file: Option<Bytes>,
 }
 
 impl ObjectFileReader {
@@ -174,6 +177,7 @@ impl ObjectFileReader {
             purpose: ReadPurpose::Data,
             metadata: None,
             prefetched: None,
+            whole_file: None,
         }
     }
 
@@ -185,11 +189,19 @@ impl ObjectFileReader {
             purpose: ReadPurpose::Footer,
             metadata: None,
             prefetched: None,
+            whole_file: None,
         }
     }
 
     pub(crate) fn with_metadata(mut self, metadata: Arc<ParquetMetaData>) -> Self {
         self.metadata = Some(metadata);
+        self
+    }
+
+    /// Serve every read from `bytes`, the whole file (fetched with its footer), if they are
+    /// that (a length other than the file's is ignored).
+    pub(crate) fn with_whole_file(mut self, bytes: Option<Bytes>) -> Self {
+        self.whole_file = bytes.filter(|b| b.len() as u64 == self.file.size);
         self
     }
 
@@ -223,6 +235,9 @@ impl ObjectFileReader {
                     range.start, range.end, self.file.size
                 ),
             });
+        }
+        if let Some(whole) = &self.whole_file {
+            return Ok(whole.slice(range.start as usize..range.end as usize));
         }
         let len = range.end - range.start;
         let uri = || self.file.uri.to_string();

@@ -410,11 +410,16 @@ mod tests {
         let mut order: Vec<&str> = many.iter().map(String::as_str).collect();
         order.reverse();
         let (names, heads, _) = resolved(&order);
-        assert_eq!(names, order.iter().map(|n| format!("/{n}")).collect::<Vec<_>>());
+        assert_eq!(
+            names,
+            order.iter().map(|n| format!("/{n}")).collect::<Vec<_>>()
+        );
         assert_eq!(heads, 40);
         let source = DatasetSource::uris([format!("{base}/nothing-here")]);
         let missing = forebay_io::block_on(async move {
-            resolve(&source, None, &IoMetrics::default()).await.map(|f| f.len())
+            resolve(&source, None, &IoMetrics::default())
+                .await
+                .map(|f| f.len())
         });
         assert!(
             matches!(missing, Err(ParquetError::NotFound { .. })),

@@ -381,3 +381,53 @@ fn a_column_chunk_that_decompresses_past_the_limit_is_refused_before_it_is_read(
         .sum();
     assert_eq!(rows, 64);
 }
+
+/// A small file on an object store costs the scan one request: its footer request fetches
+/// it whole, and its row groups are decoded from those bytes. Not under a filter (statistics
+/// may prune the whole file), and not for the first file, whose footer the dataset read
+/// before the scan to learn the schema.
+#[test]
+fn small_remote_files_are_read_with_one_request_each() {
+    let tables: Vec<RecordBatch> = (0..4).map(|k| table(2000, k)).collect();
+    let parts: Vec<Vec<u8>> = tables.iter().map(|t| write(t, 500)).collect();
+    let store = store_with(&parts);
+    let ds = ParquetDataset::builder(source(store.clone()))
+        .with_columns(["id", "name"])
+        .build()
+        .unwrap();
+    let got = read_all(&ds);
+    let expected: Vec<RecordBatch> = tables
+        .iter()
+        .map(|t| {
+            let schema = t.schema();
+            t.project(&[
+                schema.index_of("id").unwrap(),
+                schema.index_of("name").unwrap(),
+            ])
+            .unwrap()
+        })
+        .collect();
+    let schema = expected[0].schema();
+    assert_eq!(concat(&got, schema.clone()), concat(&expected, schema));
+    let io = ds.metrics().io;
+    assert_eq!(io.footer_requests, 4, "{io:?}");
+    // File 0's 4 row groups, a request each (coalesced columns); none for files 1-3.
+    assert_eq!(io.data_requests, 4, "{io:?}");
+    let whole: u64 = parts[1..].iter().map(|p| p.len() as u64).sum();
+    assert!(io.footer_bytes >= whole, "{io:?}");
+
+    // A second scan of the same dataset finds the footers cached and reads ranges.
+    assert_eq!(read_all(&ds).len(), got.len());
+    assert_eq!(ds.metrics().io.footer_requests, 4);
+
+    // Under a filter, footers come first and the data of what survives is fetched by
+    // range: each file's first row group, its filter column, then the other columns.
+    let filtered = ParquetDataset::builder(source(store))
+        .with_filter(Predicate::lt("id", 400))
+        .build()
+        .unwrap();
+    let rows: usize = read_all(&filtered).iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 4 * 400);
+    let io = filtered.metrics().io;
+    assert_eq!(io.data_requests, 4 * 2, "{io:?}");
+}

@@ -53,6 +53,7 @@ pub(super) async fn decode_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,
+    whole_file: Option<bytes::Bytes>,
     batch_rows: usize,
     tx: mpsc::Sender<BatchResult>,
     permits: Arc<Semaphore>,
@@ -77,7 +78,8 @@ pub(super) async fn decode_unit(
         inner.io.clone(),
         inner.coalesce_gap_for(&file.entry),
     )
-    .with_metadata(file.reader_meta.metadata().clone());
+    .with_metadata(file.reader_meta.metadata().clone())
+    .with_whole_file(whole_file);
     // The row filter may decide the whole row group from its dictionary page first (see
     // `ScanRowFilter::decide_by_values`): dropped unread, or read without the filter.
     let mut row_filter = inner.options.row_filter.as_ref();

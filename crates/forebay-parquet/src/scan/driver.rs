@@ -6,6 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -39,11 +40,13 @@ pub(super) async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResul
     let opening = futures::stream::iter(wanted)
         .map(|i| {
             let inner = inner.clone();
-            tokio::spawn(async move { inner.open(i).await })
+            tokio::spawn(async move { inner.open_for_scan(i).await })
         })
         .buffered(FOOTER_CONCURRENCY);
     futures::pin_mut!(opening);
-    let mut pending_units: VecDeque<(Arc<OpenedFile>, Unit)> = VecDeque::new();
+    // Each unit with its file's bytes when the file was fetched whole with its footer (held
+    // until the file's units are decoded: at most the files opened ahead of the scan).
+    let mut pending_units: VecDeque<(Arc<OpenedFile>, Unit, Option<Bytes>)> = VecDeque::new();
     let mut in_flight: VecDeque<mpsc::Receiver<BatchResult>> = VecDeque::new();
     let mut files_done = false;
     // The scan's first unit decodes smaller batches: its first batch is what the whole
@@ -53,12 +56,13 @@ pub(super) async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResul
     loop {
         // Top up: launch units until `prefetch` are in flight or there are no more.
         while in_flight.len() < inner.prefetch {
-            if let Some((file, unit)) = pending_units.pop_front() {
+            if let Some((file, unit, whole_file)) = pending_units.pop_front() {
                 let (tx, rx) = mpsc::channel(2);
                 tokio::spawn(run_unit(
                     inner.clone(),
                     file,
                     unit,
+                    whole_file,
                     batch_rows,
                     tx,
                     decode_permits.clone(),
@@ -72,7 +76,7 @@ pub(super) async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResul
             }
             match opening.next().await {
                 None => files_done = true,
-                Some(Ok(Ok(file))) => {
+                Some(Ok(Ok((file, whole_file)))) => {
                     for unit in inner.plan_units(&file) {
                         if let Some(s) = &skip {
                             let footer = file.reader_meta.metadata();
@@ -84,7 +88,7 @@ pub(super) async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResul
                                 continue;
                             }
                         }
-                        pending_units.push_back((file.clone(), unit));
+                        pending_units.push_back((file.clone(), unit, whole_file.clone()));
                     }
                 }
                 Some(Ok(Err(err))) => {
@@ -143,6 +147,7 @@ async fn run_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,
+    whole_file: Option<Bytes>,
     batch_rows: usize,
     tx: mpsc::Sender<BatchResult>,
     permits: Arc<Semaphore>,
@@ -150,7 +155,9 @@ async fn run_unit(
     let path = unit.file.clone();
     let rg = unit.row_group;
     let tx_panic = tx.clone();
-    let work = AssertUnwindSafe(decode_unit(inner, file, unit, batch_rows, tx, permits));
+    let work = AssertUnwindSafe(decode_unit(
+        inner, file, unit, whole_file, batch_rows, tx, permits,
+    ));
     if let Err(panic) = work.catch_unwind().await {
         let _ = tx_panic
             .send(Err(ParquetError::Corrupt {

@@ -19,6 +19,17 @@ use crate::repair;
 pub(super) const FOOTER_PREFETCH: usize = 64 * 1024;
 /// Footers fetched concurrently ahead of the scan.
 pub(super) const FOOTER_CONCURRENCY: usize = 16;
+/// Files on an object store up to this size are fetched whole by the scan's footer request,
+/// and their data read from those bytes: one request a file instead of two. At 200 MB/s a
+/// MiB takes ~5 ms, less than one round trip to any object store (20-100 ms), even when only
+/// a few of the file's columns are wanted.
+pub(super) const WHOLE_FILE_MAX: u64 = 1 << 20;
+
+/// A file's footer, and the whole file when the request for the footer fetched all of it.
+pub(super) struct Footer {
+    pub(super) metadata: Arc<ParquetMetaData>,
+    pub(super) whole_file: Option<bytes::Bytes>,
+}
 
 /// Rows of the row groups a scan reads (what a [`ScanSkip`] leaves), from the footers
 /// (read concurrently and cached).
@@ -54,11 +65,15 @@ pub(super) async fn footer_rows(inner: Arc<DatasetInner>) -> Result<u64> {
     Ok(total)
 }
 
+/// Read `entry`'s footer: one request for its tail (the whole file when `whole_if_small` and
+/// the file is small and remote, see [`WHOLE_FILE_MAX`]), more only when the footer does not
+/// fit in it.
 pub(super) async fn read_footer(
     entry: &FileEntry,
     io: &Arc<IoMetrics>,
     with_page_index: bool,
-) -> Result<Arc<ParquetMetaData>> {
+    whole_if_small: bool,
+) -> Result<Footer> {
     let path = entry.uri.to_string();
     if entry.size < 12 {
         return Err(ParquetError::NotParquet {
@@ -69,7 +84,12 @@ pub(super) async fn read_footer(
     // One request for the file's tail; the metadata reader is served from it when the
     // footer (and page index) fit, and goes back to the store only for what does not.
     let reader = ObjectFileReader::for_footer(entry.clone(), io.clone());
-    let tail_len = (FOOTER_PREFETCH as u64).min(entry.size);
+    let whole = whole_if_small && entry.local_path.is_none() && entry.size <= WHOLE_FILE_MAX;
+    let tail_len = if whole {
+        entry.size
+    } else {
+        (FOOTER_PREFETCH as u64).min(entry.size)
+    };
     let tail_start = entry.size - tail_len;
     let tail = reader.fetch(tail_start..entry.size).await?;
     let magic = &tail[tail.len() - 4..];
@@ -120,7 +140,10 @@ pub(super) async fn read_footer(
         reason,
     })?;
     let metadata = repair::measure_short_chunks(metadata, &fetch.reader, entry.size, &path).await?;
-    Ok(Arc::new(metadata))
+    Ok(Footer {
+        metadata: Arc::new(metadata),
+        whole_file: (whole && fetch.tail_start == 0).then_some(fetch.tail),
+    })
 }
 
 /// Second and third tries at a footer arrow-rs's decoder refused (no page index either

@@ -286,7 +286,17 @@ impl ParquetDataset {
         // Decoded Arrow data takes about the uncompressed Parquet size (plus offsets).
         let per_batch = uncompressed / rows * batch_rows + uncompressed / rows.max(1);
         let prefetch = self.inner.prefetch as u64;
-        prefetch * (per_group + 2 * per_batch) + 2 * per_batch
+        // Small remote files fetched whole with their footers wait for their units: at most
+        // the files opened ahead of the scan.
+        let whole_files_ahead = if file.entry.local_path.is_none()
+            && file.entry.size <= footer::WHOLE_FILE_MAX
+            && self.inner.options.filter.is_none()
+        {
+            footer::FOOTER_CONCURRENCY as u64 * file.entry.size
+        } else {
+            0
+        };
+        prefetch * (per_group + 2 * per_batch) + 2 * per_batch + whole_files_ahead
     }
 
     /// Rows a scan yields when that is known from footers alone (no filter); reads (and

@@ -4,6 +4,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use arrow_schema::{Field, Schema};
+use bytes::Bytes;
 use futures::FutureExt;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
@@ -22,14 +23,38 @@ use crate::io::{FileEntry, ObjectFileReader};
 impl DatasetInner {
     /// Footer and read plan of file `index`, from the cache or read now.
     pub(super) async fn open(self: &Arc<Self>, index: usize) -> Result<Arc<OpenedFile>> {
+        Ok(self.open_with(index, false).await?.0)
+    }
+
+    /// [`open`](Self::open) for the scan, which reads the file next: a small file on an
+    /// object store not opened yet is fetched whole with its footer, and the bytes come
+    /// back with it (for the scan's units of this file; the cache keeps only the plan).
+    /// Not under a filter, whose statistics may prune the whole file once its footer is
+    /// read: then the data would have been fetched for nothing.
+    pub(super) async fn open_for_scan(
+        self: &Arc<Self>,
+        index: usize,
+    ) -> Result<(Arc<OpenedFile>, Option<Bytes>)> {
+        self.open_with(index, self.options.filter.is_none()).await
+    }
+
+    async fn open_with(
+        self: &Arc<Self>,
+        index: usize,
+        whole_if_small: bool,
+    ) -> Result<(Arc<OpenedFile>, Option<Bytes>)> {
         if let Some(found) = self.opened.lock().expect("cache lock").get(&index) {
-            return Ok(found.clone());
+            return Ok((found.clone(), None));
         }
         let entry = self.files[index].clone();
         let this = self.clone();
-        let task = AssertUnwindSafe(async move { this.open_uncached(index, entry).await });
-        let opened = match task.catch_unwind().await {
-            Ok(result) => Arc::new(result?),
+        let task =
+            AssertUnwindSafe(async move { this.open_uncached(index, entry, whole_if_small).await });
+        let (opened, whole_file) = match task.catch_unwind().await {
+            Ok(result) => {
+                let (opened, whole_file) = result?;
+                (Arc::new(opened), whole_file)
+            }
             Err(panic) => {
                 return Err(ParquetError::Corrupt {
                     path: self.files[index].uri.to_string(),
@@ -45,12 +70,18 @@ impl DatasetInner {
             .lock()
             .expect("cache lock")
             .insert(index, opened.clone());
-        Ok(opened)
+        Ok((opened, whole_file))
     }
 
-    async fn open_uncached(&self, index: usize, entry: FileEntry) -> Result<OpenedFile> {
+    async fn open_uncached(
+        &self,
+        index: usize,
+        entry: FileEntry,
+        whole_if_small: bool,
+    ) -> Result<(OpenedFile, Option<Bytes>)> {
         let path = entry.uri.to_string();
-        let metadata = read_footer(&entry, &self.io, self.wants_page_index()).await?;
+        let footer = read_footer(&entry, &self.io, self.wants_page_index(), whole_if_small).await?;
+        let metadata = footer.metadata;
         let file_schema = {
             let plain = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
                 .map_err(|e| corrupt(&path, None, e))?;
@@ -118,7 +149,7 @@ impl DatasetInner {
                 Some((mask, bound))
             }
         };
-        Ok(OpenedFile {
+        let opened = OpenedFile {
             entry,
             index,
             reader_meta,
@@ -128,7 +159,8 @@ impl DatasetInner {
             filter,
             flat_columns,
             decoded_columns: selected_roots.len(),
-        })
+        };
+        Ok((opened, footer.whole_file))
     }
 
     fn wants_page_index(&self) -> bool {
