@@ -11,7 +11,10 @@
 //!
 //! ```text
 //!  paths / dirs / globs / URIs ──► source::resolve ──► [FileEntry]
-//!                                                          │ footer (1 request, cached)
+//!   (on object stores: HEAD and LIST at once,             │ footer (1 request, cached;
+//!    16 paths of a list at a time)                        │  a small remote file is
+//!                                                          │  fetched whole by it and
+//!                                                          │  decoded from those bytes)
 //!                                                          ▼
 //!        Predicate ──bind──► prune row groups (min/max/nulls) ──► prune pages (page index)
 //!                                                          │
