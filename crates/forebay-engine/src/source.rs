@@ -103,6 +103,23 @@ impl Holds {
     }
 }
 
+/// The share of the memory cap a scan's window may take by fetching ahead (1 / this).
+const WINDOW_SHARE: usize = 4;
+
+/// How many row groups a scan of `dataset` may fetch ahead of its decoding (object stores)
+/// with its window within `budget` bytes: the window is charged to the pool at once, and a
+/// window near the cap would leave the batches no room.
+fn fetch_ahead_within(dataset: &ParquetDataset, budget: usize) -> usize {
+    let ahead = dataset.fetch_ahead();
+    let window = dataset.scan_window_bytes_fetching_ahead(ahead) as usize;
+    if ahead == 0 || window <= budget {
+        return ahead;
+    }
+    let base = dataset.scan_window_bytes_fetching_ahead(0) as usize;
+    let per_unit = (window - base).div_ceil(ahead).max(1);
+    budget.saturating_sub(base) / per_unit
+}
+
 /// Read the source into `output` until it ends, downstream stops, or the run is cancelled.
 /// `downstream_workers`: the workers of the stages and the sink, each of which may allocate
 /// about a batch of its own.
@@ -136,12 +153,13 @@ pub(crate) fn run_source(
     };
     match source {
         Source::Parquet(dataset) => {
-            let window = dataset.scan_window_bytes() as usize;
+            let ahead = fetch_ahead_within(&dataset, resources.pool().limit() / WINDOW_SHARE);
+            let window = dataset.scan_window_bytes_fetching_ahead(ahead) as usize;
             let _window = resources
                 .pool()
                 .consumer(format!("{name} (scan prefetch window)"))
                 .reserve_bytes(window, Admission::Now)?;
-            let mut scan = dataset.scan();
+            let mut scan = dataset.scan_fetching_ahead(ahead);
             let mut seq = 0u64;
             let mut lineage = resources.lineage().map(|book| Holds {
                 book: book.clone(),
@@ -263,4 +281,65 @@ pub(crate) fn run_source(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Int64Array;
+    use forebay_io::location::put_memory_object;
+    use forebay_parquet::DatasetSource;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    /// A dataset on an object store (memory://): 2 files of 16 row groups of 64 Ki int64s.
+    fn remote_dataset(name: &str) -> ParquetDataset {
+        let batch = RecordBatch::try_from_iter([(
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..1 << 20)) as _,
+        )])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1 << 16))
+            .build();
+        for k in 0..2 {
+            let mut bytes = Vec::new();
+            let mut writer =
+                ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props.clone())).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            put_memory_object(&format!("memory://{name}/part-{k}.parquet"), bytes).unwrap();
+        }
+        ParquetDataset::builder(DatasetSource::uris([format!("memory://{name}/")]))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_scan_fetches_ahead_only_what_fits_its_share_of_the_cap() {
+        let dataset = remote_dataset("fetch-ahead-within");
+        let ahead = dataset.fetch_ahead();
+        assert!(ahead > 0, "object stores fetch ahead by default");
+        let full = dataset.scan_window_bytes_fetching_ahead(ahead) as usize;
+        let none = dataset.scan_window_bytes_fetching_ahead(0) as usize;
+        assert!(none < full);
+        // Room for it all, for none of it, and for about half of it.
+        assert_eq!(fetch_ahead_within(&dataset, full), ahead);
+        assert_eq!(fetch_ahead_within(&dataset, none), 0);
+        assert_eq!(fetch_ahead_within(&dataset, 0), 0);
+        let half = fetch_ahead_within(&dataset, none + (full - none) / 2);
+        assert!(half > 0 && half < ahead, "{half} of {ahead}");
+        assert!(
+            dataset.scan_window_bytes_fetching_ahead(half) as usize <= none + (full - none) / 2
+        );
+        // What it reads does not depend on how far ahead it fetches.
+        let rows = |units| -> usize {
+            dataset
+                .scan_fetching_ahead(units)
+                .map(|b| b.unwrap().batch.num_rows())
+                .sum()
+        };
+        assert_eq!(rows(0), 2 << 20);
+        assert_eq!(rows(half), 2 << 20);
+    }
 }

@@ -163,9 +163,10 @@ pub(crate) struct ObjectFileReader {
     /// first): a requested range starting where they start is served from them, and only
     /// its remainder is fetched.
     prefetched: Option<(Range<u64>, Bytes)>,
-    /// The whole file, fetched with its footer (a small file on an object store): every
-    /// read is served from it, none goes to the store.
-    whole_file: Option<Bytes>,
+    /// Ranges of the file fetched already (the whole of a small file on an object store,
+    /// fetched with its footer; column chunks fetched ahead of decoding): a read inside one
+    /// of them is served from its bytes.
+    fetched: crate::scan::FetchedRanges,
 }
 
 impl ObjectFileReader {
@@ -177,7 +178,7 @@ impl ObjectFileReader {
             purpose: ReadPurpose::Data,
             metadata: None,
             prefetched: None,
-            whole_file: None,
+            fetched: Vec::new(),
         }
     }
 
@@ -189,7 +190,7 @@ impl ObjectFileReader {
             purpose: ReadPurpose::Footer,
             metadata: None,
             prefetched: None,
-            whole_file: None,
+            fetched: Vec::new(),
         }
     }
 
@@ -198,10 +199,12 @@ impl ObjectFileReader {
         self
     }
 
-    /// Serve every read from `bytes`, the whole file (fetched with its footer), if they are
-    /// that (a length other than the file's is ignored).
-    pub(crate) fn with_whole_file(mut self, bytes: Option<Bytes>) -> Self {
-        self.whole_file = bytes.filter(|b| b.len() as u64 == self.file.size);
+    /// Serve reads inside `fetched` (ranges of this file with their bytes) from them.
+    pub(crate) fn with_fetched(mut self, fetched: crate::scan::FetchedRanges) -> Self {
+        self.fetched = fetched
+            .into_iter()
+            .filter(|(range, bytes)| range.end - range.start == bytes.len() as u64)
+            .collect();
         self
     }
 
@@ -236,8 +239,13 @@ impl ObjectFileReader {
                 ),
             });
         }
-        if let Some(whole) = &self.whole_file {
-            return Ok(whole.slice(range.start as usize..range.end as usize));
+        let within = self
+            .fetched
+            .iter()
+            .find(|(have, _)| have.start <= range.start && range.end <= have.end);
+        if let Some((have, bytes)) = within {
+            let from = (range.start - have.start) as usize;
+            return Ok(bytes.slice(from..from + (range.end - range.start) as usize));
         }
         let len = range.end - range.start;
         let uri = || self.file.uri.to_string();

@@ -431,3 +431,72 @@ fn small_remote_files_are_read_with_one_request_each() {
     let io = filtered.metrics().io;
     assert_eq!(io.data_requests, 4 * 2, "{io:?}");
 }
+
+/// On an object store the scan requests the column chunks of the row groups after those
+/// decoding (`with_fetch_ahead`): the same batches as without, each byte fetched once, and a
+/// request that fails ahead of decoding ends the scan with its error, in order.
+#[test]
+fn remote_row_groups_are_fetched_ahead_of_decoding_and_read_once() {
+    let tables: Vec<RecordBatch> = (0..3).map(|k| table(150_000, k)).collect();
+    let parts: Vec<Vec<u8>> = tables.iter().map(|t| write(t, 10_000)).collect();
+    assert!(parts.iter().all(|p| p.len() > 1 << 20), "not read whole");
+    let store = store_with(&parts);
+    let read = |fetch_ahead: usize| {
+        let ds = ParquetDataset::builder(source(store.clone()))
+            .with_columns(["id", "val"])
+            .with_fetch_ahead(fetch_ahead)
+            .build()
+            .unwrap();
+        let got = read_all(&ds);
+        // A scan may fetch less ahead than its dataset says, and its window says so.
+        let narrower = ds.scan_window_bytes_fetching_ahead(2);
+        assert!(ds.scan_window_bytes_fetching_ahead(0) <= narrower);
+        assert!(fetch_ahead <= 2 || narrower < ds.scan_window_bytes());
+        let again: Vec<RecordBatch> = ds
+            .scan_fetching_ahead(2)
+            .map(|b| b.unwrap().batch)
+            .collect();
+        assert_eq!(again.len(), got.len());
+        (got, ds.metrics().io)
+    };
+    let (ahead, io_ahead) = read(12);
+    let (serial, io_serial) = read(0);
+    let schema = ahead[0].schema();
+    let expected: Vec<RecordBatch> = tables.iter().map(|t| t.project(&[0, 1]).unwrap()).collect();
+    assert_eq!(
+        concat(&ahead, schema.clone()),
+        concat(&expected, schema.clone())
+    );
+    assert_eq!(concat(&serial, schema.clone()), concat(&expected, schema));
+    // 45 row groups, their two column chunks coalesced into one request each (twice: each
+    // dataset was scanned twice).
+    assert_eq!(io_ahead.data_requests, 2 * 45, "{io_ahead:?}");
+    assert_eq!(io_serial.data_requests, 2 * 45, "{io_serial:?}");
+    assert_eq!(io_ahead.data_bytes, io_serial.data_bytes);
+
+    // The footers are cached; then file 2 disappears: its row groups' requests fail ahead
+    // of their decoding, and the scan ends with that error after files 0 and 1.
+    let ds = ParquetDataset::builder(source(store.clone()))
+        .with_columns(["id", "val"])
+        .build()
+        .unwrap();
+    assert_eq!(ds.count_rows().unwrap(), 450_000);
+    forebay_parquet::block_on({
+        let store = store.clone();
+        async move { store.delete(&Path::from("t/part-2.parquet")).await.unwrap() }
+    });
+    let mut rows = 0;
+    let mut error = None;
+    for item in ds.scan() {
+        match item {
+            Ok(b) => rows += b.batch.num_rows(),
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    assert_eq!(rows, 300_000);
+    let error = error.expect("the scan reports the missing file");
+    assert!(error.contains("part-2.parquet"), "{error}");
+}

@@ -53,7 +53,7 @@ pub(super) async fn decode_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,
-    whole_file: Option<bytes::Bytes>,
+    fetched: super::FetchedRanges,
     batch_rows: usize,
     tx: mpsc::Sender<BatchResult>,
     permits: Arc<Semaphore>,
@@ -79,7 +79,7 @@ pub(super) async fn decode_unit(
         inner.coalesce_gap_for(&file.entry),
     )
     .with_metadata(file.reader_meta.metadata().clone())
-    .with_whole_file(whole_file);
+    .with_fetched(fetched);
     // The row filter may decide the whole row group from its dictionary page first (see
     // `ScanRowFilter::decide_by_values`): dropped unread, or read without the filter.
     let mut row_filter = inner.options.row_filter.as_ref();

@@ -9,20 +9,66 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
 
 use super::decode::decode_unit;
+use super::fetch_ahead::{fetch_unit, FetchedRanges};
 use super::footer::FOOTER_CONCURRENCY;
 use super::runtime::panic_message;
 use super::stream::BatchResult;
 use super::{DatasetInner, OpenedFile, Unit};
-use crate::error::ParquetError;
+use crate::error::{ParquetError, Result};
 
 /// Rows per batch of the scan's first unit (when `batch_size` is larger).
 const FIRST_UNIT_BATCH_ROWS: usize = 8192;
 
-/// The scan driver: opens files ahead, keeps up to `prefetch` units decoding, and forwards
-/// their batches in order.
-pub(super) async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResult>) {
+/// A unit waiting for its turn to decode, with what was fetched for it already.
+struct PendingUnit {
+    file: Arc<OpenedFile>,
+    unit: Unit,
+    /// The whole file, when the footer request fetched it (a small remote file).
+    whole_file: Option<Bytes>,
+    /// Its column chunks, requested ahead of its decoding (see `fetch_ahead`).
+    fetching: Option<JoinHandle<Result<FetchedRanges>>>,
+}
+
+impl PendingUnit {
+    fn needs_fetch(&self) -> bool {
+        self.whole_file.is_none() && self.fetching.is_none()
+    }
+}
+
+impl Drop for PendingUnit {
+    /// A scan dropped (its consumer gone) stops the requests it made ahead.
+    fn drop(&mut self) {
+        if let Some(fetching) = &self.fetching {
+            fetching.abort();
+        }
+    }
+}
+
+/// What a footer task gives the driver: the file opened (with its bytes if it was fetched
+/// whole), or why not.
+type OpenResult =
+    std::result::Result<Result<(Arc<OpenedFile>, Option<Bytes>)>, tokio::task::JoinError>;
+
+/// What the driver does with a file the footer tasks opened.
+enum Opened {
+    /// Its units (those not skipped) are pending.
+    Planned,
+    /// No more files.
+    Done,
+    /// The scan ends with this error, after the batches of earlier units.
+    Failed(ParquetError),
+}
+
+/// The scan driver: opens files ahead, keeps up to `prefetch` units decoding and, on object
+/// stores, up to `fetch_ahead` more fetching their data, and forwards their batches in order.
+pub(super) async fn drive(
+    inner: Arc<DatasetInner>,
+    out: mpsc::Sender<BatchResult>,
+    fetch_ahead: usize,
+) {
     let decode_permits = Arc::new(Semaphore::new(inner.threads));
     let skip = inner.options.skip.clone();
     let wanted: Vec<usize> = (0..inner.files.len())
@@ -44,25 +90,59 @@ pub(super) async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResul
         })
         .buffered(FOOTER_CONCURRENCY);
     futures::pin_mut!(opening);
-    // Each unit with its file's bytes when the file was fetched whole with its footer (held
-    // until the file's units are decoded: at most the files opened ahead of the scan).
-    let mut pending_units: VecDeque<(Arc<OpenedFile>, Unit, Option<Bytes>)> = VecDeque::new();
+    // Units with their file's bytes when the file was fetched whole with its footer (held
+    // until the file's units are decoded: at most the files opened ahead of the scan), or
+    // with the requests made ahead for their column chunks.
+    let mut pending_units: VecDeque<PendingUnit> = VecDeque::new();
     let mut in_flight: VecDeque<mpsc::Receiver<BatchResult>> = VecDeque::new();
     let mut files_done = false;
     // The scan's first unit decodes smaller batches: its first batch is what the whole
     // pipeline waits for, and it is decoded while the next units compete for the cores.
     let mut batch_rows = inner.options.batch_size.min(FIRST_UNIT_BATCH_ROWS);
+    let plan = |opened: Option<OpenResult>, pending: &mut VecDeque<PendingUnit>| -> Opened {
+        let (file, whole_file) = match opened {
+            None => return Opened::Done,
+            Some(Ok(Ok(opened))) => opened,
+            Some(Ok(Err(err))) => return Opened::Failed(err),
+            Some(Err(join)) => {
+                return Opened::Failed(ParquetError::InvalidArgument(format!(
+                    "footer task failed: {join}"
+                )))
+            }
+        };
+        for unit in inner.plan_units(&file) {
+            if let Some(s) = &skip {
+                let footer = file.reader_meta.metadata();
+                if s.0.skip_row_group_in(&file.entry, footer, unit.row_group) {
+                    inner
+                        .scan_metrics
+                        .row_groups_skipped
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
+            pending.push_back(PendingUnit {
+                file: file.clone(),
+                unit,
+                whole_file: whole_file.clone(),
+                fetching: None,
+            });
+        }
+        Opened::Planned
+    };
 
     loop {
         // Top up: launch units until `prefetch` are in flight or there are no more.
+        let mut failed = None;
         while in_flight.len() < inner.prefetch {
-            if let Some((file, unit, whole_file)) = pending_units.pop_front() {
+            if let Some(mut pending) = pending_units.pop_front() {
                 let (tx, rx) = mpsc::channel(2);
                 tokio::spawn(run_unit(
                     inner.clone(),
-                    file,
-                    unit,
-                    whole_file,
+                    pending.file.clone(),
+                    pending.unit.clone(),
+                    pending.whole_file.take(),
+                    pending.fetching.take(),
                     batch_rows,
                     tx,
                     decode_permits.clone(),
@@ -74,39 +154,46 @@ pub(super) async fn drive(inner: Arc<DatasetInner>, out: mpsc::Sender<BatchResul
             if files_done {
                 break;
             }
-            match opening.next().await {
-                None => files_done = true,
-                Some(Ok(Ok((file, whole_file)))) => {
-                    for unit in inner.plan_units(&file) {
-                        if let Some(s) = &skip {
-                            let footer = file.reader_meta.metadata();
-                            if s.0.skip_row_group_in(&file.entry, footer, unit.row_group) {
-                                inner
-                                    .scan_metrics
-                                    .row_groups_skipped
-                                    .fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        }
-                        pending_units.push_back((file.clone(), unit, whole_file.clone()));
-                    }
-                }
-                Some(Ok(Err(err))) => {
-                    // Batches of earlier files first, then the error, in order.
-                    drain_in_order(&mut in_flight, &out).await;
-                    let _ = out.send(Err(err)).await;
-                    return;
-                }
-                Some(Err(join)) => {
-                    drain_in_order(&mut in_flight, &out).await;
-                    let _ = out
-                        .send(Err(ParquetError::InvalidArgument(format!(
-                            "footer task failed: {join}"
-                        ))))
-                        .await;
-                    return;
+            match plan(opening.next().await, &mut pending_units) {
+                Opened::Planned => {}
+                Opened::Done => files_done = true,
+                Opened::Failed(err) => {
+                    failed = Some(err);
+                    break;
                 }
             }
+        }
+        // Ahead of decoding: request the data of the next units, opening more files as far
+        // as their footers are read already (never waiting for one here).
+        while failed.is_none() {
+            // Units holding data or waiting for it (a small file's bytes count for each of
+            // its units): what bounds the bytes held ahead.
+            let mut ahead = pending_units.iter().filter(|p| !p.needs_fetch()).count();
+            for pending in pending_units.iter_mut().filter(|p| p.needs_fetch()) {
+                if ahead >= inner.fetch_ahead_for(&pending.file, fetch_ahead) {
+                    break;
+                }
+                pending.fetching = Some(fetch_unit(&inner, &pending.file, &pending.unit));
+                ahead += 1;
+            }
+            let room = pending_units.iter().all(|p| !p.needs_fetch()) && ahead < fetch_ahead;
+            if files_done || !room {
+                break;
+            }
+            let Some(opened) = opening.next().now_or_never() else {
+                break;
+            };
+            match plan(opened, &mut pending_units) {
+                Opened::Planned => {}
+                Opened::Done => files_done = true,
+                Opened::Failed(err) => failed = Some(err),
+            }
+        }
+        if let Some(err) = failed {
+            // Batches of earlier files first, then the error, in order.
+            drain_in_order(&mut in_flight, &out).await;
+            let _ = out.send(Err(err)).await;
+            return;
         }
         let Some(front) = in_flight.front_mut() else {
             return;
@@ -142,21 +229,43 @@ async fn drain_in_order(
     }
 }
 
-/// Decode one row group into `tx`, batch by batch.
+/// Decode one row group into `tx`, batch by batch, from what was fetched for it and what its
+/// decoder fetches.
+#[allow(clippy::too_many_arguments)] // the driver's state for one unit, passed once
 async fn run_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,
     whole_file: Option<Bytes>,
+    fetching: Option<JoinHandle<Result<FetchedRanges>>>,
     batch_rows: usize,
     tx: mpsc::Sender<BatchResult>,
     permits: Arc<Semaphore>,
 ) {
     let path = unit.file.clone();
     let rg = unit.row_group;
+    let fetched = match (whole_file, fetching) {
+        (Some(bytes), _) => vec![(0..bytes.len() as u64, bytes)],
+        (None, Some(fetching)) => match fetching.await {
+            Ok(Ok(fetched)) => fetched,
+            Ok(Err(err)) => {
+                let _ = tx.send(Err(err)).await;
+                return;
+            }
+            Err(join) => {
+                let _ = tx
+                    .send(Err(ParquetError::InvalidArgument(format!(
+                        "{path}: the request for row group {rg} failed: {join}"
+                    ))))
+                    .await;
+                return;
+            }
+        },
+        (None, None) => Vec::new(),
+    };
     let tx_panic = tx.clone();
     let work = AssertUnwindSafe(decode_unit(
-        inner, file, unit, whole_file, batch_rows, tx, permits,
+        inner, file, unit, fetched, batch_rows, tx, permits,
     ));
     if let Err(panic) = work.catch_unwind().await {
         let _ = tx_panic

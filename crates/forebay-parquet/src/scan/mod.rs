@@ -36,6 +36,7 @@
 mod builder;
 mod decode;
 mod driver;
+mod fetch_ahead;
 mod footer;
 mod metrics;
 mod open;
@@ -46,6 +47,7 @@ mod stream;
 
 pub use builder::{AllSkips, ParquetDatasetBuilder, ScanSkip};
 pub use decode::DEFAULT_MAX_COLUMN_CHUNK_BYTES;
+pub(crate) use fetch_ahead::FetchedRanges;
 pub use metrics::ScanMetricsSnapshot;
 pub use runtime::{block_on, runtime};
 pub use stream::{BatchProvenance, ProvenancedBatch, RecordBatchIter, ScanStream};
@@ -90,6 +92,9 @@ struct DatasetInner {
     scan_metrics: ScanMetrics,
     threads: usize,
     prefetch: usize,
+    /// Units whose data is fetched ahead of their decoding, on object stores (see
+    /// `fetch_ahead`).
+    fetch_ahead: usize,
     coalesce_gap: Option<u64>,
     /// Footer + plan per file index: each footer is read once per dataset.
     opened: Mutex<HashMap<usize, Arc<OpenedFile>>>,
@@ -133,6 +138,7 @@ impl ParquetDataset {
             filter: None,
             batch_size: 65_536,
             prefetch: None,
+            fetch_ahead: None,
             num_threads: None,
             dictionary_columns: Vec::new(),
             int96_unit: TimeUnit::Nanosecond,
@@ -213,6 +219,7 @@ impl ParquetDataset {
                 scan_metrics: ScanMetrics::default(),
                 threads: inner.threads,
                 prefetch: inner.prefetch,
+                fetch_ahead: inner.fetch_ahead,
                 coalesce_gap: inner.coalesce_gap,
                 opened: Mutex::new(opened),
                 schema,
@@ -260,6 +267,12 @@ impl ParquetDataset {
     /// waiting in each row group's channel (up to 2) and in the scan's output channel (2).
     /// A caller that accounts for memory (the engine) reserves this for the scan as a whole.
     pub fn scan_window_bytes(&self) -> u64 {
+        self.scan_window_bytes_fetching_ahead(self.inner.fetch_ahead)
+    }
+
+    /// [`scan_window_bytes`](Self::scan_window_bytes) of a scan fetching at most `units` row
+    /// groups ahead of their decoding ([`scan_fetching_ahead`](Self::scan_fetching_ahead)).
+    pub fn scan_window_bytes_fetching_ahead(&self, units: usize) -> u64 {
         let opened = self.inner.opened.lock().expect("cache lock");
         let Some(file) = opened.get(&0) else {
             return 0;
@@ -296,7 +309,9 @@ impl ParquetDataset {
         } else {
             0
         };
-        prefetch * (per_group + 2 * per_batch) + 2 * per_batch + whole_files_ahead
+        // Column chunks fetched ahead of their decoding (remote files, see `fetch_ahead`).
+        let fetched_ahead = self.inner.fetch_ahead_for(file, units) as u64 * per_group;
+        prefetch * (per_group + 2 * per_batch) + 2 * per_batch + whole_files_ahead + fetched_ahead
     }
 
     /// Rows a scan yields when that is known from footers alone (no filter); reads (and
@@ -326,6 +341,12 @@ impl ParquetDataset {
 
     /// Batches a scan decodes at once: when its consumer takes a batch, this many new ones
     /// may be allocated before the consumer sees any of them.
+    /// Row groups whose data a scan requests ahead of their decoding on object stores (see
+    /// [`ParquetDatasetBuilder::with_fetch_ahead`]).
+    pub fn fetch_ahead(&self) -> usize {
+        self.inner.fetch_ahead
+    }
+
     pub fn decode_threads(&self) -> usize {
         self.inner.threads
     }
@@ -368,11 +389,21 @@ impl ParquetDataset {
 
     /// Stream the dataset's batches in order (file, then row group).
     pub fn scan(&self) -> ScanStream {
+        self.scan_fetching_ahead(self.inner.fetch_ahead)
+    }
+
+    /// [`scan`](Self::scan), requesting the data of at most `units` row groups ahead of
+    /// their decoding on object stores instead of the dataset's
+    /// [`fetch_ahead`](Self::fetch_ahead) (a caller with a memory cap fitting the scan's
+    /// window, [`scan_window_bytes_fetching_ahead`](Self::scan_window_bytes_fetching_ahead)).
+    pub fn scan_fetching_ahead(&self, units: usize) -> ScanStream {
         let (tx, rx) = mpsc::channel(2);
         let inner = self.inner.clone();
         let driver = runtime().spawn(async move {
             let tx_err = tx.clone();
-            let run = AssertUnwindSafe(drive(inner, tx)).catch_unwind().await;
+            let run = AssertUnwindSafe(drive(inner, tx, units))
+                .catch_unwind()
+                .await;
             if let Err(panic) = run {
                 let _ = tx_err
                     .send(Err(ParquetError::InvalidArgument(format!(
@@ -392,6 +423,7 @@ impl ParquetDataset {
 
 /// What the scan decodes as one piece: a row group of a file, or the rows of it a page-index
 /// selection keeps.
+#[derive(Clone)]
 struct Unit {
     file: Arc<str>,
     file_index: usize,
