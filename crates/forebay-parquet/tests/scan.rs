@@ -499,4 +499,34 @@ fn remote_row_groups_are_fetched_ahead_of_decoding_and_read_once() {
     assert_eq!(rows, 300_000);
     let error = error.expect("the scan reports the missing file");
     assert!(error.contains("part-2.parquet"), "{error}");
+
+    // A file 2 that is no Parquet file, its footer not read yet: footers are read ahead
+    // too, and the one that fails still comes after every batch of the files before it.
+    forebay_parquet::block_on({
+        let store = store.clone();
+        async move {
+            let garbage = b"this is not a Parquet file".to_vec();
+            store
+                .put(&Path::from("t/part-2.parquet"), garbage.into())
+                .await
+                .unwrap()
+        }
+    });
+    let ds = ParquetDataset::builder(source(store.clone()))
+        .with_columns(["id", "val"])
+        .build()
+        .unwrap();
+    let (mut rows, mut error) = (0, None);
+    for item in ds.scan() {
+        match item {
+            Ok(b) => rows += b.batch.num_rows(),
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    assert_eq!(rows, 300_000);
+    let error = error.expect("the scan reports the file that is no Parquet file");
+    assert!(error.contains("part-2.parquet"), "{error}");
 }

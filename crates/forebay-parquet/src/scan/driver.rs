@@ -131,9 +131,11 @@ pub(super) async fn drive(
         Opened::Planned
     };
 
+    // A file that failed to open ends the scan once the units of the files before it are
+    // decoded and forwarded.
+    let mut failed: Option<ParquetError> = None;
     loop {
         // Top up: launch units until `prefetch` are in flight or there are no more.
-        let mut failed = None;
         while in_flight.len() < inner.prefetch {
             if let Some(mut pending) = pending_units.pop_front() {
                 let (tx, rx) = mpsc::channel(2);
@@ -151,16 +153,13 @@ pub(super) async fn drive(
                 in_flight.push_back(rx);
                 continue;
             }
-            if files_done {
+            if files_done || failed.is_some() {
                 break;
             }
             match plan(opening.next().await, &mut pending_units) {
                 Opened::Planned => {}
                 Opened::Done => files_done = true,
-                Opened::Failed(err) => {
-                    failed = Some(err);
-                    break;
-                }
+                Opened::Failed(err) => failed = Some(err),
             }
         }
         // Ahead of decoding: request the data of the next units, opening more files as far
@@ -189,11 +188,13 @@ pub(super) async fn drive(
                 Opened::Failed(err) => failed = Some(err),
             }
         }
-        if let Some(err) = failed {
-            // Batches of earlier files first, then the error, in order.
-            drain_in_order(&mut in_flight, &out).await;
-            let _ = out.send(Err(err)).await;
-            return;
+        if pending_units.is_empty() {
+            if let Some(err) = failed.take() {
+                // Batches of earlier files first, then the error, in order.
+                drain_in_order(&mut in_flight, &out).await;
+                let _ = out.send(Err(err)).await;
+                return;
+            }
         }
         let Some(front) = in_flight.front_mut() else {
             return;
