@@ -150,6 +150,9 @@ pub fn coalesce_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<Range<u64>> {
     merged
 }
 
+/// Byte ranges of a file already fetched, each with its bytes.
+pub(crate) type FetchedRanges = Vec<(Range<u64>, Bytes)>;
+
 /// [`AsyncFileReader`] over one [`FileEntry`], counting into [`IoMetrics`].
 #[derive(Clone)]
 pub(crate) struct ObjectFileReader {
@@ -166,7 +169,7 @@ pub(crate) struct ObjectFileReader {
     /// Ranges of the file fetched already (the whole of a small file on an object store,
     /// fetched with its footer; column chunks fetched ahead of decoding): a read inside one
     /// of them is served from its bytes.
-    fetched: crate::scan::FetchedRanges,
+    fetched: FetchedRanges,
 }
 
 impl ObjectFileReader {
@@ -200,7 +203,7 @@ impl ObjectFileReader {
     }
 
     /// Serve reads inside `fetched` (ranges of this file with their bytes) from them.
-    pub(crate) fn with_fetched(mut self, fetched: crate::scan::FetchedRanges) -> Self {
+    pub(crate) fn with_fetched(mut self, fetched: FetchedRanges) -> Self {
         self.fetched = fetched
             .into_iter()
             .filter(|(range, bytes)| range.end - range.start == bytes.len() as u64)

@@ -53,7 +53,7 @@ pub(super) async fn decode_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,
-    fetched: super::FetchedRanges,
+    fetched: crate::io::FetchedRanges,
     batch_rows: usize,
     tx: mpsc::Sender<BatchResult>,
     permits: Arc<Semaphore>,

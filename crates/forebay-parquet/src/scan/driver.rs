@@ -12,12 +12,13 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::decode::decode_unit;
-use super::fetch_ahead::{fetch_unit, FetchedRanges};
+use super::fetch_ahead::fetch_unit;
 use super::footer::FOOTER_CONCURRENCY;
 use super::runtime::panic_message;
 use super::stream::BatchResult;
 use super::{DatasetInner, OpenedFile, Unit};
 use crate::error::{ParquetError, Result};
+use crate::io::FetchedRanges;
 
 /// Rows per batch of the scan's first unit (when `batch_size` is larger).
 const FIRST_UNIT_BATCH_ROWS: usize = 8192;

@@ -22,18 +22,13 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::{DatasetInner, OpenedFile, Unit};
 use crate::error::Result;
-use crate::io::{coalesce_ranges, ObjectFileReader};
+use crate::io::{coalesce_ranges, FetchedRanges, ObjectFileReader};
 
 /// Units fetched ahead of decoding on object stores by default: with `prefetch` (4 on 2
 /// cores) ~16 requests in flight, what polars keeps (BENCHMARKS.md, session 31: 21-23).
 pub(super) const REMOTE_FETCH_AHEAD: usize = 12;
-
-/// Byte ranges of a file already fetched, each with its bytes.
-pub(crate) type FetchedRanges = Vec<(Range<u64>, Bytes)>;
 
 impl DatasetInner {
     /// Units of `file` a scan fetching `units` ahead fetches ahead of their decoding (0:

@@ -47,7 +47,6 @@ mod stream;
 
 pub use builder::{AllSkips, ParquetDatasetBuilder, ScanSkip};
 pub use decode::DEFAULT_MAX_COLUMN_CHUNK_BYTES;
-pub(crate) use fetch_ahead::FetchedRanges;
 pub use metrics::ScanMetricsSnapshot;
 pub use runtime::{block_on, runtime};
 pub use stream::{BatchProvenance, ProvenancedBatch, RecordBatchIter, ScanStream};
