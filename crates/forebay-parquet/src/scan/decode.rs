@@ -31,7 +31,12 @@ pub const DEFAULT_MAX_COLUMN_CHUNK_BYTES: u64 = i32::MAX as u64;
 
 /// Refuse a row group whose selected column chunks decompress past the limit (see
 /// [`ParquetDatasetBuilder::with_max_column_chunk_bytes`]), before anything is fetched.
-fn check_chunk_sizes(inner: &DatasetInner, file: &OpenedFile, path: &str, rg: usize) -> Result<()> {
+pub(super) fn check_chunk_sizes(
+    inner: &DatasetInner,
+    file: &OpenedFile,
+    path: &str,
+    rg: usize,
+) -> Result<()> {
     let limit = inner.options.max_column_chunk_bytes;
     let group = file.reader_meta.metadata().row_group(rg);
     for (leaf, column) in group.columns().iter().enumerate() {

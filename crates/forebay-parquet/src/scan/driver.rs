@@ -173,7 +173,10 @@ pub(super) async fn drive(
                 if ahead >= inner.fetch_ahead_for(&pending.file, fetch_ahead) {
                     break;
                 }
-                pending.fetching = Some(fetch_unit(&inner, &pending.file, &pending.unit));
+                pending.fetching = fetch_unit(&inner, &pending.file, &pending.unit);
+                if pending.fetching.is_none() {
+                    break; // its decoding will fail the scan: fetch nothing past it
+                }
                 ahead += 1;
             }
             let room = pending_units.iter().all(|p| !p.needs_fetch()) && ahead < fetch_ahead;

@@ -22,6 +22,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::decode::check_chunk_sizes;
 use super::{DatasetInner, OpenedFile, Unit};
 use crate::error::Result;
 use crate::io::{coalesce_ranges, FetchedRanges, ObjectFileReader};
@@ -43,12 +44,14 @@ impl DatasetInner {
     }
 }
 
-/// Request the selected column chunks of `unit` (coalesced as its decoder would), now.
+/// Request the selected column chunks of `unit` (coalesced as its decoder would), now; not
+/// those of a unit its decoding will refuse as too large (nothing of it is ever fetched).
 pub(super) fn fetch_unit(
     inner: &Arc<DatasetInner>,
     file: &Arc<OpenedFile>,
     unit: &Unit,
-) -> tokio::task::JoinHandle<Result<FetchedRanges>> {
+) -> Option<tokio::task::JoinHandle<Result<FetchedRanges>>> {
+    check_chunk_sizes(inner, file, &unit.file, unit.row_group).ok()?;
     let metadata = file.reader_meta.metadata().row_group(unit.row_group);
     let ranges: Vec<Range<u64>> = metadata
         .columns()
@@ -62,9 +65,9 @@ pub(super) fn fetch_unit(
         .collect();
     let merged = coalesce_ranges(&ranges, inner.coalesce_gap_for(&file.entry));
     let reader = ObjectFileReader::new(file.entry.clone(), inner.io.clone(), 0);
-    tokio::spawn(async move {
+    Some(tokio::spawn(async move {
         let fetched =
             futures::future::try_join_all(merged.iter().map(|r| reader.fetch(r.clone()))).await?;
         Ok(merged.into_iter().zip(fetched).collect())
-    })
+    }))
 }
