@@ -332,8 +332,8 @@ fn the_flat_decoders_read_what_the_parquet_crate_reads() {
 
 #[test]
 fn a_column_chunk_that_decompresses_past_the_limit_is_refused_before_it_is_read() {
-    // Highly compressible strings: 4 MB of text in a file of a few KB.
-    let text: Vec<String> = (0..64)
+    // Highly compressible strings: 16 MB of text in a file of a few KB.
+    let text: Vec<String> = (0..256)
         .map(|i| format!("{i}{}", "a".repeat(64 * 1024)))
         .collect();
     let schema = Arc::new(Schema::new(vec![
@@ -343,13 +343,16 @@ fn a_column_chunk_that_decompresses_past_the_limit_is_refused_before_it_is_read(
     let batch = RecordBatch::try_new(
         schema,
         vec![
-            Arc::new(Int64Array::from_iter_values(0..64)) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(0..256)) as ArrayRef,
             Arc::new(StringArray::from(text)),
         ],
     )
     .unwrap();
+    // 8 row groups of 2 MB of text each: beyond the units decoding, the rest would be
+    // fetched ahead (the store is remote), and must not be either.
     let props = WriterProperties::builder()
         .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+        .set_max_row_group_row_count(Some(32))
         .build();
     let mut file = Vec::new();
     let mut w = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
@@ -379,7 +382,7 @@ fn a_column_chunk_that_decompresses_past_the_limit_is_refused_before_it_is_read(
         .iter()
         .map(|b| b.num_rows())
         .sum();
-    assert_eq!(rows, 64);
+    assert_eq!(rows, 256);
 }
 
 /// A small file on an object store costs the scan one request: its footer request fetches
