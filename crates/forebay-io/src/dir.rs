@@ -8,7 +8,7 @@
 //! | [`put_all_atomic`](Dir::put_all_atomic) | temp files, their fsyncs in parallel, renames, each directory synced once | PUTs, 8 in flight |
 //! | [`publish`](Dir::publish) (move a staged file to its final name) | rename + fsync dir (atomic) | server-side copy (the object appears whole), then delete the source |
 //! | [`publish_all`](Dir::publish_all) | renames, then each directory synced once, in parallel | copies (8 at a time), then bulk deletes of the sources |
-//! | [`get`](Dir::get), [`list`](Dir::list), [`entries`](Dir::entries), [`exists`](Dir::exists), [`delete`](Dir::delete), [`delete_tree`](Dir::delete_tree) | std::fs | object_store |
+//! | [`get`](Dir::get), [`list`](Dir::list), [`entries`](Dir::entries), [`files_under`](Dir::files_under), [`exists`](Dir::exists), [`delete`](Dir::delete), [`delete_tree`](Dir::delete_tree) | std::fs | object_store |
 //! | [`delete_trees`](Dir::delete_trees) | trees removed on several threads | `delete_tree` each (a listing, then bulk deletes) |
 //! | [`delete_files`](Dir::delete_files) | unlinks, one after another | bulk deletes (S3: 1,000 objects a request) |
 //!
