@@ -24,9 +24,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
@@ -36,6 +34,7 @@ use crate::durable::{
     create_dir_all_durable, create_dir_all_noting_parents, in_parallel, sync_dir,
 };
 use crate::location::{open_location, LocationError, StorageOptions};
+use crate::store_ops::{copy_object, delete_all, object_path};
 
 /// What went wrong, and on which file or directory (a local path or a URI).
 #[derive(Debug, thiserror::Error)]
@@ -783,65 +782,6 @@ fn remove_local_tree_around_writers(path: &Path) -> std::io::Result<()> {
         }
         result => result,
     }
-}
-
-/// Copy `src` to `dst` server-side (the object appears whole). Idempotent: a source
-/// already gone is fine when the destination is there (copied and deleted before).
-async fn copy_object(
-    store: &dyn ObjectStore,
-    src: &ObjectPath,
-    dst: &ObjectPath,
-) -> object_store::Result<()> {
-    match store.copy(src, dst).await {
-        Ok(()) => Ok(()),
-        Err(object_store::Error::NotFound { .. }) => store.head(dst).await.map(drop),
-        Err(e) => Err(e),
-    }
-}
-
-/// Delete every object of `locations` in as few requests as the store allows (S3: up to
-/// 1,000 a request); objects already gone are fine.
-///
-/// object_store retries a request whose connection failed before it was sent, but not a bulk
-/// delete (a POST) whose connection broke after: it cannot know the request is idempotent.
-/// Deleting again is harmless, so a failed attempt is retried (3 times, from 100 ms apart)
-/// unless the store refused the credentials.
-async fn delete_all(
-    store: &dyn ObjectStore,
-    locations: Vec<ObjectPath>,
-) -> object_store::Result<()> {
-    let attempt = || async {
-        let listed = futures::stream::iter(locations.clone().into_iter().map(Ok)).boxed();
-        let mut deleted = store.delete_stream(listed);
-        while let Some(result) = deleted.next().await {
-            match result {
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    };
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_times(3);
-    attempt
-        .retry(backoff)
-        .sleep(tokio::time::sleep)
-        .when(|e| {
-            !matches!(
-                e,
-                object_store::Error::PermissionDenied { .. }
-                    | object_store::Error::Unauthenticated { .. }
-            )
-        })
-        .await
-}
-
-fn object_path(prefix: &ObjectPath, relative: &str) -> ObjectPath {
-    relative
-        .split('/')
-        .filter(|p| !p.is_empty())
-        .fold(prefix.clone(), |p, part| p.clone().join(part))
 }
 
 #[cfg(test)]

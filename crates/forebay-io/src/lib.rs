@@ -37,6 +37,7 @@ pub mod location;
 pub mod runtime;
 pub mod storage_options;
 pub mod store_errors;
+mod store_ops;
 
 pub use dir::{Dir, DirError};
 pub use runtime::{block_on, runtime};

@@ -488,17 +488,7 @@ fn remote_row_groups_are_fetched_ahead_of_decoding_and_read_once() {
         let store = store.clone();
         async move { store.delete(&Path::from("t/part-2.parquet")).await.unwrap() }
     });
-    let mut rows = 0;
-    let mut error = None;
-    for item in ds.scan() {
-        match item {
-            Ok(b) => rows += b.batch.num_rows(),
-            Err(e) => {
-                error = Some(e.to_string());
-                break;
-            }
-        }
-    }
+    let (rows, error) = rows_until_error(&ds);
     assert_eq!(rows, 300_000);
     let error = error.expect("the scan reports the missing file");
     assert!(error.contains("part-2.parquet"), "{error}");
@@ -519,17 +509,20 @@ fn remote_row_groups_are_fetched_ahead_of_decoding_and_read_once() {
         .with_columns(["id", "val"])
         .build()
         .unwrap();
-    let (mut rows, mut error) = (0, None);
-    for item in ds.scan() {
-        match item {
-            Ok(b) => rows += b.batch.num_rows(),
-            Err(e) => {
-                error = Some(e.to_string());
-                break;
-            }
-        }
-    }
+    let (rows, error) = rows_until_error(&ds);
     assert_eq!(rows, 300_000);
     let error = error.expect("the scan reports the file that is no Parquet file");
     assert!(error.contains("part-2.parquet"), "{error}");
+}
+
+/// The rows a scan yields before its first error, and that error's message.
+fn rows_until_error(ds: &ParquetDataset) -> (usize, Option<String>) {
+    let mut rows = 0;
+    for item in ds.scan() {
+        match item {
+            Ok(b) => rows += b.batch.num_rows(),
+            Err(e) => return (rows, Some(e.to_string())),
+        }
+    }
+    (rows, None)
 }
