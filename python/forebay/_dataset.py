@@ -38,12 +38,18 @@ class _MapStep:
     concurrency: int
     batch_size: int | None
     max_retries: int
+    max_errored_rows: int | None
 
     def add_to(self, pipeline: _forebay.RsPipeline) -> None:
         if self.compute == "threads":
             spec = self.spec
             pipeline.add_threads(
-                spec.stage, lambda: make_worker(spec), self.concurrency, self.batch_size, []
+                spec.stage,
+                lambda: make_worker(spec),
+                self.concurrency,
+                self.batch_size,
+                [],
+                self.max_errored_rows,
             )
         else:
             from ._worker import encode_init, native_threads_env
@@ -57,6 +63,7 @@ class _MapStep:
                 self.max_retries,
                 [],
                 native_threads_env(self.concurrency),
+                self.max_errored_rows,
             )
 
 
@@ -109,6 +116,8 @@ class Dataset:
         fn_constructor_kwargs: Mapping[str, Any] | None = None,
         max_retries: int = 0,
         zero_copy_batch: bool = False,
+        on_error: str = "raise",
+        max_errored_rows: int | None = None,
     ) -> Dataset:
         """Apply ``fn`` to every batch (Ray Data's names and meaning).
 
@@ -142,8 +151,23 @@ class Dataset:
             nulls): ``batch["x"] *= 2`` works; ``True`` hands those as read-only views of the
             batch (no copy; write into new arrays). ``iter_batches`` always hands views.
 
-        An exception raised by ``fn`` stops the run and is re-raised by the consumer with
-        its original type and traceback (a note names the stage and the batch).
+        on_error: what an exception raised by ``fn`` does. ``"raise"`` (default): it stops
+            the run and is re-raised by the consumer with its original type and traceback (a
+            note names the stage and the batch). ``"skip"``: the rows it fails on are set
+            aside and the run goes on: the failing batch is called again in halves, and
+            halves of the halves that fail, until each failing call holds one row (about
+            2·k·log2(batch_size) more calls for k failing rows, so make ``fn`` cheap to call
+            twice or keep batches small); the other rows' outputs go on. Each set-aside row
+            is logged as a warning (the first 20, with its file and row where known) and
+            counted in ``stats()`` (``rows_errored`` and ``errored`` of the stage). A
+            set-aside row counts as done: in a checkpointed write it is not sent again once
+            the rest of its batch is committed. Only exceptions are caught: Ctrl-C, a dying
+            worker process (see ``max_retries``) and a return value that is not a batch
+            still fail the run.
+        max_errored_rows: with ``on_error="skip"``, the run fails (``forebay.StageError``
+            naming the stage and the last row) once more than this many rows were set
+            aside; ``None`` (default): any number. Set it: a function that fails on every
+            row would otherwise turn the whole input into set-aside rows.
         """
         if not callable(fn):
             raise TypeError(
@@ -161,6 +185,14 @@ class Dataset:
             raise ValueError(f"compute must be 'threads' or 'processes', not {compute!r}")
         concurrency = optional_integer("concurrency", concurrency, minimum=1)
         max_retries = integer("max_retries", max_retries, minimum=0)
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        max_errored_rows = optional_integer("max_errored_rows", max_errored_rows, minimum=0)
+        if max_errored_rows is not None and on_error == "raise":
+            raise ValueError(
+                "max_errored_rows applies with on_error='skip' (with 'raise' the first "
+                "error stops the run)"
+            )
         name = getattr(fn, "__name__", None) or type(fn).__name__
         spec = FunctionSpec(
             fn=fn,
@@ -171,9 +203,12 @@ class Dataset:
             fn_constructor_args=tuple(fn_constructor_args or ()),
             fn_constructor_kwargs=dict(fn_constructor_kwargs or {}),
             zero_copy_batch=bool(zero_copy_batch),
+            on_error=on_error,
         )
         workers = concurrency or _config.settings()["num_threads"]
-        return self._with(_MapStep(spec, compute, workers, batch_size, max_retries))
+        return self._with(
+            _MapStep(spec, compute, workers, batch_size, max_retries, max_errored_rows)
+        )
 
     def limit(self, n: int) -> Dataset:
         """The first ``n`` rows (in the order steps produce them); reading stops once they

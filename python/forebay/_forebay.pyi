@@ -11,6 +11,11 @@ import pyarrow as pa
 from ._checkpoint_config import Checkpoint
 
 __version__: str
+# How a map function's runner marks the rows it set aside (forebay_engine::errored).
+ERRORED_ROWS: str
+ROW_IN_CALL: str
+ERROR_TYPE: str
+ERROR_MESSAGE: str
 
 # -- errors --------------------------------------------------------------------------------
 
@@ -238,6 +243,7 @@ class RsPipeline:
         concurrency: int,
         batch_size: int | None,
         required_columns: list[str],
+        max_errored_rows: int | None = None,
     ) -> None: ...
     def add_processes(
         self,
@@ -249,6 +255,7 @@ class RsPipeline:
         max_retries: int,
         required_columns: list[str],
         env: dict[str, str],
+        max_errored_rows: int | None = None,
     ) -> None: ...
     def add_limit(self, rows: int) -> None: ...
     def add_checkpoint_filter(self, index: RsCheckpointIndex, concurrency: int) -> None: ...

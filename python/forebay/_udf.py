@@ -48,6 +48,9 @@ class FunctionSpec:
     #: Hand numpy batches as they convert (read-only views where zero-copy); False: every
     #: array writable (read-only views copied), as Ray's default.
     zero_copy_batch: bool = False
+    #: ``"raise"``: an exception of the function fails the run; ``"skip"``: the rows it
+    #: fails on are isolated (:meth:`Runner.isolate`) and set aside, the others go on.
+    on_error: str = "raise"
 
 
 def check_format(batch_format: str, allowed: Sequence[str]) -> str:
@@ -79,6 +82,8 @@ class Runner:
         self._args, self._kwargs = tuple(spec.fn_args), dict(spec.fn_kwargs)
         self._format, self._stage = spec.batch_format, spec.stage
         self._zero_copy = spec.zero_copy_batch
+        #: Whether a failing call is narrowed down to its failing rows (:meth:`isolate`).
+        self.isolates = spec.on_error != "raise"
 
     def prepare(self, batch: pa.RecordBatch) -> Any:
         prepared = to_format(batch, self._format)
@@ -94,7 +99,70 @@ class Runner:
         return normalize_output(out, self._stage)
 
     def __call__(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        try:
+            out = self.run(self.prepare(batch))
+        except Exception as error:
+            if not self.isolates:
+                raise
+            return self.isolate(batch, error)
+        return self.finish(out)
+
+    def _once(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         return self.finish(self.run(self.prepare(batch)))
+
+    def isolate(self, batch: pa.RecordBatch, error: BaseException) -> list[pa.RecordBatch]:
+        """The function raised ``error`` on ``batch``: call it again on halves of the batch,
+        and on halves of the halves that fail, down to single rows. Returns the outputs of
+        the rows it does not fail on (in row order), then one batch of the rows it fails on
+        (the errored rows: the input rows, their index in ``batch``, the error's type and
+        message; marked for the engine, see ``forebay_engine::errored``). A batch of n rows
+        with k failing rows costs about 2·k·log2(n) more calls. Anything but an
+        ``Exception`` (Ctrl-C, ``SystemExit``) and forebay's own errors about the output
+        are raised as they are."""
+        if not isinstance(error, Exception) or isinstance(error, StageError):
+            raise error
+        if batch.num_rows == 0:
+            raise error
+        outputs: list[pa.RecordBatch] = []
+        failures: list[tuple[int, BaseException]] = []
+        # Ranges still to try, each with the error it is known to raise (None: not tried);
+        # a stack, so that rows come out in order.
+        todo: list[tuple[int, int, BaseException | None]] = [(0, batch.num_rows, error)]
+        while todo:
+            start, stop, known = todo.pop()
+            if known is None:
+                try:
+                    outputs.extend(self._once(batch.slice(start, stop - start)))
+                    continue
+                except StageError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - the rows' error, kept for them
+                    known = e
+            if stop - start == 1:
+                failures.append((start, known))
+                continue
+            middle = (start + stop) // 2
+            todo.append((middle, stop, None))
+            todo.append((start, middle, None))
+        if failures:
+            outputs.append(errored_rows(batch, failures))
+        return outputs
+
+
+def errored_rows(
+    batch: pa.RecordBatch, failures: list[tuple[int, BaseException]]
+) -> pa.RecordBatch:
+    """The rows of ``batch`` a function failed on, with their errors, marked for the engine
+    (the layout of ``forebay_engine::errored::errored_rows_batch``)."""
+    rows = pa.array([row for row, _ in failures], pa.uint64())
+    taken = batch.take(rows)
+    columns = [*taken.columns, rows]
+    columns.append(pa.array([type(e).__qualname__ for _, e in failures], pa.string()))
+    columns.append(pa.array([str(e) for _, e in failures], pa.string()))
+    names = [*taken.schema.names, _forebay.ROW_IN_CALL, _forebay.ERROR_TYPE, _forebay.ERROR_MESSAGE]
+    return pa.RecordBatch.from_arrays(columns, names=names).replace_schema_metadata(
+        {_forebay.ERRORED_ROWS: "1"}
+    )
 
 
 def make_worker(spec: FunctionSpec) -> Runner:

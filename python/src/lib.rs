@@ -72,5 +72,11 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pipeline::register(m)?;
     coordinator::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // How a map function's runner marks the rows it set aside (see forebay_engine::errored).
+    use forebay_engine::errored;
+    m.add("ERRORED_ROWS", errored::ERRORED_ROWS)?;
+    m.add("ROW_IN_CALL", errored::ROW_IN_CALL)?;
+    m.add("ERROR_TYPE", errored::ERROR_TYPE)?;
+    m.add("ERROR_MESSAGE", errored::ERROR_MESSAGE)?;
     Ok(())
 }

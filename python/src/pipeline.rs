@@ -105,12 +105,16 @@ fn stage(
     concurrency: usize,
     batch_size: Option<usize>,
     required_columns: Vec<String>,
+    max_errored_rows: Option<u64>,
 ) -> MapStage {
     let mut stage = MapStage::new(name, function)
         .with_concurrency(concurrency)
         .with_required_columns(required_columns);
     if let Some(n) = batch_size {
         stage = stage.with_batch_size(n);
+    }
+    if let Some(n) = max_errored_rows {
+        stage = stage.with_max_errored_rows(n);
     }
     stage
 }
@@ -149,8 +153,9 @@ impl RsPipeline {
         }
     }
 
-    /// A Python function on `concurrency` engine threads.
-    #[pyo3(signature = (name, make_worker, concurrency, batch_size, required_columns))]
+    /// A Python function on `concurrency` engine threads. `max_errored_rows`: rows the
+    /// function may fail on (when its runner sets them aside) before the run fails.
+    #[pyo3(signature = (name, make_worker, concurrency, batch_size, required_columns, max_errored_rows=None))]
     fn add_threads(
         &self,
         name: String,
@@ -158,6 +163,7 @@ impl RsPipeline {
         concurrency: usize,
         batch_size: Option<usize>,
         required_columns: Vec<String>,
+        max_errored_rows: Option<u64>,
     ) -> PyResult<()> {
         let function = PyFunction { make_worker };
         self.with(|p| {
@@ -167,13 +173,14 @@ impl RsPipeline {
                 concurrency,
                 batch_size,
                 required_columns,
+                max_errored_rows,
             )))
         })
     }
 
     /// A function in `concurrency` worker processes started with `command`; `init` is sent
     /// to each worker as it starts.
-    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env))]
+    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env, max_errored_rows=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_processes(
         &self,
@@ -185,6 +192,7 @@ impl RsPipeline {
         max_retries: usize,
         required_columns: Vec<String>,
         env: HashMap<String, String>,
+        max_errored_rows: Option<u64>,
     ) -> PyResult<()> {
         let env = env
             .into_iter()
@@ -193,7 +201,16 @@ impl RsPipeline {
         let pool = ProcessPool::new(command.into_iter().map(OsString::from).collect(), init)
             .with_max_retries(max_retries)
             .with_env(env);
-        self.with(|p| Ok(p.map(stage(name, pool, concurrency, batch_size, required_columns))))
+        self.with(|p| {
+            Ok(p.map(stage(
+                name,
+                pool,
+                concurrency,
+                batch_size,
+                required_columns,
+                max_errored_rows,
+            )))
+        })
     }
 
     fn add_limit(&self, rows: u64) -> PyResult<()> {

@@ -25,6 +25,18 @@ pub(crate) fn stats_dict<'py>(py: Python<'py>, stats: &RunStats) -> PyResult<Bou
         sd.set_item("busy_s", s.busy.as_secs_f64())?;
         sd.set_item("peak_bytes", s.peak_bytes)?;
         sd.set_item("spilled_bytes", s.spilled_bytes)?;
+        sd.set_item("rows_errored", s.rows_errored)?;
+        let errored = PyList::empty(py);
+        for row in &s.errored {
+            let rd = PyDict::new(py);
+            rd.set_item("file", &row.file)?;
+            rd.set_item("row_group", row.row_group)?;
+            rd.set_item("row", row.row)?;
+            rd.set_item("error_type", &row.error_type)?;
+            rd.set_item("message", &row.message)?;
+            errored.append(rd)?;
+        }
+        sd.set_item("errored", errored)?;
         stages.append(sd)?;
     }
     d.set_item("stages", stages)?;

@@ -40,6 +40,9 @@ pub(crate) struct PyFunctionWorker {
     prepare: Py<PyAny>,
     run: Py<PyAny>,
     finish: Py<PyAny>,
+    /// `isolate(batch, error)`: with `on_error="skip"`, the outputs of the rows the function
+    /// does not fail on and the errored rows (see `forebay_engine::errored`).
+    isolate: Option<Py<PyAny>>,
     /// Inputs made ahead by the worker's `NextBatchPreparer` (see `lookahead`).
     prepared: Arc<PreparedInputs>,
     /// Batches it converts itself go to pyarrow through this.
@@ -51,12 +54,16 @@ pub(crate) struct PyFunctionWorker {
 impl MapFn for PyFunction {
     fn start_worker(&self, _: &WorkerContext<'_>) -> Result<Box<dyn MapWorker>, StageFailure> {
         let thread_state = KeptThreadState::new();
-        let (prepare, run, finish) = Python::attach(|py| -> PyResult<_> {
+        let (prepare, run, finish, isolate) = Python::attach(|py| -> PyResult<_> {
             let runner = self.make_worker.call0(py)?;
+            let isolates: bool = runner.getattr(py, "isolates")?.extract(py)?;
             Ok((
                 runner.getattr(py, "prepare")?,
                 runner.getattr(py, "run")?,
                 runner.getattr(py, "finish")?,
+                isolates
+                    .then(|| runner.getattr(py, "isolate"))
+                    .transpose()?,
             ))
         })
         .map_err(failure)?;
@@ -64,6 +71,7 @@ impl MapFn for PyFunction {
             prepare,
             run,
             finish,
+            isolate,
             prepared: PreparedInputs::new(),
             exporter: BatchExporter::default(),
             _thread_state: thread_state,
@@ -96,7 +104,13 @@ impl MapWorker for PyFunctionWorker {
             self.prepared.allow_next();
             let out = self.run.call1(py, (input,));
             self.prepared.function_returned();
-            let out = self.finish.call1(py, (out?,))?;
+            let out = match (out, &self.isolate) {
+                (Err(error), Some(isolate)) => {
+                    let input = self.exporter.export(py, &batch)?;
+                    isolate.call1(py, (input, error.value(py)))?
+                }
+                (out, _) => self.finish.call1(py, (out?,))?,
+            };
             out.bind(py)
                 .try_iter()?
                 .map(|item| import_map_output(&item?, &batch))
@@ -112,6 +126,7 @@ impl MapWorker for PyFunctionWorker {
             let _ = std::mem::replace(&mut self.prepare, py.None());
             let _ = std::mem::replace(&mut self.run, py.None());
             let _ = std::mem::replace(&mut self.finish, py.None());
+            self.isolate = None;
             self.exporter = BatchExporter::default();
         });
     }

@@ -39,6 +39,9 @@ JOB = textwrap.dedent(
         if busy:  # tell the test this process is inside a batch (past its start-up)
             open(os.path.join(busy, str(os.getpid())), "w").close()
         time.sleep(0.03)  # a model's work
+        poison = os.environ.get("TEST_POISON")
+        if poison and set(poison.split(",")).intersection(batch["id"].to_pylist()):
+            raise ValueError("a row the model cannot take")
         return batch.append_column("length", pc.utf8_length(batch["text"]))
 
     if __name__ == "__main__":
@@ -49,7 +52,7 @@ JOB = textwrap.dedent(
         ds = forebay.read_parquet(config["input"], storage_options=options, filter=scan_filter)
         out = ds.map_batches(
             embed, batch_size=400, compute=config["compute"], concurrency=2,
-            max_retries=config.get("max_retries", 0),
+            max_retries=config.get("max_retries", 0), on_error=config.get("on_error", "raise"),
         )
         print("started", flush=True)
         stats = out.write_parquet(
@@ -227,6 +230,32 @@ def test_fifty_random_sigkills_each_followed_by_a_rerun(job, id_column):
         assert_exactly_once(job.tmp / "out")
         reset(job.tmp)
     assert outcomes["killed"] >= 40, outcomes
+
+
+@pytest.mark.parametrize("id_column", ["id", None])
+def test_poison_rows_set_aside_stay_out_through_sigkills_and_reruns(job, id_column):
+    """5 rows raise (on_error="skip"): after each kill and rerun the output holds every
+    other row exactly once, and never a poison row."""
+    poison = {"id-17", "id-4000", "id-4001", "id-12345", f"id-{FILES * ROWS - 1}"}
+    env = {"TEST_POISON": ",".join(sorted(poison))}
+    rng = random.Random(20261127)
+    for trial in range(6):
+        config = {
+            "compute": "processes" if trial % 3 == 2 else "threads",
+            "id_column": id_column,
+            "on_error": "skip",
+        }
+        proc = job(config, env=env)
+        assert proc.stdout.readline().strip() == "started"
+        time.sleep(rng.uniform(0.0, 0.9))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        stats = job.run(config, env=env)
+        ids = output_ids(job.tmp / "out")
+        assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} rows written twice"
+        assert set(ids) == IDS - poison
+        assert stats["rows"] <= len(IDS) - len(poison)
+        reset(job.tmp)
 
 
 def _workers_of(pid: int) -> list[int]:

@@ -57,6 +57,19 @@ pub enum EngineError {
         retries: String,
     },
 
+    /// A stage's function failed on more rows than its `max_errored_rows` allows.
+    #[error(
+        "stage '{stage}': the function failed on {errored} rows, more than the {limit} \
+         allowed (max_errored_rows); the last: {last}"
+    )]
+    TooManyErroredRows {
+        stage: String,
+        errored: u64,
+        limit: u64,
+        /// The last errored row: where it came from, and its error.
+        last: String,
+    },
+
     /// A worker process could not be started or spoke nonsense.
     #[error("stage '{stage}': worker process: {reason}")]
     Worker { stage: String, reason: String },
@@ -114,6 +127,7 @@ impl EngineError {
             | EngineError::BadOutput { stage, .. }
             | EngineError::WorkerDied { stage, .. }
             | EngineError::Worker { stage, .. }
+            | EngineError::TooManyErroredRows { stage, .. }
             | EngineError::Write { stage, .. }
             | EngineError::Store { stage, .. }
             | EngineError::Checkpoint { stage, .. } => Some(stage),

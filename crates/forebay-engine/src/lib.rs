@@ -88,6 +88,7 @@ pub mod commit;
 mod concat;
 pub mod coordinator;
 mod error;
+pub mod errored;
 mod events;
 pub mod format;
 mod lease;
@@ -117,6 +118,7 @@ pub use coordinator::{
     CommitCoordinator, CommitStager, ConsumedPositions, StagedCommit, StagerSpec,
 };
 pub use error::{BatchLabel, EngineError, Result, UserError};
+pub use errored::{errored_rows_batch, ErroredRow};
 pub use events::{EventSink, PipelineEvent};
 pub use memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, PoolSnapshot, Reservation};
 pub use pipeline::{

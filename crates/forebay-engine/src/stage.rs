@@ -34,8 +34,9 @@ use arrow_array::RecordBatch;
 use forebay_checkpoint::SharedCheckpointIndex;
 use forebay_store::ObjectStore;
 
-use crate::batch::EngineBatch;
+use crate::batch::{EngineBatch, Origin};
 use crate::error::{BatchLabel, EngineError, Result, UserError};
+use crate::errored::{describe, is_errored_rows};
 use crate::events::PipelineEvent;
 use crate::memory::{Admission, CancelToken, MemoryConsumer};
 use crate::queue::BatchQueue;
@@ -229,6 +230,11 @@ pub struct MapStage {
     /// Re-chunk to `batch_size` by merging whole input batches, never splitting one (set
     /// by a checkpointed write on the maps after its first; see `positions`).
     pub(crate) whole_input_batches: bool,
+    /// Rows the function may fail on (see `errored`) before the run fails; None: any number.
+    pub(crate) max_errored_rows: Option<u64>,
+    /// Its input rows are the source's, in order (no map before it): an errored row's index
+    /// finds its row in the input file. Set by the pipeline as it starts the stage.
+    pub(crate) rows_are_input_rows: bool,
 }
 
 impl MapStage {
@@ -241,6 +247,8 @@ impl MapStage {
             batch_size: None,
             required_columns: Vec::new(),
             whole_input_batches: false,
+            max_errored_rows: None,
+            rows_are_input_rows: false,
         }
     }
 
@@ -277,6 +285,15 @@ impl MapStage {
         S: Into<String>,
     {
         self.required_columns = columns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Rows the function may fail on before the run fails (default: any number). A worker
+    /// that sets failing rows aside returns them as an errored-rows batch (see
+    /// [`errored_rows_batch`](crate::errored_rows_batch)); without one, the first error
+    /// fails the run.
+    pub fn with_max_errored_rows(mut self, rows: u64) -> MapStage {
+        self.max_errored_rows = Some(rows);
         self
     }
 
@@ -570,6 +587,11 @@ fn serve(
                 .call(input.batch.clone(), ctx)
                 .map_err(|f| f.into_error(&r.stage.name, label()))?;
             r.counters.record_busy(started.elapsed());
+            let (errored, outputs): (Vec<RecordBatch>, Vec<RecordBatch>) =
+                outputs.into_iter().partition(is_errored_rows);
+            for batch in &errored {
+                set_aside(r, batch, &input.origin, label)?;
+            }
             let before = reserved.len();
             let outputs = if r.resources.lineage().is_some() && outputs.len() > 1 {
                 // A checkpointed run: what one input batch became travels as one batch,
@@ -604,6 +626,41 @@ fn serve(
             drop(input);
         }
         emit(r, task.index, reserved)?;
+    }
+}
+
+/// Count and report the rows a call failed on (an errored-rows batch, see `errored`); fail
+/// the run when the stage's limit is passed.
+fn set_aside(
+    r: &Running,
+    errored: &RecordBatch,
+    origins: &[Origin],
+    label: impl Fn() -> BatchLabel,
+) -> Result<()> {
+    let stage = &r.stage.name;
+    let rows =
+        describe(stage, errored, origins, r.stage.rows_are_input_rows).map_err(|reason| {
+            EngineError::BadOutput {
+                stage: stage.clone(),
+                batch: label(),
+                reason,
+            }
+        })?;
+    let last = rows.last().map(ToString::to_string);
+    let (total, kept) = r.counters.record_errored(rows);
+    for row in kept {
+        r.resources.emit(PipelineEvent::Warning {
+            message: format!("stage '{stage}': set aside {row}"),
+        });
+    }
+    match (r.stage.max_errored_rows, last) {
+        (Some(limit), Some(last)) if total > limit => Err(EngineError::TooManyErroredRows {
+            stage: stage.clone(),
+            errored: total,
+            limit,
+            last,
+        }),
+        _ => Ok(()),
     }
 }
 

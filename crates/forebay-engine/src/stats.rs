@@ -1,7 +1,10 @@
 //! Per-stage counters of a run, and the statistics reported after it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
+
+use crate::errored::{ErroredRow, SAMPLES};
 
 /// Counters a stage updates while it runs.
 #[derive(Debug, Default)]
@@ -12,6 +15,9 @@ pub(crate) struct StageCounters {
     batches_out: AtomicU64,
     busy_nanos: AtomicU64,
     spilled_bytes: AtomicU64,
+    rows_errored: AtomicU64,
+    /// The first [`SAMPLES`] errored rows.
+    errored_samples: Mutex<Vec<ErroredRow>>,
 }
 
 impl StageCounters {
@@ -30,6 +36,22 @@ impl StageCounters {
     pub(crate) fn record_spill(&self, bytes: u64) {
         self.spilled_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
+    /// Count rows the function failed on; keep the first ones. Returns the stage's count
+    /// so far and the rows kept from these (to report).
+    pub(crate) fn record_errored(&self, rows: Vec<ErroredRow>) -> (u64, Vec<ErroredRow>) {
+        let total = self
+            .rows_errored
+            .fetch_add(rows.len() as u64, Ordering::Relaxed)
+            + rows.len() as u64;
+        let mut samples = self
+            .errored_samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let room = SAMPLES.saturating_sub(samples.len());
+        let kept: Vec<ErroredRow> = rows.into_iter().take(room).collect();
+        samples.extend(kept.iter().cloned());
+        (total, kept)
+    }
     pub(crate) fn spilled(&self) -> u64 {
         self.spilled_bytes.load(Ordering::Relaxed)
     }
@@ -45,6 +67,12 @@ impl StageCounters {
             peak_bytes,
             held_bytes,
             spilled_bytes: self.spilled_bytes.load(Ordering::Relaxed),
+            rows_errored: self.rows_errored.load(Ordering::Relaxed),
+            errored: self
+                .errored_samples
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 }
@@ -65,6 +93,10 @@ pub struct StageStats {
     pub held_bytes: u64,
     /// Bytes moved out of memory by the stage (reorder buffer, held batches).
     pub spilled_bytes: u64,
+    /// Rows its function failed on and that were set aside (`on_error="skip"`).
+    pub rows_errored: u64,
+    /// The first of them (up to [`SAMPLES`](crate::errored::SAMPLES)), with their errors.
+    pub errored: Vec<ErroredRow>,
 }
 
 /// What a run did, stage by stage.

@@ -448,3 +448,98 @@ mod hidden_buffers {
         assert!(max_used >= 8 * BATCH * 8, "max used {max_used}");
     }
 }
+
+/// A function that sets aside the rows whose value ends in 7 (as Python's
+/// `on_error="skip"` runner does: the other rows' output, then the errored rows).
+struct SetsAsideSevens;
+
+struct SevensWorker;
+
+impl forebay_engine::MapFn for SetsAsideSevens {
+    fn start_worker(
+        &self,
+        _: &forebay_engine::WorkerContext<'_>,
+    ) -> Result<Box<dyn forebay_engine::MapWorker>, forebay_engine::StageFailure> {
+        Ok(Box::new(SevensWorker))
+    }
+}
+
+impl forebay_engine::MapWorker for SevensWorker {
+    fn call(
+        &mut self,
+        batch: RecordBatch,
+        _: &forebay_engine::WorkerContext<'_>,
+    ) -> Result<Vec<RecordBatch>, forebay_engine::StageFailure> {
+        let vals = values(std::slice::from_ref(&batch));
+        let (bad, good): (Vec<usize>, Vec<usize>) =
+            (0..vals.len()).partition(|&i| vals[i] % 10 == 7);
+        let take = |rows: &[usize]| {
+            let rows = arrow_array::UInt64Array::from_iter_values(rows.iter().map(|&r| r as u64));
+            arrow_select::take::take_record_batch(&batch, &rows).unwrap()
+        };
+        let failures: Vec<(usize, String, String)> = bad
+            .iter()
+            .map(|&i| {
+                (
+                    i,
+                    "ValueError".to_string(),
+                    format!("{} ends in 7", vals[i]),
+                )
+            })
+            .collect();
+        let mut out = vec![take(&good)];
+        if !failures.is_empty() {
+            out.push(forebay_engine::errored_rows_batch(&batch, &failures).unwrap());
+        }
+        Ok(out)
+    }
+}
+
+#[test]
+fn errored_rows_are_taken_out_counted_and_reported_and_a_limit_fails_the_run() {
+    let (source, n) = uneven_source(60);
+    let mut stream = Pipeline::new(source)
+        .map(MapStage::new("model", SetsAsideSevens).with_concurrency(2))
+        .iter(IterOptions::default())
+        .unwrap();
+    let mut got = values(&stream.by_ref().map(|b| b.unwrap()).collect::<Vec<_>>());
+    got.sort_unstable();
+    let expected: Vec<i64> = (0..n).filter(|v| v % 10 != 7).collect();
+    assert_eq!(
+        got, expected,
+        "every other row once, no errored row downstream"
+    );
+    let stats = stream.stats().unwrap();
+    let model = stats.stages.iter().find(|s| s.name == "model").unwrap();
+    assert_eq!(
+        model.rows_errored,
+        (0..n).filter(|v| v % 10 == 7).count() as u64
+    );
+    assert_eq!(model.errored.len(), forebay_engine::errored::SAMPLES);
+    assert!(model.errored.iter().all(|e| e.error_type == "ValueError"
+        && e.message.ends_with("ends in 7")
+        && e.stage == "model"));
+
+    let (source, _) = uneven_source(60);
+    let mut stream = Pipeline::new(source)
+        .map(MapStage::new("model", SetsAsideSevens).with_max_errored_rows(30))
+        .iter(IterOptions::default())
+        .unwrap();
+    let err = stream.find_map(Result::err).expect("the run must fail");
+    match err {
+        EngineError::TooManyErroredRows {
+            stage,
+            errored,
+            limit,
+            last,
+        } => {
+            assert_eq!((stage.as_str(), limit), ("model", 30));
+            assert!(errored > 30);
+            assert!(
+                last.contains("ValueError: ") && last.ends_with("ends in 7"),
+                "{last}"
+            );
+        }
+        other => panic!("wrong error {other:?}"),
+    }
+}

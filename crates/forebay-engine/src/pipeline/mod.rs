@@ -512,12 +512,16 @@ impl Pipeline {
             });
         }
         let reorder_budget = options.memory_limit / 8;
+        // Until the first map, batches hold the scan's rows in order.
+        let mut rows_are_input_rows = true;
         for step in steps {
             let name = step.name();
             let next = new_queue(&run, &name, step.workers());
             let counters = run.add_counters(&name);
             match step {
-                Step::Map(stage) => {
+                Step::Map(mut stage) => {
+                    stage.rows_are_input_rows = rows_are_input_rows;
+                    rows_are_input_rows = false;
                     let threads = spawn_stage(
                         stage,
                         queue.clone(),
