@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
+from . import _devices
 from ._args import integer
 from ._store import parse_size
 
@@ -26,6 +28,8 @@ _config: dict[str, Any] = {
     "num_threads": os.cpu_count() or 1,
     "spill_dir": None,
     "progress": True,
+    # Devices for map_batches(num_gpus=...); None: detected (see _devices) when first needed.
+    "gpus": None,
 }
 
 
@@ -35,6 +39,7 @@ def configure(
     num_threads: int | None = None,
     spill_dir: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
+    gpus: int | Sequence[str | int] | None = None,
 ) -> dict[str, Any]:
     """Set defaults for pipeline runs; returns the settings now in force.
 
@@ -49,6 +54,9 @@ def configure(
     spill_dir: where held batches are spilled (default: the system temp directory).
     progress: draw a progress bar on stderr during long runs (only when stderr is a
         terminal). Default True.
+    gpus: the devices ``map_batches(num_gpus=...)`` hands to its workers: a count (devices
+        0..n-1) or a list of device ids. Default: this process's ``CUDA_VISIBLE_DEVICES``,
+        else what ``nvidia-smi -L`` lists.
     Arguments left as ``None`` keep their current value.
     """
     if memory_limit is not None:
@@ -59,7 +67,15 @@ def configure(
         _config["spill_dir"] = os.fspath(spill_dir)
     if progress is not None:
         _config["progress"] = bool(progress)
+    if gpus is not None:
+        _config["gpus"] = _devices.normalize(gpus)
     return dict(_config)
+
+
+def gpus() -> list[str]:
+    """The devices for ``num_gpus`` workers: configured, else detected."""
+    configured = _config["gpus"]
+    return list(configured) if configured is not None else _devices.detected()
 
 
 def settings() -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import _config, _forebay, _runs
+from . import _config, _devices, _forebay, _runs
 from ._args import integer, optional_integer
 from ._checkpoint_config import Checkpoint
 from ._filters import normalize_filter
@@ -39,6 +39,8 @@ class _MapStep:
     batch_size: int | None
     max_retries: int
     max_errored_rows: int | None
+    #: ``CUDA_VISIBLE_DEVICES`` of each worker process (``num_gpus``); empty: none set.
+    devices: list[str]
 
     def add_to(self, pipeline: _forebay.RsPipeline) -> None:
         if self.compute == "threads":
@@ -64,6 +66,7 @@ class _MapStep:
                 [],
                 native_threads_env(self.concurrency),
                 self.max_errored_rows,
+                [{"CUDA_VISIBLE_DEVICES": d} for d in self.devices],
             )
 
 
@@ -118,6 +121,7 @@ class Dataset:
         zero_copy_batch: bool = False,
         on_error: str = "raise",
         max_errored_rows: int | None = None,
+        num_gpus: float | None = None,
     ) -> Dataset:
         """Apply ``fn`` to every batch (Ray Data's names and meaning).
 
@@ -168,6 +172,13 @@ class Dataset:
             naming the stage and the last row) once more than this many rows were set
             aside; ``None`` (default): any number. Set it: a function that fails on every
             row would otherwise turn the whole input into set-aside rows.
+        num_gpus: with ``compute="processes"``, devices per worker: each worker process
+            sees only its own through ``CUDA_VISIBLE_DEVICES`` (1, 2, ...; or 0.5, 0.25:
+            2, 4 workers share one). Worker ``i`` keeps its devices, and the worker that
+            replaces it after it died gets the same. The devices are
+            ``forebay.configure(gpus=...)``, else this process's ``CUDA_VISIBLE_DEVICES``,
+            else ``nvidia-smi``'s. ``concurrency`` defaults to as many workers as the
+            devices hold; more is an error.
         """
         if not callable(fn):
             raise TypeError(
@@ -193,6 +204,17 @@ class Dataset:
                 "max_errored_rows applies with on_error='skip' (with 'raise' the first "
                 "error stops the run)"
             )
+        devices: list[str] = []
+        if num_gpus is not None:
+            num_gpus = _devices.check_num_gpus(num_gpus)
+            if compute != "processes":
+                raise ValueError(
+                    "num_gpus needs compute='processes': threads share one process, and a "
+                    "process sees the devices it was started with"
+                )
+            available = _config.gpus()
+            concurrency = concurrency or max(1, _devices.workers_fit(num_gpus, available))
+            devices = _devices.assign(num_gpus, concurrency, available)
         name = getattr(fn, "__name__", None) or type(fn).__name__
         spec = FunctionSpec(
             fn=fn,
@@ -207,7 +229,7 @@ class Dataset:
         )
         workers = concurrency or _config.settings()["num_threads"]
         return self._with(
-            _MapStep(spec, compute, workers, batch_size, max_retries, max_errored_rows)
+            _MapStep(spec, compute, workers, batch_size, max_retries, max_errored_rows, devices)
         )
 
     def limit(self, n: int) -> Dataset:

@@ -180,7 +180,9 @@ impl RsPipeline {
 
     /// A function in `concurrency` worker processes started with `command`; `init` is sent
     /// to each worker as it starts.
-    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env, max_errored_rows=None))]
+    /// `env_of_each_worker`: more environment for worker `i` (and its replacements), e.g.
+    /// its devices.
+    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env, max_errored_rows=None, env_of_each_worker=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn add_processes(
         &self,
@@ -193,14 +195,17 @@ impl RsPipeline {
         required_columns: Vec<String>,
         env: HashMap<String, String>,
         max_errored_rows: Option<u64>,
+        env_of_each_worker: Vec<HashMap<String, String>>,
     ) -> PyResult<()> {
-        let env = env
-            .into_iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-            .collect();
+        let os_env = |env: HashMap<String, String>| {
+            env.into_iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect::<Vec<_>>()
+        };
         let pool = ProcessPool::new(command.into_iter().map(OsString::from).collect(), init)
             .with_max_retries(max_retries)
-            .with_env(env);
+            .with_env(os_env(env))
+            .with_env_of_each_worker(env_of_each_worker.into_iter().map(os_env).collect());
         self.with(|p| {
             Ok(p.map(stage(
                 name,

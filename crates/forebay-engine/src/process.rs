@@ -82,6 +82,8 @@ impl std::error::Error for RemoteError {}
 pub struct ProcessPool {
     command: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    /// More environment for worker `i` of the stage (and every worker replacing it).
+    env_of_worker: Arc<Vec<Vec<(OsString, OsString)>>>,
     init: Arc<Vec<u8>>,
     max_retries: usize,
     startup_timeout: Duration,
@@ -93,6 +95,7 @@ impl ProcessPool {
         ProcessPool {
             command,
             env: Vec::new(),
+            env_of_worker: Arc::new(Vec::new()),
             init: Arc::new(init),
             max_retries: 0,
             startup_timeout: Duration::from_secs(120),
@@ -102,6 +105,15 @@ impl ProcessPool {
     /// Extra environment variables of the workers.
     pub fn with_env(mut self, env: Vec<(OsString, OsString)>) -> Self {
         self.env = env;
+        self
+    }
+
+    /// Environment variables of each of the stage's workers: worker `i` gets
+    /// `per_worker[i]` on top of [`with_env`](Self::with_env)'s, and so does every worker
+    /// started in its place after it died. Devices are given this way: one
+    /// `CUDA_VISIBLE_DEVICES` per worker, kept by its replacement.
+    pub fn with_env_of_each_worker(mut self, per_worker: Vec<Vec<(OsString, OsString)>>) -> Self {
+        self.env_of_worker = Arc::new(per_worker);
         self
     }
 
@@ -134,6 +146,13 @@ impl ProcessPool {
         command
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(
+                self.env_of_worker
+                    .get(ctx.index)
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k, v)),
+            )
             .env("FOREBAY_WORKER_FD", WORKER_FD.to_string())
             .env("FOREBAY_STORE", store.path())
             .stdin(Stdio::null());
