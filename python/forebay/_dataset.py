@@ -52,6 +52,7 @@ class _MapStep:
                 self.batch_size,
                 [],
                 self.max_errored_rows,
+                self.spec.on_error == "dead_letter",
             )
         else:
             from ._worker import encode_init, native_threads_env
@@ -67,6 +68,7 @@ class _MapStep:
                 native_threads_env(self.concurrency),
                 self.max_errored_rows,
                 [{"CUDA_VISIBLE_DEVICES": d} for d in self.devices],
+                self.spec.on_error == "dead_letter",
             )
 
 
@@ -167,8 +169,14 @@ class Dataset:
             set-aside row counts as done: in a checkpointed write it is not sent again once
             the rest of its batch is committed. Only exceptions are caught: Ctrl-C, a dying
             worker process (see ``max_retries``) and a return value that is not a batch
-            still fail the run.
-        max_errored_rows: with ``on_error="skip"``, the run fails (``forebay.StageError``
+            still fail the run. ``"dead_letter"``: as ``"skip"``, and ``write_parquet`` writes
+            the rows set aside to ``<path>/_dead_letter/<stage>/`` (readers of the output skip
+            ``_`` directories): each input row, with ``_error_type``, ``_error_message``,
+            ``_input_file``, ``_input_row_group`` and ``_input_row``. With a checkpoint they
+            commit with the output, so after a kill and a rerun each is there exactly once
+            and counts as done (its id too). Only on the first ``map_batches`` step (rows
+            no longer say which input row they were after a map), and only for a write.
+        max_errored_rows: with ``on_error="skip"`` or ``"dead_letter"``, the run fails (``forebay.StageError``
             naming the stage and the last row) once more than this many rows were set
             aside; ``None`` (default): any number. Set it: a function that fails on every
             row would otherwise turn the whole input into set-aside rows.
@@ -196,13 +204,13 @@ class Dataset:
             raise ValueError(f"compute must be 'threads' or 'processes', not {compute!r}")
         concurrency = optional_integer("concurrency", concurrency, minimum=1)
         max_retries = integer("max_retries", max_retries, minimum=0)
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        if on_error not in ("raise", "skip", "dead_letter"):
+            raise ValueError(f"on_error must be 'raise', 'skip' or 'dead_letter', not {on_error!r}")
         max_errored_rows = optional_integer("max_errored_rows", max_errored_rows, minimum=0)
         if max_errored_rows is not None and on_error == "raise":
             raise ValueError(
-                "max_errored_rows applies with on_error='skip' (with 'raise' the first "
-                "error stops the run)"
+                "max_errored_rows applies with on_error='skip' or 'dead_letter' (with "
+                "'raise' the first error stops the run)"
             )
         devices: list[str] = []
         if num_gpus is not None:

@@ -244,6 +244,7 @@ class RsPipeline:
         batch_size: int | None,
         required_columns: list[str],
         max_errored_rows: int | None = None,
+        dead_letter: bool = False,
     ) -> None: ...
     def add_processes(
         self,
@@ -257,6 +258,7 @@ class RsPipeline:
         env: dict[str, str],
         max_errored_rows: int | None = None,
         env_of_each_worker: list[dict[str, str]] = ...,
+        dead_letter: bool = False,
     ) -> None: ...
     def add_limit(self, rows: int) -> None: ...
     def add_checkpoint_filter(self, index: RsCheckpointIndex, concurrency: int) -> None: ...

@@ -106,6 +106,7 @@ fn stage(
     batch_size: Option<usize>,
     required_columns: Vec<String>,
     max_errored_rows: Option<u64>,
+    dead_letter: bool,
 ) -> MapStage {
     let mut stage = MapStage::new(name, function)
         .with_concurrency(concurrency)
@@ -115,6 +116,9 @@ fn stage(
     }
     if let Some(n) = max_errored_rows {
         stage = stage.with_max_errored_rows(n);
+    }
+    if dead_letter {
+        stage = stage.with_dead_letter();
     }
     stage
 }
@@ -154,8 +158,10 @@ impl RsPipeline {
     }
 
     /// A Python function on `concurrency` engine threads. `max_errored_rows`: rows the
-    /// function may fail on (when its runner sets them aside) before the run fails.
-    #[pyo3(signature = (name, make_worker, concurrency, batch_size, required_columns, max_errored_rows=None))]
+    /// function may fail on (when its runner sets them aside) before the run fails;
+    /// `dead_letter`: those rows are written beside the output.
+    #[pyo3(signature = (name, make_worker, concurrency, batch_size, required_columns, max_errored_rows=None, dead_letter=false))]
+    #[allow(clippy::too_many_arguments)]
     fn add_threads(
         &self,
         name: String,
@@ -164,6 +170,7 @@ impl RsPipeline {
         batch_size: Option<usize>,
         required_columns: Vec<String>,
         max_errored_rows: Option<u64>,
+        dead_letter: bool,
     ) -> PyResult<()> {
         let function = PyFunction { make_worker };
         self.with(|p| {
@@ -174,6 +181,7 @@ impl RsPipeline {
                 batch_size,
                 required_columns,
                 max_errored_rows,
+                dead_letter,
             )))
         })
     }
@@ -182,7 +190,7 @@ impl RsPipeline {
     /// to each worker as it starts.
     /// `env_of_each_worker`: more environment for worker `i` (and its replacements), e.g.
     /// its devices.
-    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env, max_errored_rows=None, env_of_each_worker=Vec::new()))]
+    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env, max_errored_rows=None, env_of_each_worker=Vec::new(), dead_letter=false))]
     #[allow(clippy::too_many_arguments)]
     fn add_processes(
         &self,
@@ -196,6 +204,7 @@ impl RsPipeline {
         env: HashMap<String, String>,
         max_errored_rows: Option<u64>,
         env_of_each_worker: Vec<HashMap<String, String>>,
+        dead_letter: bool,
     ) -> PyResult<()> {
         let os_env = |env: HashMap<String, String>| {
             env.into_iter()
@@ -214,6 +223,7 @@ impl RsPipeline {
                 batch_size,
                 required_columns,
                 max_errored_rows,
+                dead_letter,
             )))
         })
     }
@@ -417,6 +427,12 @@ impl RsRunningWrite {
                 d.set_item("seconds", stats.seconds)?;
                 let paths: Vec<String> = stats.files.iter().map(|f| f.path.clone()).collect();
                 d.set_item("paths", paths)?;
+                if !stats.dead_letter_files.is_empty() {
+                    let dead = &stats.dead_letter_files;
+                    d.set_item("dead_letter_rows", dead.iter().map(|f| f.rows).sum::<u64>())?;
+                    let paths: Vec<String> = dead.iter().map(|f| f.path.clone()).collect();
+                    d.set_item("dead_letter_paths", paths)?;
+                }
                 if let Some(r) = stats.resume {
                     let resume = PyDict::new(py);
                     resume.set_item("commits_recovered", r.report.commits_recovered)?;

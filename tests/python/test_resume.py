@@ -232,30 +232,71 @@ def test_fifty_random_sigkills_each_followed_by_a_rerun(job, id_column):
     assert outcomes["killed"] >= 40, outcomes
 
 
-@pytest.mark.parametrize("id_column", ["id", None])
-def test_poison_rows_set_aside_stay_out_through_sigkills_and_reruns(job, id_column):
-    """5 rows raise (on_error="skip"): after each kill and rerun the output holds every
-    other row exactly once, and never a poison row."""
+def dead_letter_ids(out: Path) -> list[str]:
+    """Ids in the dead-letter files of the output (``_dead_letter/<stage>/``)."""
+    files = sorted((out / "_dead_letter").rglob("*.parquet")) if out.exists() else []
+    files = [f for f in files if not f.name.startswith(".")]
+    return [i for f in files for i in pq.read_table(f, columns=["id"]).column("id").to_pylist()]
+
+
+@pytest.mark.parametrize(
+    ("on_error", "id_column"), [("skip", "id"), ("dead_letter", "id"), ("dead_letter", None)]
+)
+def test_poison_rows_through_sigkills_and_reruns_are_set_aside_exactly_once(
+    job, on_error, id_column
+):
+    """5 rows raise: after each kill and rerun the output holds every other row exactly
+    once and never a poison row; with on_error="dead_letter" the dead-letter files hold the
+    5 rows exactly once, with their errors."""
     poison = {"id-17", "id-4000", "id-4001", "id-12345", f"id-{FILES * ROWS - 1}"}
     env = {"TEST_POISON": ",".join(sorted(poison))}
     rng = random.Random(20261127)
-    for trial in range(6):
+    for trial in range(int(os.environ.get("TEST_POISON_TRIALS", "6"))):
         config = {
             "compute": "processes" if trial % 3 == 2 else "threads",
             "id_column": id_column,
-            "on_error": "skip",
+            "on_error": on_error,
         }
         proc = job(config, env=env)
         assert proc.stdout.readline().strip() == "started"
         time.sleep(rng.uniform(0.0, 0.9))
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
-        stats = job.run(config, env=env)
+        job.run(config, env=env)
         ids = output_ids(job.tmp / "out")
         assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} rows written twice"
         assert set(ids) == IDS - poison
-        assert stats["rows"] <= len(IDS) - len(poison)
+        dead = dead_letter_ids(job.tmp / "out")
+        if on_error == "dead_letter":
+            assert sorted(dead) == sorted(poison), f"trial {trial}: {sorted(dead)}"
+            errors = pa.concat_tables(
+                pq.read_table(f) for f in (job.tmp / "out" / "_dead_letter").rglob("*.parquet")
+            )
+            assert set(errors["_error_type"].to_pylist()) == {"ValueError"}
+            assert set(errors["_input_row"].to_pylist()) == {
+                int(i.removeprefix("id-")) % ROWS for i in poison
+            }
+        else:
+            assert dead == []
         reset(job.tmp)
+
+
+@pytest.mark.parametrize("point", ["staged:2", "recorded:2", "ids-published:2", "published:3"])
+def test_killed_inside_a_commit_with_dead_letters_then_rerun_is_exactly_once(job, point):
+    """Dead-letter files are staged, recorded and published with the data file: a kill at
+    each point of the protocol, then a rerun, leaves each poison row there once."""
+    poison = {f"id-{i}" for i in range(0, FILES * ROWS, 997)}
+    config = {"on_error": "dead_letter"}
+    env = {"TEST_POISON": ",".join(sorted(poison))}
+    victim = job(config, env={**env, "FOREBAY_CRASH_AT": point})
+    victim.communicate(timeout=120)
+    assert victim.returncode == -signal.SIGKILL
+    stats = job.run(config, env=env)
+    ids = output_ids(job.tmp / "out")
+    assert len(ids) == len(set(ids)) and set(ids) == IDS - poison
+    assert sorted(dead_letter_ids(job.tmp / "out")) == sorted(poison)
+    if point.startswith(("recorded", "ids-published")):
+        assert stats["resume"]["commits_recovered"] >= 1, "the record was rolled forward"
 
 
 def _workers_of(pid: int) -> list[int]:

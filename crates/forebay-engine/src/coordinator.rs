@@ -36,8 +36,8 @@ use forebay_parquet::{ParquetDataset, StorageOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::commit::{
-    ids_to_commit, stage_id_parts, Checkpoint, CommitLog, DataFileRecord, FinishedInputs,
-    IdPartsRecord, ResumeReport,
+    ids_to_commit, stage_id_parts, Checkpoint, CommitFiles, CommitLog, DataFileRecord,
+    FinishedInputs, IdPartsRecord, ResumeReport,
 };
 use crate::error::{EngineError, Result};
 use crate::lineage::Completed;
@@ -375,8 +375,13 @@ impl CommitCoordinator {
             rows: d.rows,
             bytes: d.bytes,
         });
+        let files = CommitFiles {
+            data,
+            dead_letters: Vec::new(),
+            ids,
+        };
         self.log
-            .decide_and_publish(&commit, data, ids, Vec::new(), completed, consumed)?;
+            .decide_and_publish(&commit, files, Vec::new(), completed, consumed)?;
         if let Some(file) = published {
             self.committed
                 .lock()

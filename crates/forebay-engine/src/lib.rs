@@ -30,6 +30,9 @@
 //! * **Failure.** The first error anywhere cancels the run; every thread stops within
 //!   ~50 ms; the caller gets that error, naming the stage and the batch (a user function's
 //!   error is kept as the original value).
+//!   A worker may instead set the rows its function fails on aside (module [`errored`]):
+//!   counted, reported, and with [`MapStage::with_dead_letter`] written beside the output
+//!   and committed with it (module [`dead_letter`]).
 //! * **Exactly once** ([`commit`]): a checkpointed write commits each output file together
 //!   with the ids of its rows, the input rows it consumed (by position: module `positions`)
 //!   and the input it finishes (stage, one atomic record, publish); every run first
@@ -87,6 +90,7 @@ mod batch;
 pub mod commit;
 mod concat;
 pub mod coordinator;
+pub mod dead_letter;
 mod error;
 pub mod errored;
 mod events;

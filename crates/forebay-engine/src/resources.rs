@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use forebay_store::{ObjectStore, StoreConfig};
 
+use crate::dead_letter::DeadLetterBox;
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
 use crate::lineage::LineageBook;
@@ -38,6 +39,9 @@ struct Inner {
     lineage: Option<Arc<LineageBook>>,
     /// A checkpointed run's input positions (one that resumes by position).
     positions: Option<Arc<RunPositions>>,
+    /// Rows set aside for the writer's dead-letter files (a write whose first map stage
+    /// keeps them).
+    dead_letters: Option<Arc<DeadLetterBox>>,
 }
 
 impl RunResources {
@@ -57,6 +61,7 @@ impl RunResources {
                 queues: Mutex::new(Vec::new()),
                 lineage: None,
                 positions: None,
+                dead_letters: None,
             }),
         }
     }
@@ -76,6 +81,19 @@ impl RunResources {
             .expect("set before the run starts")
             .positions = Some(positions);
         self
+    }
+
+    /// Keep rows set aside for dead-letter files (see `dead_letter`). Call before the run
+    /// starts.
+    pub(crate) fn with_dead_letters(mut self) -> RunResources {
+        Arc::get_mut(&mut self.inner)
+            .expect("set before the run starts")
+            .dead_letters = Some(Arc::default());
+        self
+    }
+
+    pub(crate) fn dead_letters(&self) -> Option<&Arc<DeadLetterBox>> {
+        self.inner.dead_letters.as_ref()
     }
 
     pub(crate) fn positions(&self) -> Option<&Arc<RunPositions>> {

@@ -35,8 +35,9 @@ use forebay_checkpoint::SharedCheckpointIndex;
 use forebay_store::ObjectStore;
 
 use crate::batch::{EngineBatch, Origin};
+use crate::dead_letter;
 use crate::error::{BatchLabel, EngineError, Result, UserError};
-use crate::errored::{describe, is_errored_rows};
+use crate::errored::{describe, is_errored_rows, ErroredRow};
 use crate::events::PipelineEvent;
 use crate::memory::{Admission, CancelToken, MemoryConsumer};
 use crate::queue::BatchQueue;
@@ -232,6 +233,8 @@ pub struct MapStage {
     pub(crate) whole_input_batches: bool,
     /// Rows the function may fail on (see `errored`) before the run fails; None: any number.
     pub(crate) max_errored_rows: Option<u64>,
+    /// Its errored rows go to a dead-letter dataset beside the output (see `dead_letter`).
+    pub(crate) dead_letter: bool,
     /// Its input rows are the source's, in order (no map before it): an errored row's index
     /// finds its row in the input file. Set by the pipeline as it starts the stage.
     pub(crate) rows_are_input_rows: bool,
@@ -248,6 +251,7 @@ impl MapStage {
             required_columns: Vec::new(),
             whole_input_batches: false,
             max_errored_rows: None,
+            dead_letter: false,
             rows_are_input_rows: false,
         }
     }
@@ -294,6 +298,14 @@ impl MapStage {
     /// fails the run.
     pub fn with_max_errored_rows(mut self, rows: u64) -> MapStage {
         self.max_errored_rows = Some(rows);
+        self
+    }
+
+    /// Write the rows the function fails on (its errored rows) to a dead-letter dataset,
+    /// `_dead_letter/<stage>/` in the output directory, committed with the output (see
+    /// `dead_letter`). Only for the first map stage of a write.
+    pub fn with_dead_letter(mut self) -> MapStage {
+        self.dead_letter = true;
         self
     }
 
@@ -580,18 +592,42 @@ fn serve(
         let mut reserved = Vec::new();
         for mut input in task.batches {
             cancel.check()?;
-            // Labels are for errors: formatted only when one is reported.
-            let label = || input.label();
             let started = Instant::now();
             let outputs = worker
                 .call(input.batch.clone(), ctx)
-                .map_err(|f| f.into_error(&r.stage.name, label()))?;
+                .map_err(|f| f.into_error(&r.stage.name, input.label()))?;
             r.counters.record_busy(started.elapsed());
             let (errored, outputs): (Vec<RecordBatch>, Vec<RecordBatch>) =
                 outputs.into_iter().partition(is_errored_rows);
+            let mut described = Vec::with_capacity(errored.len());
             for batch in &errored {
-                set_aside(r, batch, &input.origin, label)?;
+                described.push(count_errored(r, batch, &input.origin, || input.label())?);
             }
+            if let Some(dead_letters) = r.resources.dead_letters().filter(|_| r.stage.dead_letter) {
+                // Before the outputs go on, so that the commit holding them holds these too
+                // or an earlier one does (see `dead_letter`).
+                let other_output = outputs.iter().any(|b| b.num_rows() > 0);
+                for (batch, rows) in errored.iter().zip(&described) {
+                    let batch_label = input.label();
+                    let held = r.holder.reserve_batch(batch, Admission::Now)?;
+                    let aside = dead_letter::set_aside(
+                        &r.stage.name,
+                        batch,
+                        rows,
+                        &mut input.origin,
+                        other_output,
+                        held,
+                    )
+                    .map_err(|e| EngineError::BadOutput {
+                        stage: r.stage.name.clone(),
+                        batch: batch_label,
+                        reason: format!("cannot set its errored rows aside: {e}"),
+                    })?;
+                    dead_letters.push(aside);
+                }
+            }
+            // Labels are for errors: formatted only when one is reported.
+            let label = || input.label();
             let before = reserved.len();
             let outputs = if r.resources.lineage().is_some() && outputs.len() > 1 {
                 // A checkpointed run: what one input batch became travels as one batch,
@@ -630,13 +666,13 @@ fn serve(
 }
 
 /// Count and report the rows a call failed on (an errored-rows batch, see `errored`); fail
-/// the run when the stage's limit is passed.
-fn set_aside(
+/// the run when the stage's limit is passed. Returns the rows, placed in the input.
+fn count_errored(
     r: &Running,
     errored: &RecordBatch,
     origins: &[Origin],
     label: impl Fn() -> BatchLabel,
-) -> Result<()> {
+) -> Result<Vec<ErroredRow>> {
     let stage = &r.stage.name;
     let rows =
         describe(stage, errored, origins, r.stage.rows_are_input_rows).map_err(|reason| {
@@ -647,7 +683,7 @@ fn set_aside(
             }
         })?;
     let last = rows.last().map(ToString::to_string);
-    let (total, kept) = r.counters.record_errored(rows);
+    let (total, kept) = r.counters.record_errored(rows.clone());
     for row in kept {
         r.resources.emit(PipelineEvent::Warning {
             message: format!("stage '{stage}': set aside {row}"),
@@ -660,7 +696,7 @@ fn set_aside(
             limit,
             last,
         }),
-        _ => Ok(()),
+        _ => Ok(rows),
     }
 }
 

@@ -126,6 +126,8 @@ pub struct WriteStats {
     pub rows: u64,
     pub files: Vec<WrittenFile>,
     pub bytes: u64,
+    /// Files of rows set aside under `_dead_letter/` (see `dead_letter`).
+    pub dead_letter_files: Vec<WrittenFile>,
     pub seconds: f64,
     /// For a checkpointed write: what it found done and skipped.
     pub resume: Option<ResumeStats>,

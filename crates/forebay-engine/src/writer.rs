@@ -18,6 +18,7 @@
 //! ids of a file are exactly its rows'), staged under `_forebay_staging/`, and published by
 //! the commit protocol (`commit` module) together with their ids and the inputs they finish.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +32,8 @@ use forebay_parquet::StorageOptions;
 use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 
 use crate::batch::EngineBatch;
-use crate::commit::{ids_to_commit, stage_ids, CommitLog, IdColumn, StagedData};
+use crate::commit::{ids_to_commit, stage_ids, CommitLog, IdColumn, StagedData, STAGING};
+use crate::dead_letter::SetAside;
 use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::format::{FileFormat, FileSink, FormatWriter, ParquetFormat, DEFAULT_ROW_GROUP_ROWS};
@@ -170,6 +172,8 @@ pub(crate) struct OutputTarget {
     run_id: String,
     next_file: AtomicU64,
     pub(crate) written: Mutex<Vec<WrittenFile>>,
+    /// Dead-letter files written (see `dead_letter`).
+    dead_letters_written: Mutex<Vec<WrittenFile>>,
     /// Set for checkpointed writes: files are staged and committed through it.
     commits: Option<Arc<CommitLog>>,
 }
@@ -213,6 +217,7 @@ impl OutputTarget {
             dir,
             next_file: AtomicU64::new(0),
             written: Mutex::new(Vec::new()),
+            dead_letters_written: Mutex::new(Vec::new()),
             commits,
         };
         target.apply_mode()?;
@@ -351,6 +356,24 @@ impl OutputTarget {
             file.write(batch)?;
         }
         file.finish()
+    }
+
+    fn record_dead_letters(&self, file: WrittenFile) {
+        self.dead_letters_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(file);
+    }
+
+    /// Dead-letter files a commit published.
+    fn record_dead_letters_published(&self, files: &[StagedData]) {
+        for f in files {
+            self.record_dead_letters(WrittenFile {
+                path: self.dir.shown(&f.final_name),
+                rows: f.rows,
+                bytes: f.bytes,
+            });
+        }
     }
 
     fn record(&self, file: WrittenFile, resources: &RunResources) {
@@ -551,7 +574,99 @@ fn write_plain(
     if let Some(open) = file.take() {
         target.record(open.finish()?, resources);
     }
+    write_dead_letters(target, worker, resources)?;
     Ok(written)
+}
+
+/// A write without a checkpoint: the rows set aside (see `dead_letter`), one file per stage
+/// (each appears whole; nothing ties them to the output's files).
+fn write_dead_letters(
+    target: &OutputTarget,
+    worker: usize,
+    resources: &RunResources,
+) -> Result<()> {
+    let Some(asides) = resources.dead_letters().map(|b| b.take()) else {
+        return Ok(());
+    };
+    for (directory, batches) in by_directory(asides) {
+        let name = format!(
+            "{directory}/part-{}-{worker:02}.{}",
+            target.run_id,
+            target.extension()
+        );
+        let mut file = target.open_file(&name, batches[0].schema(), false)?;
+        for batch in &batches {
+            file.write(batch)?;
+        }
+        target.record_dead_letters(file.finish()?);
+    }
+    Ok(())
+}
+
+/// The rows set aside, by the directory of their stage.
+fn by_directory(asides: Vec<SetAside>) -> BTreeMap<String, Vec<RecordBatch>> {
+    let mut by_directory: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
+    for aside in asides {
+        by_directory
+            .entry(aside.directory.clone())
+            .or_default()
+            .push(aside.rows.clone());
+    }
+    by_directory
+}
+
+/// A checkpointed write: stage the rows set aside since the last commit (see
+/// `dead_letter`) for commit `commit`, one file per stage; their ids go to `ids`, and what
+/// settles them to `tickets` and `consumed`.
+fn stage_dead_letters(
+    target: &OutputTarget,
+    log: &CommitLog,
+    commit: &str,
+    resources: &RunResources,
+    commits_with: &mut CommitsWith,
+) -> Result<Vec<StagedData>> {
+    let Some(mut asides) = resources.dead_letters().map(|b| b.take()) else {
+        return Ok(Vec::new());
+    };
+    for aside in &mut asides {
+        if let (Some(writer), Some(id)) = (commits_with.ids.as_mut(), log.ids()) {
+            let ids = ids_to_commit(&aside.rows, &id.name, Some(id.family)).map_err(|reason| {
+                EngineError::BadOutput {
+                    stage: STAGE.into(),
+                    batch: crate::error::BatchLabel("the rows set aside".into()),
+                    reason,
+                }
+            })?;
+            writer.push(&ids).map_err(|e| EngineError::Checkpoint {
+                stage: STAGE.into(),
+                source: Box::new(e),
+            })?;
+        }
+        commits_with.consumed.add(&aside.origin);
+        commits_with.tickets.append(&mut aside.take_tickets());
+    }
+    by_directory(asides)
+        .into_iter()
+        .map(|(directory, batches)| {
+            let final_name = format!("{directory}/part-{commit}.{}", target.extension());
+            let staged = format!("{STAGING}/{final_name}");
+            let written = target.stage_file(&staged, &batches)?;
+            Ok(StagedData {
+                staged,
+                final_name,
+                rows: written.rows,
+                bytes: written.bytes,
+            })
+        })
+        .collect()
+}
+
+/// What a commit holds besides its files: the ids of its rows (None: a checkpoint by
+/// position), the lineage tickets it releases and the input positions it consumes.
+struct CommitsWith {
+    ids: Option<IdPartsWriter>,
+    tickets: Vec<Arc<UnitTicket>>,
+    consumed: Consumed,
 }
 
 /// A file being written in a checkpointed run, with what its commit needs.
@@ -637,6 +752,26 @@ fn write_checkpointed(
     if let Some(p) = pending.take() {
         commit_file(target, log, p, resources)?;
     }
+    // Rows set aside after the last file: a commit of their own.
+    if resources.dead_letters().is_some_and(|b| !b.is_empty()) {
+        let commit = log.next_commit_id();
+        let mut with = CommitsWith {
+            ids: log.id_parts_writer(&commit)?,
+            tickets: Vec::new(),
+            consumed: Consumed::default(),
+        };
+        let dead_letters = stage_dead_letters(target, log, &commit, resources, &mut with)?;
+        let ids = with.ids.map(stage_ids).transpose()?.flatten();
+        log.commit(
+            &commit,
+            None,
+            dead_letters.clone(),
+            ids,
+            with.tickets,
+            with.consumed,
+        )?;
+        target.record_dead_letters_published(&dead_letters);
+    }
     Ok(written)
 }
 
@@ -662,9 +797,21 @@ fn commit_file(
     let Pending {
         file,
         ids,
-        mut consumed,
+        consumed,
+        tickets,
         ..
     } = p;
+    let mut with = CommitsWith {
+        ids,
+        tickets,
+        consumed,
+    };
+    let dead_letters = stage_dead_letters(target, log, &p.commit, resources, &mut with)?;
+    let CommitsWith {
+        ids,
+        tickets,
+        mut consumed,
+    } = with;
     if let Some(positions) = resources.positions() {
         consumed.merge(positions.take_emptied());
     }
@@ -683,7 +830,15 @@ fn commit_file(
         rows: staged.rows,
         bytes: staged.bytes,
     };
-    log.commit(&p.commit, Some(data), ids, p.tickets, consumed)?;
+    log.commit(
+        &p.commit,
+        Some(data),
+        dead_letters.clone(),
+        ids,
+        tickets,
+        consumed,
+    )?;
+    target.record_dead_letters_published(&dead_letters);
     drop(p.held);
     target.record(
         WrittenFile {
@@ -707,6 +862,11 @@ pub(crate) fn write_stats(target: &OutputTarget, started: Instant) -> WriteStats
         rows: files.iter().map(|f| f.rows).sum(),
         bytes: files.iter().map(|f| f.bytes).sum(),
         files,
+        dead_letter_files: target
+            .dead_letters_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
         seconds: started.elapsed().as_secs_f64(),
         resume: None,
     }

@@ -32,6 +32,13 @@ pub(crate) struct StagedData {
     pub bytes: u64,
 }
 
+/// The staged files one commit publishes.
+pub(crate) struct CommitFiles {
+    pub data: Option<DataFileRecord>,
+    pub dead_letters: Vec<DataFileRecord>,
+    pub ids: Option<IdPartsRecord>,
+}
+
 /// The commit protocol of one run.
 pub(crate) struct CommitLog {
     output: Dir,
@@ -372,23 +379,30 @@ impl CommitLog {
             .transpose()
     }
 
-    /// Commit a staged data file (or, with `data: None`, only completions) with its staged
-    /// ids ([`stage_ids`]) and the lineage tickets of its batches.
+    /// Commit a staged data file (or, with `data: None`, only completions) and the staged
+    /// files of rows set aside (`dead_letters`, see `dead_letter`) with its staged ids
+    /// ([`stage_ids`]) and the lineage tickets of its batches.
     pub(crate) fn commit(
         &self,
         commit: &str,
         data: Option<StagedData>,
+        dead_letters: Vec<StagedData>,
         ids: Option<IdPartsRecord>,
         tickets: Vec<Arc<UnitTicket>>,
         consumed: Consumed,
     ) -> Result<()> {
-        let data = data.map(|d| DataFileRecord {
+        let record = |d: StagedData| DataFileRecord {
             staged: d.staged,
             final_name: d.final_name,
             rows: d.rows,
             bytes: d.bytes,
-        });
-        self.decide_and_publish(commit, data, ids, tickets, Completed::default(), consumed)
+        };
+        let files = CommitFiles {
+            data: data.map(record),
+            dead_letters: dead_letters.into_iter().map(record).collect(),
+            ids,
+        };
+        self.decide_and_publish(commit, files, tickets, Completed::default(), consumed)
     }
 
     /// Steps 2 and 3 of a commit whose files are staged: one record at a time, holding the
@@ -398,8 +412,7 @@ impl CommitLog {
     pub(crate) fn decide_and_publish(
         &self,
         commit: &str,
-        data: Option<DataFileRecord>,
-        ids: Option<IdPartsRecord>,
+        files: CommitFiles,
         tickets: Vec<Arc<UnitTicket>>,
         also_completed: Completed,
         consumed: Consumed,
@@ -414,13 +427,17 @@ impl CommitLog {
             let record = CommitRecord {
                 format: FORMAT,
                 commit: commit.to_string(),
-                data,
-                ids,
+                data: files.data,
+                dead_letters: files.dead_letters,
+                ids: files.ids,
                 inputs: self.input_records(&completed, consumed),
                 scan_filter: self.scan_filter.clone(),
                 positions: self.positions.load(Ordering::Relaxed),
             };
-            if record.data.is_none() && record.ids.is_none() && record.inputs.is_empty() {
+            if record.output_files().next().is_none()
+                && record.ids.is_none()
+                && record.inputs.is_empty()
+            {
                 return Ok(());
             }
             crash_point("staged");
@@ -513,7 +530,7 @@ impl CommitLog {
     /// `emptied`: rows maps turned into nothing since the last commit took them.
     pub(crate) fn finish(&self, delete: bool, emptied: Consumed) -> Result<()> {
         let commit = self.next_commit_id();
-        self.commit(&commit, None, None, Vec::new(), emptied)?;
+        self.commit(&commit, None, Vec::new(), None, Vec::new(), emptied)?;
         let _one_fold_at_a_time = self.folding.lock().unwrap_or_else(|p| p.into_inner());
         let published =
             std::mem::take(&mut *self.published.lock().unwrap_or_else(|p| p.into_inner()));

@@ -13,6 +13,9 @@
 //! ```text
 //!  <output>/part-<commit>.parquet                  data files (what readers of the output see)
 //!  <output>/_forebay_staging/part-<commit>.parquet a data file not yet published
+//!  <output>/_dead_letter/<stage>/part-<commit>.parquet  rows set aside by the commit (module
+//!                                                  `dead_letter`), staged and published
+//!                                                  like its data file
 //!  <checkpoint>/_forebay_checkpoint                manifest (forebay-checkpoint: shard count, id type)
 //!  <checkpoint>/ids/part-<commit>.parquet          ids of committed rows (a row group per shard)
 //!  <checkpoint>/_forebay_staging/<commit>/ids/part-<commit>.parquet   ids not yet published
@@ -37,7 +40,8 @@
 //!             the inputs completed so far, and PUT the commit record atomically
 //!             (local: temp file, fsync, rename, fsync dir; object stores: one PUT)
 //!             ─── the commit point: before it the commit did not happen, after it it did
-//!  3 publish  move the staged id file, then the data file, to its final name
+//!  3 publish  move the staged id file, then the data file (then its dead letters), to
+//!             their final names
 //!             (local: rename; object stores: server-side copy, which makes the object
 //!             appear whole, then delete the staged copy)
 //! ```
@@ -126,7 +130,7 @@ mod tests;
 pub use records::FinishedInputs;
 
 pub(crate) use ids::{ids_to_commit, stage_id_parts, stage_ids};
-pub(crate) use log::{CommitLog, DoneRows, IdColumn, StagedData};
+pub(crate) use log::{CommitFiles, CommitLog, DoneRows, IdColumn, StagedData};
 pub(crate) use records::{DataFileRecord, IdPartsRecord};
 
 use forebay_parquet::StorageOptions;

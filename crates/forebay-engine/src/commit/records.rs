@@ -179,6 +179,10 @@ pub(super) struct CommitRecord {
     pub(super) format: u32,
     pub(super) commit: String,
     pub(super) data: Option<DataFileRecord>,
+    /// Files of rows set aside by `map_batches(on_error="dead_letter")` (see
+    /// `dead_letter`), in the output directory like `data`, published with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) dead_letters: Vec<DataFileRecord>,
     pub(super) ids: Option<IdPartsRecord>,
     pub(super) inputs: Vec<InputRecord>,
     /// The run's scan filter (see [`InputsSnapshot`]).
@@ -187,6 +191,13 @@ pub(super) struct CommitRecord {
     /// The run recorded the positions its commits consumed (`inputs[].consumed`).
     #[serde(default)]
     pub(super) positions: bool,
+}
+
+impl CommitRecord {
+    /// The files it publishes in the output directory: its data file, then its dead letters.
+    pub(super) fn output_files(&self) -> impl Iterator<Item = &DataFileRecord> {
+        self.data.iter().chain(&self.dead_letters)
+    }
 }
 
 /// The input files and row groups earlier runs finished, by URI: the scan skips them.

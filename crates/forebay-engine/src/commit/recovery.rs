@@ -127,9 +127,8 @@ impl StillStaged {
                 .contains(&format!("{STAGING}/{}/{part}", record.commit))
         });
         let data = record
-            .data
-            .as_ref()
-            .is_some_and(|data| self.output.contains(&data.staged));
+            .output_files()
+            .any(|data| self.output.contains(&data.staged));
         ids || data
     }
 }
@@ -142,7 +141,7 @@ fn check_published(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<(
         .iter()
         .flat_map(|ids| &ids.parts)
         .map(|p| (state, p));
-    let data = record.data.iter().map(|data| (output, &data.final_name));
+    let data = record.output_files().map(|data| (output, &data.final_name));
     for (dir, final_name) in ids.chain(data) {
         if !dir.exists(final_name).map_err(storage_err)? {
             return Err(neither_published_nor_staged(
@@ -205,7 +204,7 @@ pub(super) fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Resul
         }
         crash_point("ids-published");
     }
-    if let Some(data) = &record.data {
+    for data in record.output_files() {
         ensure_published(output, &data.staged, &data.final_name, &record.commit)?;
     }
     Ok(())

@@ -47,6 +47,12 @@ fn record(commit: &str) -> CommitRecord {
             rows: 3,
             bytes: 4,
         }),
+        dead_letters: vec![DataFileRecord {
+            staged: format!("{STAGING}/_dead_letter/f/part-{commit}.parquet"),
+            final_name: format!("_dead_letter/f/part-{commit}.parquet"),
+            rows: 1,
+            bytes: 2,
+        }],
         ids: Some(IdPartsRecord {
             parts: vec![format!("shard=1/part-{commit}.parquet")],
             count: 3,
@@ -74,6 +80,12 @@ fn stage(state: &Dir, output: &Dir, commit: &str) {
             b"data".to_vec(),
         )
         .unwrap();
+    output
+        .put_atomic(
+            &format!("{STAGING}/_dead_letter/f/part-{commit}.parquet"),
+            b"dead".to_vec(),
+        )
+        .unwrap();
     state
         .put_atomic(
             &format!("{STAGING}/{commit}/shard=1/part-{commit}.parquet"),
@@ -96,11 +108,19 @@ fn rolled_forward_on(kind: &str) {
     state
         .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
         .unwrap();
-    // Killed after the record, before publishing: recovery publishes both.
+    // Killed after the record, before publishing: recovery publishes all three.
     assert_eq!(recover(&state, &output).unwrap(), 1);
     assert_eq!(
         output.get("part-c1.parquet").unwrap().unwrap().as_ref(),
         b"data"
+    );
+    assert_eq!(
+        output
+            .get("_dead_letter/f/part-c1.parquet")
+            .unwrap()
+            .unwrap()
+            .as_ref(),
+        b"dead"
     );
     assert_eq!(
         state
@@ -311,7 +331,8 @@ fn recovery_publishes_what_is_still_staged_and_checks_the_rest() {
             stage(&state, &output, commit);
             write_record(commit);
         }
-        // c2: its id part published, its data file still staged; c3: both published.
+        // c2: its id part published, its data file still staged; c3: both published, its
+        // dead letters still staged.
         let ids_of = |c: &str| {
             (
                 format!("{STAGING}/{c}/shard=1/part-{c}.parquet"),
@@ -324,6 +345,8 @@ fn recovery_publishes_what_is_still_staged_and_checks_the_rest() {
             .unwrap();
         assert_eq!(recover(&state, &output).unwrap(), 3, "{kind}");
         for commit in ["c1", "c2", "c3"] {
+            let dead = format!("_dead_letter/f/part-{commit}.parquet");
+            assert!(output.exists(&dead).unwrap(), "{kind} {commit}");
             assert_eq!(
                 output
                     .get(&format!("part-{commit}.parquet"))
@@ -344,6 +367,12 @@ fn recovery_publishes_what_is_still_staged_and_checks_the_rest() {
         state.publish_all(&[ids_of("c4")]).unwrap();
         output
             .publish(&format!("{STAGING}/part-c4.parquet"), "part-c4.parquet")
+            .unwrap();
+        output
+            .publish(
+                &format!("{STAGING}/_dead_letter/f/part-c4.parquet"),
+                "_dead_letter/f/part-c4.parquet",
+            )
             .unwrap();
         output.delete("part-c4.parquet").unwrap();
         let err = recover(&state, &output).unwrap_err().to_string();

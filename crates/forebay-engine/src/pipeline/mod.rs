@@ -54,6 +54,34 @@ use crate::stage::{spawn_stage, MapStage};
 use crate::stats::WriteStats;
 use crate::writer::{run_writer, OutputTarget, ParquetSink};
 
+/// Whether a stage writes dead letters (see `dead_letter`); only the first map of a write
+/// may.
+fn check_dead_letters(steps: &[Step], sink_name: &str) -> Result<bool> {
+    let mut maps = steps.iter().filter_map(|s| match s {
+        Step::Map(stage) => Some(stage),
+        Step::Limit(_) => None,
+    });
+    let first = maps.next();
+    if let Some(later) = maps.find(|s| s.dead_letter) {
+        return Err(EngineError::InvalidArgument(format!(
+            "stage '{}' sets rows aside to a dead-letter dataset, which only the first map \
+             step can do (after a map, rows no longer say which input row they were); use \
+             on_error='skip' there, or move the step first",
+            later.name
+        )));
+    }
+    let wanted = first.is_some_and(|s| s.dead_letter);
+    if wanted && sink_name == "iter_batches" {
+        return Err(EngineError::InvalidArgument(format!(
+            "stage '{}' sets rows aside to a dead-letter dataset, which is written beside the \
+             output of write_parquet; iter_batches has none (use on_error='skip': stats() \
+             lists the rows)",
+            first.map_or("", |s| s.name.as_str())
+        )));
+    }
+    Ok(wanted)
+}
+
 /// Default memory limit of a run: a quarter of the machine's memory, at least 256 MiB.
 pub fn default_memory_limit() -> usize {
     let total = total_memory().unwrap_or(8 << 30);
@@ -461,6 +489,10 @@ impl Pipeline {
         let resources = match positions {
             Some(positions) => resources.with_positions(positions),
             None => resources,
+        };
+        let resources = match check_dead_letters(&steps, sink_name)? {
+            true => resources.with_dead_letters(),
+            false => resources,
         };
         let mut names = vec![source.name().to_string()];
         names.extend(steps.iter().map(Step::name));
