@@ -40,7 +40,7 @@
 //! freed (and its address reused by another batch) while it is on the books: the pool's
 //! charge is memory that is really alive.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -130,8 +130,11 @@ struct State {
 
 struct Allocation {
     bytes: usize,
-    /// Reservations referencing it; the first one owns (is charged for) its bytes.
-    holders: Vec<u64>,
+    /// Reservations referencing it, by id (ids grow: the oldest first); the first one owns
+    /// (is charged for) its bytes. A set, not a list: a buffer of a big batch sliced into
+    /// thousands of small batches has thousands of holders, and a list made each release
+    /// scan them all (quadratic: 62,500 16-row batches took 78 s instead of ~15).
+    holders: BTreeSet<u64>,
 }
 
 struct ReservationState {
@@ -382,17 +385,16 @@ impl MemoryConsumer {
         {
             match state.allocations.get_mut(&address) {
                 Some(allocation) => {
-                    if allocation.holders.contains(&id) {
+                    if !allocation.holders.insert(id) {
                         continue; // the batch references this allocation twice
                     }
-                    allocation.holders.push(id);
                     keys.push((address, buffer));
                     if bytes > allocation.bytes {
                         // A longer slice of an allocation of unknown capacity: the owner is
                         // charged for the extra extent.
                         let extra = bytes - allocation.bytes;
                         allocation.bytes = bytes;
-                        let owner = allocation.holders[0];
+                        let owner = *allocation.holders.first().expect("just inserted");
                         charge(&mut state, owner, id, extra, &mut owned);
                     }
                 }
@@ -401,7 +403,7 @@ impl MemoryConsumer {
                         address,
                         Allocation {
                             bytes,
-                            holders: vec![id],
+                            holders: BTreeSet::from([id]),
                         },
                     );
                     keys.push((address, buffer));
@@ -529,7 +531,7 @@ impl Drop for Reservation {
                 continue;
             };
             let was_owner = allocation.holders.first() == Some(&self.id);
-            allocation.holders.retain(|h| *h != self.id);
+            allocation.holders.remove(&self.id);
             if !was_owner {
                 continue;
             }
