@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from . import _config, _devices, _forebay, _runs
 from ._args import integer, optional_integer
+from ._async_udf import is_async, make_async_worker
 from ._checkpoint_config import Checkpoint
 from ._filters import normalize_filter
 from ._udf import (
@@ -41,13 +42,21 @@ class _MapStep:
     max_errored_rows: int | None
     #: ``CUDA_VISIBLE_DEVICES`` of each worker process (``num_gpus``); empty: none set.
     devices: list[str]
+    #: An async function: calls in flight per worker (None: not async).
+    max_concurrency: int | None = None
+    call_timeout: float | None = None
 
     def add_to(self, pipeline: _forebay.RsPipeline) -> None:
         if self.compute == "threads":
-            spec = self.spec
+            spec, in_flight = self.spec, self.max_concurrency
+            timeout, retries = self.call_timeout, self.max_retries
             pipeline.add_threads(
                 spec.stage,
-                lambda: make_worker(spec),
+                (
+                    (lambda: make_async_worker(spec, in_flight, timeout, retries))
+                    if in_flight is not None
+                    else (lambda: make_worker(spec))
+                ),
                 self.concurrency,
                 self.batch_size,
                 [],
@@ -124,12 +133,17 @@ class Dataset:
         on_error: str = "raise",
         max_errored_rows: int | None = None,
         num_gpus: float | None = None,
+        max_concurrency: int | None = None,
+        call_timeout: float | None = None,
     ) -> Dataset:
         """Apply ``fn`` to every batch (Ray Data's names and meaning).
 
         fn: a function ``fn(batch, *fn_args, **fn_kwargs) -> batch``, or a class: constructed
             once per worker with ``fn_constructor_args`` / ``fn_constructor_kwargs`` (load a
-            model there), its instances then called like the function. A batch may be
+            model there), its instances then called like the function. ``async def``
+            functions (and classes with an ``async def __call__``, and async generators) run
+            on an event loop per worker with ``max_concurrency`` calls in flight: the way to
+            call a model server. A batch may be
             returned as a ``pyarrow.Table`` or ``RecordBatch``, a dict of numpy arrays, a
             ``pandas.DataFrame``, or a generator of them; with fewer, more or other rows and
             columns than the input.
@@ -150,7 +164,14 @@ class Dataset:
         fn_constructor_args, fn_constructor_kwargs: arguments of the class's constructor.
         max_retries: with ``compute="processes"``, times a batch is retried on a fresh
             worker when its worker dies (SIGKILL, a crash in a C extension); 0: the run
-            fails with ``forebay.WorkerDiedError`` naming the batch.
+            fails with ``forebay.WorkerDiedError`` naming the batch. With an async ``fn``,
+            times a call that raised or timed out is made again (after 0.1 s, 0.2 s, ...
+            up to 2 s); then ``on_error`` applies.
+        max_concurrency: with an async ``fn``, calls in flight on each worker's event loop
+            (default 64); ``concurrency`` (default 1 for async functions) is the number of
+            such workers, each a thread with its own loop.
+        call_timeout: with an async ``fn``, seconds one call may take; a call that takes
+            longer is cancelled and counts as raising ``TimeoutError``. Default: no limit.
 
         zero_copy_batch: with ``batch_format="numpy"``: ``False`` (default, as Ray) hands
             writable arrays, copying the columns that convert without a copy (numeric, no
@@ -212,6 +233,27 @@ class Dataset:
                 "max_errored_rows applies with on_error='skip' or 'dead_letter' (with "
                 "'raise' the first error stops the run)"
             )
+        asynchronous = is_async(fn)
+        if asynchronous:
+            if compute != "threads":
+                raise ValueError(
+                    f"map_batches: {getattr(fn, '__name__', fn)!r} is async: its calls wait "
+                    f"on an event loop, which runs on compute='threads' (not {compute!r})"
+                )
+            max_concurrency = optional_integer("max_concurrency", max_concurrency, minimum=1)
+            if call_timeout is not None:
+                if isinstance(call_timeout, bool) or not isinstance(call_timeout, int | float):
+                    raise TypeError("call_timeout must be a number of seconds")
+                if not call_timeout > 0:
+                    raise ValueError(f"call_timeout must be more than 0, not {call_timeout}")
+                call_timeout = float(call_timeout)
+            max_concurrency = max_concurrency or 64
+            concurrency = concurrency or 1
+        elif max_concurrency is not None or call_timeout is not None:
+            raise ValueError(
+                "max_concurrency and call_timeout apply to async functions (async def); "
+                "for others, concurrency sets the calls at once"
+            )
         devices: list[str] = []
         if num_gpus is not None:
             num_gpus = _devices.check_num_gpus(num_gpus)
@@ -237,7 +279,17 @@ class Dataset:
         )
         workers = concurrency or _config.settings()["num_threads"]
         return self._with(
-            _MapStep(spec, compute, workers, batch_size, max_retries, max_errored_rows, devices)
+            _MapStep(
+                spec,
+                compute,
+                workers,
+                batch_size,
+                max_retries,
+                max_errored_rows,
+                devices,
+                max_concurrency if asynchronous else None,
+                call_timeout,
+            )
         )
 
     def limit(self, n: int) -> Dataset:

@@ -239,7 +239,7 @@ class RsPipeline:
     def add_threads(
         self,
         name: str,
-        make_worker: Callable[[], Callable[[pa.RecordBatch], list[pa.RecordBatch]]],
+        make_worker: Callable[[], Any],  # a _udf.Runner, or an _async_udf.AsyncRunner
         concurrency: int,
         batch_size: int | None,
         required_columns: list[str],

@@ -85,6 +85,11 @@ class Runner:
         #: Whether a failing call is narrowed down to its failing rows (:meth:`isolate`).
         self.isolates = spec.on_error != "raise"
 
+    @property
+    def function(self) -> Any:
+        """What is called: the function, or this worker's instance of the class."""
+        return self._call
+
     def prepare(self, batch: pa.RecordBatch) -> Any:
         prepared = to_format(batch, self._format)
         if self._format == "numpy" and not self._zero_copy:

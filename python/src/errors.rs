@@ -280,3 +280,15 @@ pub(crate) fn engine_err(py: Python<'_>, err: EngineError) -> PyErr {
         _ => StageError::new_err(message),
     }
 }
+
+/// A Python exception from a map call: a `StageError` the glue raised about the output
+/// (wrong type, ...) or the user's own exception.
+pub(crate) fn failure(err: PyErr) -> forebay_engine::StageFailure {
+    Python::attach(|py| {
+        if err.is_instance_of::<StageError>(py) {
+            forebay_engine::StageFailure::BadOutput(err.value(py).to_string())
+        } else {
+            forebay_engine::StageFailure::User(Box::new(PyUserError(err)))
+        }
+    })
+}

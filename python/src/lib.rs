@@ -15,6 +15,7 @@
 //! | `coordinator` | `forebay.ray.write_parquet`'s commits: coordinator on the driver, stagers in tasks |
 //! | `thread_state` | (none: glue) keeps an engine thread's Python thread state between `map_batches` calls |
 //! | `lookahead` | (none: glue) prepares a `map_batches` worker's next batch while its function runs |
+//! | `udf`, `udf_async` | (none: glue) a `map_batches` function as engine workers: one call at a time, or async calls in flight |
 
 mod args;
 mod arrow_export;
@@ -31,6 +32,7 @@ mod spill;
 mod store;
 mod thread_state;
 mod udf;
+mod udf_async;
 
 use pyo3::prelude::*;
 

@@ -11,22 +11,10 @@ use pyo3::prelude::*;
 
 use crate::arrow_export::BatchExporter;
 use crate::arrow_import::import_map_output;
-use crate::errors::PyUserError;
-use crate::errors::StageError;
+use crate::errors::failure;
 use crate::lookahead::{NextBatchPreparer, PreparedInputs};
 use crate::thread_state::KeptThreadState;
-
-/// A Python exception from a map call: a `StageError` the glue raised about the output
-/// (wrong type, ...) or the user's own exception.
-pub(crate) fn failure(err: PyErr) -> StageFailure {
-    Python::attach(|py| {
-        if err.is_instance_of::<StageError>(py) {
-            StageFailure::BadOutput(err.value(py).to_string())
-        } else {
-            StageFailure::User(Box::new(PyUserError(err)))
-        }
-    })
-}
+use crate::udf_async::PyAsyncWorker;
 
 /// A Python map function run on engine threads. `make_worker()` is called once per worker
 /// and returns its `forebay._udf.Runner`: `prepare(pyarrow.RecordBatch)` makes the function's
@@ -54,8 +42,27 @@ pub(crate) struct PyFunctionWorker {
 impl MapFn for PyFunction {
     fn start_worker(&self, _: &WorkerContext<'_>) -> Result<Box<dyn MapWorker>, StageFailure> {
         let thread_state = KeptThreadState::new();
-        let (prepare, run, finish, isolate) = Python::attach(|py| -> PyResult<_> {
+        // An async function's runner keeps calls in flight (see `udf_async`).
+        let runner = Python::attach(|py| -> PyResult<_> {
             let runner = self.make_worker.call0(py)?;
+            let in_flight = match runner.getattr(py, "in_flight") {
+                Ok(n) => Some(n.extract::<usize>(py)?),
+                Err(_) => None,
+            };
+            Ok((runner, in_flight))
+        })
+        .map_err(failure)?;
+        let runner = match runner {
+            (runner, Some(in_flight)) => {
+                return Ok(Box::new(PyAsyncWorker::new(
+                    runner,
+                    in_flight,
+                    thread_state,
+                )));
+            }
+            (runner, None) => runner,
+        };
+        let (prepare, run, finish, isolate) = Python::attach(|py| -> PyResult<_> {
             let isolates: bool = runner.getattr(py, "isolates")?.extract(py)?;
             Ok((
                 runner.getattr(py, "prepare")?,

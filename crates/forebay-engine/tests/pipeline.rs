@@ -543,3 +543,132 @@ fn errored_rows_are_taken_out_counted_and_reported_and_a_limit_fails_the_run() {
         other => panic!("wrong error {other:?}"),
     }
 }
+
+/// A worker with up to `limit` calls in flight, each finishing after a pseudo-random few
+/// milliseconds (an async client of a model server); it doubles every value.
+struct Concurrent {
+    limit: usize,
+    most_in_flight: Arc<AtomicUsize>,
+}
+
+struct ConcurrentWorker {
+    limit: usize,
+    running: Vec<(u64, RecordBatch, std::time::Instant)>,
+    most_in_flight: Arc<AtomicUsize>,
+}
+
+impl forebay_engine::MapFn for Concurrent {
+    fn start_worker(
+        &self,
+        _: &forebay_engine::WorkerContext<'_>,
+    ) -> Result<Box<dyn forebay_engine::MapWorker>, forebay_engine::StageFailure> {
+        Ok(Box::new(ConcurrentWorker {
+            limit: self.limit,
+            running: Vec::new(),
+            most_in_flight: self.most_in_flight.clone(),
+        }))
+    }
+}
+
+impl forebay_engine::MapWorker for ConcurrentWorker {
+    fn call(
+        &mut self,
+        _: RecordBatch,
+        _: &forebay_engine::WorkerContext<'_>,
+    ) -> Result<Vec<RecordBatch>, forebay_engine::StageFailure> {
+        unreachable!("a worker with calls in flight is never called one at a time")
+    }
+
+    fn in_flight(&self) -> usize {
+        self.limit
+    }
+
+    fn submit(
+        &mut self,
+        call: u64,
+        batch: RecordBatch,
+        _: &forebay_engine::WorkerContext<'_>,
+    ) -> Result<(), forebay_engine::StageFailure> {
+        let delay = Duration::from_micros(500 + call * 7919 % 4000);
+        self.running
+            .push((call, batch, std::time::Instant::now() + delay));
+        assert!(
+            self.running.len() <= self.limit,
+            "more calls than in_flight"
+        );
+        self.most_in_flight
+            .fetch_max(self.running.len(), Ordering::SeqCst);
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn completed(
+        &mut self,
+        timeout: Duration,
+        _: &forebay_engine::WorkerContext<'_>,
+    ) -> Result<
+        Vec<(u64, Result<Vec<RecordBatch>, forebay_engine::StageFailure>)>,
+        forebay_engine::StageFailure,
+    > {
+        let first = self.running.iter().map(|r| r.2).min();
+        if let Some(first) = first {
+            let now = std::time::Instant::now();
+            std::thread::sleep(first.saturating_duration_since(now).min(timeout));
+        }
+        let now = std::time::Instant::now();
+        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|r| r.2 <= now);
+        self.running = running;
+        Ok(done
+            .into_iter()
+            .map(|(call, batch, _)| {
+                let doubled: Int64Array = values(std::slice::from_ref(&batch))
+                    .iter()
+                    .map(|v| v * 2)
+                    .collect();
+                let out = RecordBatch::try_new(batch.schema(), vec![Arc::new(doubled)]).unwrap();
+                (call, Ok(vec![out]))
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn a_worker_with_calls_in_flight_keeps_them_full_and_loses_no_row() {
+    for preserve_order in [true, false] {
+        let (source, n) = uneven_source(80);
+        let most = Arc::new(AtomicUsize::new(0));
+        let stage = MapStage::new(
+            "endpoint",
+            Concurrent {
+                limit: 16,
+                most_in_flight: most.clone(),
+            },
+        )
+        .with_batch_size(7);
+        let stream = Pipeline::new(source)
+            .with_preserve_order(preserve_order)
+            .map(stage)
+            .iter(IterOptions::default())
+            .unwrap();
+        let got = values(&collect(stream));
+        let mut expected: Vec<i64> = (0..n).map(|v| v * 2).collect();
+        if preserve_order {
+            assert_eq!(
+                got, expected,
+                "order kept across calls finishing out of order"
+            );
+        } else {
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            expected.sort_unstable();
+            assert_eq!(sorted, expected);
+        }
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            16,
+            "the calls in flight reach the limit"
+        );
+    }
+}

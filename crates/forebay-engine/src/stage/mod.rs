@@ -25,6 +25,8 @@
 //! worker calls on the one before: the conversion overlaps the function instead of delaying
 //! its next call. Such a worker holds at most two tasks, both charged to the stage.
 
+mod in_flight;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -145,6 +147,42 @@ pub trait MapWorker: Send {
     /// The worker then holds two batches, the one in its call and the next.
     fn next_batch_preparer(&mut self) -> Option<Box<dyn PrepareNext>> {
         None
+    }
+
+    /// Calls this worker runs at once. 1 (the default): the stage calls [`call`](Self::call)
+    /// on one batch after another. More (an event loop of async calls to a model server):
+    /// the stage hands it batches with [`submit`](Self::submit) while fewer are running and
+    /// collects what finished with [`completed`](Self::completed); `call` is then unused.
+    fn in_flight(&self) -> usize {
+        1
+    }
+
+    /// Start call `call` on `batch` (see [`in_flight`](Self::in_flight)).
+    fn submit(
+        &mut self,
+        call: u64,
+        batch: RecordBatch,
+        ctx: &WorkerContext<'_>,
+    ) -> std::result::Result<(), StageFailure> {
+        let _ = (call, batch, ctx);
+        Err(StageFailure::BadOutput(
+            "this worker runs one call at a time (in_flight is 1)".into(),
+        ))
+    }
+
+    /// Calls that finished, waiting up to `timeout` for the first: each call's id with its
+    /// outputs or its failure (see [`in_flight`](Self::in_flight)). An `Err` fails the run.
+    #[allow(clippy::type_complexity)]
+    fn completed(
+        &mut self,
+        timeout: Duration,
+        ctx: &WorkerContext<'_>,
+    ) -> std::result::Result<
+        Vec<(u64, std::result::Result<Vec<RecordBatch>, StageFailure>)>,
+        StageFailure,
+    > {
+        let _ = (timeout, ctx);
+        Ok(Vec::new())
     }
 
     /// The stage is done with this worker (stop a process, release a model).
@@ -490,7 +528,12 @@ fn work(r: &Running, index: usize, tasks: crossbeam_channel::Receiver<Task>) -> 
             BatchLabel(format!("worker {index} start-up (before its first batch)")),
         )
     })?;
-    let result = match worker.next_batch_preparer() {
+    let preparer = match worker.in_flight() {
+        1 => worker.next_batch_preparer(),
+        _ => None,
+    };
+    let result = match preparer {
+        None if worker.in_flight() > 1 => in_flight::serve_in_flight(r, &ctx, &mut *worker, tasks),
         None => serve(r, &ctx, &mut *worker, tasks),
         Some(preparer) => {
             let worker_done = CancelToken::new();
@@ -597,72 +640,84 @@ fn serve(
                 .call(input.batch.clone(), ctx)
                 .map_err(|f| f.into_error(&r.stage.name, input.label()))?;
             r.counters.record_busy(started.elapsed());
-            let (errored, outputs): (Vec<RecordBatch>, Vec<RecordBatch>) =
-                outputs.into_iter().partition(is_errored_rows);
-            let mut described = Vec::with_capacity(errored.len());
-            for batch in &errored {
-                described.push(count_errored(r, batch, &input.origin, || input.label())?);
-            }
-            if let Some(dead_letters) = r.resources.dead_letters().filter(|_| r.stage.dead_letter) {
-                // Before the outputs go on, so that the commit holding them holds these too
-                // or an earlier one does (see `dead_letter`).
-                let other_output = outputs.iter().any(|b| b.num_rows() > 0);
-                for (batch, rows) in errored.iter().zip(&described) {
-                    let batch_label = input.label();
-                    let held = r.holder.reserve_batch(batch, Admission::Now)?;
-                    let aside = dead_letter::set_aside(
-                        &r.stage.name,
-                        batch,
-                        rows,
-                        &mut input.origin,
-                        other_output,
-                        held,
-                    )
-                    .map_err(|e| EngineError::BadOutput {
-                        stage: r.stage.name.clone(),
-                        batch: batch_label,
-                        reason: format!("cannot set its errored rows aside: {e}"),
-                    })?;
-                    dead_letters.push(aside);
-                }
-            }
-            // Labels are for errors: formatted only when one is reported.
-            let label = || input.label();
-            let before = reserved.len();
-            let outputs = if r.resources.lineage().is_some() && outputs.len() > 1 {
-                // A checkpointed run: what one input batch became travels as one batch,
-                // so that one commit holds all of it (see `positions`).
-                vec![concat_outputs(&r.stage, outputs, label)?]
-            } else {
-                outputs
-            };
-            for batch in outputs {
-                check_output(&r.stage, &batch, label)?;
-                if batch.num_rows() == 0 {
-                    continue;
-                }
-                let reservation = r.holder.reserve_batch(&batch, Admission::Now)?;
-                reserved.push(EngineBatch {
-                    batch,
-                    seq: 0,
-                    origin: input.origin.clone(),
-                    reservation,
-                });
-            }
-            if reserved.len() == before {
-                // Every row of the input is done (filtered out, or dropped by the function):
-                // a legitimate end of its lineage, and positions done (see `positions`).
-                if let Some(positions) = r.resources.positions() {
-                    positions.record_emptied(&input.origin);
-                }
-                if let Some(book) = r.resources.lineage() {
-                    book.release(input.take_tickets());
-                }
-            }
+            reserved.extend(outputs_of_call(r, &mut input, outputs)?);
             drop(input);
         }
         emit(r, task.index, reserved)?;
     }
+}
+
+/// What one call on `input` returned, made ready to go downstream: its errored rows counted
+/// (and set aside to dead letters), its outputs checked and charged to the stage. An input
+/// with no output left is settled here (lineage released, positions done).
+fn outputs_of_call(
+    r: &Running,
+    input: &mut EngineBatch,
+    outputs: Vec<RecordBatch>,
+) -> Result<Vec<EngineBatch>> {
+    let (errored, outputs): (Vec<RecordBatch>, Vec<RecordBatch>) =
+        outputs.into_iter().partition(is_errored_rows);
+    let mut described = Vec::with_capacity(errored.len());
+    for batch in &errored {
+        described.push(count_errored(r, batch, &input.origin, || input.label())?);
+    }
+    if let Some(dead_letters) = r.resources.dead_letters().filter(|_| r.stage.dead_letter) {
+        // Before the outputs go on, so that the commit holding them holds these too
+        // or an earlier one does (see `dead_letter`).
+        let other_output = outputs.iter().any(|b| b.num_rows() > 0);
+        for (batch, rows) in errored.iter().zip(&described) {
+            let batch_label = input.label();
+            let held = r.holder.reserve_batch(batch, Admission::Now)?;
+            let aside = dead_letter::set_aside(
+                &r.stage.name,
+                batch,
+                rows,
+                &mut input.origin,
+                other_output,
+                held,
+            )
+            .map_err(|e| EngineError::BadOutput {
+                stage: r.stage.name.clone(),
+                batch: batch_label,
+                reason: format!("cannot set its errored rows aside: {e}"),
+            })?;
+            dead_letters.push(aside);
+        }
+    }
+    // Labels are for errors: formatted only when one is reported.
+    let label = || input.label();
+    let mut reserved = Vec::new();
+    let outputs = if r.resources.lineage().is_some() && outputs.len() > 1 {
+        // A checkpointed run: what one input batch became travels as one batch,
+        // so that one commit holds all of it (see `positions`).
+        vec![concat_outputs(&r.stage, outputs, label)?]
+    } else {
+        outputs
+    };
+    for batch in outputs {
+        check_output(&r.stage, &batch, label)?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let reservation = r.holder.reserve_batch(&batch, Admission::Now)?;
+        reserved.push(EngineBatch {
+            batch,
+            seq: 0,
+            origin: input.origin.clone(),
+            reservation,
+        });
+    }
+    if reserved.is_empty() {
+        // Every row of the input is done (filtered out, or dropped by the function):
+        // a legitimate end of its lineage, and positions done (see `positions`).
+        if let Some(positions) = r.resources.positions() {
+            positions.record_emptied(&input.origin);
+        }
+        if let Some(book) = r.resources.lineage() {
+            book.release(input.take_tickets());
+        }
+    }
+    Ok(reserved)
 }
 
 /// Count and report the rows a call failed on (an errored-rows batch, see `errored`); fail
