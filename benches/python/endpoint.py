@@ -41,6 +41,8 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve()
 LATENCY, JITTER, SLOTS, REJECT = 0.05, 0.01, 256, 0.01
+#: forebay's workers (event loops), each with SLOTS / WORKERS calls in flight.
+WORKERS = int(os.environ.get("ENDPOINT_FOREBAY_WORKERS", "1"))
 
 SERVER = textwrap.dedent(
     f"""
@@ -121,7 +123,8 @@ def child(engine: str, path: str, url: str, batch_size: int) -> dict:
             fn_constructor_args=(url,),
             batch_format="numpy",
             batch_size=batch_size,
-            max_concurrency=SLOTS,
+            concurrency=WORKERS,
+            max_concurrency=SLOTS // WORKERS,
         )
         got = ds.write_parquet(out)["rows"]
     elif engine == "asyncio":
@@ -226,7 +229,11 @@ def main() -> None:
                     )
                     if out.returncode != 0:
                         raise RuntimeError(f"{engine} failed:\n{out.stderr[-3000:]}")
-                    result = json.loads(out.stdout.strip().splitlines()[-1])
+                    # The last line that is our JSON (Ray prints on stdout too).
+                    line = next(
+                        x for x in reversed(out.stdout.splitlines()) if x.startswith('{"seconds"')
+                    )
+                    result = json.loads(line)
                     results[engine].append(result)
                     print(f"round {r} {engine}: {result['rows_per_s']:,.0f} rows/s", flush=True)
         finally:

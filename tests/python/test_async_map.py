@@ -326,3 +326,18 @@ def test_killed_and_resumed_no_committed_row_is_sent_to_the_server_again(tmp_pat
         server.wait(timeout=10)
     assert partial >= 3, "most kills must land between commits"
     assert os.path.getsize(log) > 0
+
+
+def test_the_endpoint_example_runs_killed_and_resumed():
+    """examples/endpoint_job.py (an OpenAI-compatible server, a job killed and resumed) runs
+    as written and checks itself."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "endpoint_job.py"
+    run = subprocess.run(
+        [sys.executable, str(example), "--rows", "12000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("OK")
+    assert "asked for again: 0" in run.stdout

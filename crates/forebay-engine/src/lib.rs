@@ -52,14 +52,17 @@
 //!
 //! ## Where new things go
 //!
-//! * **A new compute mode** (async calls, a GPU worker, a remote endpoint): one
-//!   [`MapFn`] implementation. Its `start_worker` makes a [`MapWorker`] for each of the
-//!   stage's threads; the worker's `call` maps one batch, `next_batch_preparer` may start on
-//!   the next batch while a call runs, `close` releases what the worker holds. The stage
+//! * **A new compute mode** (a remote endpoint, another accelerator): one [`MapFn`]
+//!   implementation. Its `start_worker` makes a [`MapWorker`] for each of the stage's
+//!   threads; the worker's `call` maps one batch, `next_batch_preparer` may start on the
+//!   next batch while a call runs, `close` releases what the worker holds; a worker that
+//!   keeps many calls running (an event loop) says so with `in_flight` and takes `submit` /
+//!   `completed` instead of `call` (module `stage::in_flight`). The stage
 //!   (module `stage`) already gives it batching, ordering, memory accounting, errors naming
 //!   the batch and cancellation; a `MapStage::new(name, your_fn)` adds it to a pipeline. The
-//!   existing ones: Rust closures (`stage`), Python on threads (`python/src/udf.rs`), worker
-//!   processes ([`process`]). On the Python side it is one more value of
+//!   existing ones: Rust closures (`stage`), Python on threads (`python/src/udf.rs`), async
+//!   Python on an event loop (`python/src/udf_async.rs`), worker processes ([`process`], with
+//!   an environment per worker for its devices). On the Python side it is one more value of
 //!   `map_batches(compute=...)` in `python/forebay/_dataset.py`.
 //! * **A new output format** (CSV, JSON lines, Arrow IPC): one [`format::FileFormat`]
 //!   implementation (its extension, and `open` giving a [`format::FormatWriter`] that
