@@ -251,7 +251,7 @@ def test_poison_rows_through_sigkills_and_reruns_are_set_aside_exactly_once(
     poison = {"id-17", "id-4000", "id-4001", "id-12345", f"id-{FILES * ROWS - 1}"}
     env = {"TEST_POISON": ",".join(sorted(poison))}
     rng = random.Random(20261127)
-    for trial in range(int(os.environ.get("TEST_POISON_TRIALS", "6"))):
+    for trial in range(int(os.environ.get("TEST_POISON_TRIALS", "4"))):
         config = {
             "compute": "processes" if trial % 3 == 2 else "threads",
             "id_column": id_column,

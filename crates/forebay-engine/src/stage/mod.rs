@@ -662,8 +662,8 @@ fn outputs_of_call(
         described.push(count_errored(r, batch, &input.origin, || input.label())?);
     }
     if let Some(dead_letters) = r.resources.dead_letters().filter(|_| r.stage.dead_letter) {
-        // Before the outputs go on, so that the commit holding them holds these too
-        // or an earlier one does (see `dead_letter`).
+        // Before the outputs take `input.origin`: the set-aside rows leave it, so that each
+        // commit settles exactly its own rows, in either order (see `dead_letter`).
         let other_output = outputs.iter().any(|b| b.num_rows() > 0);
         for (batch, rows) in errored.iter().zip(&described) {
             let batch_label = input.label();
