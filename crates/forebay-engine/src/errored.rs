@@ -130,7 +130,7 @@ pub(crate) fn describe(
         .ok_or_else(|| format!("column '{ROW_IN_CALL}' of the errored rows is not uint64"))?;
     let text = |name: &str| -> Result<StringArray, String> {
         let array = column(name)?;
-        arrow_cast_to_string(array.as_ref())
+        as_strings(array.as_ref())
             .ok_or_else(|| format!("column '{name}' of the errored rows is not a string"))
     };
     let (types, messages) = (text(ERROR_TYPE)?, text(ERROR_MESSAGE)?);
@@ -150,7 +150,8 @@ pub(crate) fn describe(
         .collect())
 }
 
-fn arrow_cast_to_string(array: &dyn Array) -> Option<StringArray> {
+/// A string column as a `StringArray` (string views copied into one).
+fn as_strings(array: &dyn Array) -> Option<StringArray> {
     if let Some(s) = array.as_any().downcast_ref::<StringArray>() {
         return Some(s.clone());
     }
