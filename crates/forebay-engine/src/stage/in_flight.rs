@@ -17,7 +17,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::{emit, outputs_of_call, MapWorker, Running, Task, WorkerContext};
+use super::outputs::outputs_of_call;
+use super::{emit, MapWorker, Running, Task, WorkerContext};
 use crate::batch::EngineBatch;
 use crate::error::{BatchLabel, Result};
 

@@ -1,0 +1,170 @@
+//! What one call's outputs become before they go downstream: errored rows taken out,
+//! counted and (first stage of a write) set aside as dead letters; outputs checked against
+//! the columns the pipeline needs, joined into one batch in checkpointed runs, and charged to
+//! the stage; an input left with no output settled. Shared by both worker loops (`serve`,
+//! `in_flight::serve_in_flight`).
+
+use arrow_array::RecordBatch;
+
+use super::{MapStage, Running};
+use crate::batch::{EngineBatch, Origin};
+use crate::dead_letter;
+use crate::error::{BatchLabel, EngineError, Result};
+use crate::errored::{describe, is_errored_rows, ErroredRow};
+use crate::events::PipelineEvent;
+use crate::memory::Admission;
+
+/// What one call on `input` returned, made ready to go downstream: its errored rows counted
+/// (and set aside to dead letters), its outputs checked and charged to the stage. An input
+/// with no output left is settled here (lineage released, positions done).
+pub(super) fn outputs_of_call(
+    r: &Running,
+    input: &mut EngineBatch,
+    outputs: Vec<RecordBatch>,
+) -> Result<Vec<EngineBatch>> {
+    let (errored, outputs): (Vec<RecordBatch>, Vec<RecordBatch>) =
+        outputs.into_iter().partition(is_errored_rows);
+    let mut described = Vec::with_capacity(errored.len());
+    for batch in &errored {
+        described.push(count_errored(r, batch, &input.origin, || input.label())?);
+    }
+    if let Some(dead_letters) = r.resources.dead_letters().filter(|_| r.stage.dead_letter) {
+        // Before the outputs take `input.origin`: the set-aside rows leave it, so that each
+        // commit settles exactly its own rows, in either order (see `dead_letter`).
+        let other_output = outputs.iter().any(|b| b.num_rows() > 0);
+        for (batch, rows) in errored.iter().zip(&described) {
+            let batch_label = input.label();
+            let held = r.holder.reserve_batch(batch, Admission::Now)?;
+            let aside = dead_letter::set_aside(
+                &r.stage.name,
+                batch,
+                rows,
+                &mut input.origin,
+                other_output,
+                held,
+            )
+            .map_err(|e| EngineError::BadOutput {
+                stage: r.stage.name.clone(),
+                batch: batch_label,
+                reason: format!("cannot set its errored rows aside: {e}"),
+            })?;
+            dead_letters.push(aside);
+        }
+    }
+    // Labels are for errors: formatted only when one is reported.
+    let label = || input.label();
+    let mut reserved = Vec::new();
+    let outputs = if r.resources.lineage().is_some() && outputs.len() > 1 {
+        // A checkpointed run: what one input batch became travels as one batch,
+        // so that one commit holds all of it (see `positions`).
+        vec![concat_outputs(&r.stage, outputs, label)?]
+    } else {
+        outputs
+    };
+    for batch in outputs {
+        check_output(&r.stage, &batch, label)?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let reservation = r.holder.reserve_batch(&batch, Admission::Now)?;
+        reserved.push(EngineBatch {
+            batch,
+            seq: 0,
+            origin: input.origin.clone(),
+            reservation,
+        });
+    }
+    if reserved.is_empty() {
+        // Every row of the input is done (filtered out, or dropped by the function):
+        // a legitimate end of its lineage, and positions done (see `positions`).
+        if let Some(positions) = r.resources.positions() {
+            positions.record_emptied(&input.origin);
+        }
+        if let Some(book) = r.resources.lineage() {
+            book.release(input.take_tickets());
+        }
+    }
+    Ok(reserved)
+}
+
+/// Count and report the rows a call failed on (an errored-rows batch, see `errored`); fail
+/// the run when the stage's limit is passed. Returns the rows, placed in the input.
+fn count_errored(
+    r: &Running,
+    errored: &RecordBatch,
+    origins: &[Origin],
+    label: impl Fn() -> BatchLabel,
+) -> Result<Vec<ErroredRow>> {
+    let stage = &r.stage.name;
+    let rows =
+        describe(stage, errored, origins, r.stage.rows_are_input_rows).map_err(|reason| {
+            EngineError::BadOutput {
+                stage: stage.clone(),
+                batch: label(),
+                reason,
+            }
+        })?;
+    let last = rows.last().map(ToString::to_string);
+    let (total, kept) = r.counters.record_errored(rows.clone());
+    for row in kept {
+        r.resources.emit(PipelineEvent::Warning {
+            message: format!("stage '{stage}': set aside {row}"),
+        });
+    }
+    match (r.stage.max_errored_rows, last) {
+        (Some(limit), Some(last)) if total > limit => Err(EngineError::TooManyErroredRows {
+            stage: stage.clone(),
+            errored: total,
+            limit,
+            last,
+        }),
+        _ => Ok(rows),
+    }
+}
+
+/// The outputs of one call as one batch (they must share a schema).
+fn concat_outputs(
+    stage: &MapStage,
+    outputs: Vec<RecordBatch>,
+    label: impl Fn() -> BatchLabel,
+) -> Result<RecordBatch> {
+    for batch in &outputs {
+        check_output(stage, batch, &label)?;
+    }
+    let schema = outputs[0].schema();
+    crate::concat::concat_batches(&schema, &outputs).map_err(|e| EngineError::BadOutput {
+        stage: stage.name.clone(),
+        batch: label(),
+        reason: format!(
+            "the function returned {} batches that cannot be joined into one (a checkpointed \
+             write keeps what one input batch became together): {e}",
+            outputs.len()
+        ),
+    })
+}
+
+fn check_output(
+    stage: &MapStage,
+    batch: &RecordBatch,
+    label: impl Fn() -> BatchLabel,
+) -> Result<()> {
+    for column in &stage.required_columns {
+        if batch.schema().index_of(column).is_err() {
+            let names: Vec<String> = batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            return Err(EngineError::BadOutput {
+                stage: stage.name.clone(),
+                batch: label(),
+                reason: format!(
+                    "the function's output has no column '{column}' (it has {names:?}); the \
+                     pipeline needs it after this stage, so the function must keep it"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
