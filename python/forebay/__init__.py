@@ -41,6 +41,7 @@ from ._forebay import (
 )
 from ._spill import RemoteSpillTarget, SpillArea
 from ._store import ObjectRef, ObjectStore, ObjectWriter
+from ._training import TrainingStream
 
 __version__ = _forebay.__version__
 
@@ -68,6 +69,7 @@ __all__ = [
     "StorageError",
     "StoreError",
     "StoreFullError",
+    "TrainingStream",
     "WorkerDiedError",
     "WriteError",
     "configure",

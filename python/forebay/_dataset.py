@@ -21,6 +21,7 @@ from ._args import integer, optional_integer
 from ._async_udf import is_async, make_async_worker
 from ._checkpoint_config import Checkpoint
 from ._filters import normalize_filter
+from ._training import TrainingStream
 from ._udf import (
     ITER_FORMATS,
     MAP_FORMATS,
@@ -512,6 +513,42 @@ class Dataset:
         if not self._steps:
             return iter(self._inner.scan())
         return self._drive(self._pipeline(True).iter(None, 4, False), None)
+
+    def training_stream(
+        self,
+        batch_size: int,
+        *,
+        seed: int | None = 0,
+        world_size: int | None = None,
+        rank: int | None = None,
+        remainder: str = "drop",
+        window_rows: int | None = None,
+        block_rows: int | None = None,
+    ) -> TrainingStream:
+        """This dataset as a training stream: a seeded global order dealt to ranks, each
+        rank reading only what its batches need, resumable exactly with ``state_dict()`` /
+        ``load_state_dict()`` even with another world size (see ``forebay.TrainingStream``).
+
+        batch_size: rows per batch of each rank.
+        seed: the order's seed (a new epoch reshuffles); None: file order, no shuffle.
+        world_size, rank: this process's place (default: torchrun's WORLD_SIZE and RANK).
+        remainder: what becomes of the last samples of an epoch that do not fill a batch on
+            every rank: ``"drop"`` (not delivered this epoch) or ``"pad"`` (the last step is
+            filled with samples from the start of the epoch).
+        window_rows: rows shuffled together (default 262,144); two windows are in memory.
+        block_rows: rows read together from one row group (default 8,192): smaller blocks
+            mix better and decode more (a block decodes the pages holding its rows).
+        """
+        return TrainingStream(
+            self,
+            batch_size,
+            seed=seed,
+            world_size=world_size,
+            rank=rank,
+            remainder=remainder,
+            window_rows=window_rows,
+            block_rows=block_rows,
+        )
 
     def iter_batches_with_provenance(self) -> Iterator[tuple[pa.RecordBatch, dict[str, Any]]]:
         """Stream ``(batch, provenance)`` pairs of the source (no steps may be applied).

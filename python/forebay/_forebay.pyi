@@ -76,6 +76,37 @@ class RsBatchIter:
 
 def memory_put(uri: str, data: bytes) -> None: ...
 
+# -- training ------------------------------------------------------------------------------
+
+@final
+class RsTrainingLayout:
+    def __new__(cls, dataset: RsDataset, block_rows: int) -> RsTrainingLayout: ...
+    def rows(self) -> int: ...
+    def blocks(self) -> int: ...
+    def decoded_bytes(self) -> int: ...
+    def fingerprint(self) -> str: ...
+    def epoch(
+        self,
+        epoch: int,
+        seed: int | None,
+        window_blocks: int,
+        world_size: int,
+        rank: int,
+        workers: int,
+        worker: int,
+        batch_size: int,
+        pad: bool,
+        consumed: int,
+        memory_limit: int,
+    ) -> RsEpochStream: ...
+
+@final
+class RsEpochStream:
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[pa.RecordBatch]: ...
+    def __next__(self) -> pa.RecordBatch: ...
+    def close(self) -> None: ...
+
 # -- checkpoint ----------------------------------------------------------------------------
 
 @final

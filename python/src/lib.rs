@@ -12,6 +12,7 @@
 //! | `spill`, `remote_spill` | `forebay.SpillArea`, `forebay.RemoteSpillTarget` |
 //! | `store` | `forebay.ObjectStore` |
 //! | `engine` | running `forebay.Dataset` pipelines (`map_batches`, `iter_batches`, `write_parquet`) |
+//! | `training` | `forebay.TrainingStream` (`Dataset.training_stream`) |
 //! | `coordinator` | `forebay.ray.write_parquet`'s commits: coordinator on the driver, stagers in tasks |
 //! | `thread_state` | (none: glue) keeps an engine thread's Python thread state between `map_batches` calls |
 //! | `lookahead` | (none: glue) prepares a `map_batches` worker's next batch while its function runs |
@@ -31,6 +32,7 @@ mod report;
 mod spill;
 mod store;
 mod thread_state;
+mod training;
 mod udf;
 mod udf_async;
 
@@ -67,6 +69,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tune_malloc();
     errors::register(m)?;
     dataset::register(m)?;
+    training::register(m)?;
     checkpoint::register(m)?;
     spill::register(m)?;
     remote_spill::register(m)?;

@@ -117,6 +117,7 @@ mod shuffle;
 mod source;
 mod stage;
 mod stats;
+pub mod training;
 mod writer;
 
 pub use batch::{EngineBatch, Origin};

@@ -526,3 +526,60 @@ fn rows_until_error(ds: &ParquetDataset) -> (usize, Option<String>) {
     }
     (rows, None)
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Row ranges in any order read exactly those rows (whole row groups by the flat
+    /// decoders, parts by a page-index selection), equal to slices of the table.
+    #[test]
+    fn row_ranges_read_exactly_their_rows(seed in 0u64..1000, cuts in proptest::collection::vec((0usize..6, 0u64..250, 1u64..250), 1..12)) {
+        let data = table(1500, seed);
+        let store = store_with(&[write(&data, 250)]);
+        let ds = ParquetDataset::builder(source(store)).for_row_ranges().build().unwrap();
+        let layout = ds.row_group_layout().unwrap();
+        prop_assert_eq!(&layout[0].row_group_rows, &vec![250u64; 6]);
+        let mut ranges = Vec::new();
+        let mut expected = Vec::new();
+        for (rg, start, len) in cuts {
+            let end = (start + len).min(250);
+            let start = start.min(end - 1);
+            ranges.push(forebay_parquet::RowRange { file_index: 0, row_group: rg, rows: start..end });
+            expected.push(data.slice(rg * 250 + start as usize, (end - start) as usize));
+        }
+        let got: Vec<RecordBatch> = ds.scan_row_ranges(ranges).map(|b| b.unwrap().batch).collect();
+        let schema = ds.schema();
+        prop_assert_eq!(concat(&got, schema.clone()), concat(&expected, schema));
+    }
+}
+
+#[test]
+fn row_ranges_outside_the_file_or_under_a_filter_are_refused() {
+    let data = table(600, 1);
+    let store = store_with(&[write(&data, 250)]);
+    let ds = ParquetDataset::builder(source(store.clone()))
+        .build()
+        .unwrap();
+    let first_error = |ranges: Vec<forebay_parquet::RowRange>, ds: &ParquetDataset| {
+        ds.scan_row_ranges(ranges)
+            .find_map(|b| b.err())
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let range = |file_index, row_group, rows| forebay_parquet::RowRange {
+        file_index,
+        row_group,
+        rows,
+    };
+    assert!(first_error(vec![range(1, 0, 0..5)], &ds).contains("the dataset has 1 files"));
+    assert!(
+        first_error(vec![range(0, 3, 0..5)], &ds).contains("row group 3 asked for, the file has 3")
+    );
+    assert!(first_error(vec![range(0, 2, 90..120)], &ds).contains("rows 90..120 of row group 2"));
+    assert!(first_error(vec![range(0, 0, 5..5)], &ds).contains("rows 5..5"));
+    let filtered = ParquetDataset::builder(source(store))
+        .with_filter(Predicate::gt("id", 3))
+        .build()
+        .unwrap();
+    assert!(first_error(vec![range(0, 0, 0..5)], &filtered).contains("with a filter"));
+}

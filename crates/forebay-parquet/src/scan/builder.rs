@@ -90,6 +90,7 @@ pub struct ParquetDatasetBuilder {
     pub(super) row_filter: Option<RowFilterHook>,
     pub(super) coalesce_gap: Option<u64>,
     pub(super) use_page_index: bool,
+    pub(super) for_row_ranges: bool,
     pub(super) flat_decoder: bool,
     /// Endings of the names a directory listing keeps (None: every name).
     pub(super) file_extensions: Option<Vec<String>>,
@@ -190,6 +191,15 @@ impl ParquetDatasetBuilder {
     /// Use the page index (when files have one) to skip pages inside row groups. Default on.
     pub fn with_page_index(mut self, enabled: bool) -> Self {
         self.use_page_index = enabled;
+        self
+    }
+
+    /// The dataset is to be read by
+    /// [`scan_row_ranges`](crate::ParquetDataset::scan_row_ranges): read each footer's page
+    /// index too (when files have one), so that a range of a row group fetches and decodes
+    /// only the pages holding its rows.
+    pub fn for_row_ranges(mut self) -> Self {
+        self.for_row_ranges = true;
         self
     }
 

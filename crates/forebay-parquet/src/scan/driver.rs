@@ -237,7 +237,7 @@ async fn drain_in_order(
 /// Decode one row group into `tx`, batch by batch, from what was fetched for it and what its
 /// decoder fetches.
 #[allow(clippy::too_many_arguments)] // the driver's state for one unit, passed once
-async fn run_unit(
+pub(super) async fn run_unit(
     inner: Arc<DatasetInner>,
     file: Arc<OpenedFile>,
     unit: Unit,

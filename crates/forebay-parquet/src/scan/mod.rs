@@ -41,6 +41,7 @@ mod footer;
 mod metrics;
 mod open;
 mod prune;
+mod row_ranges;
 mod runtime;
 mod schema;
 mod stream;
@@ -48,6 +49,7 @@ mod stream;
 pub use builder::{AllSkips, ParquetDatasetBuilder, ScanSkip};
 pub use decode::DEFAULT_MAX_COLUMN_CHUNK_BYTES;
 pub use metrics::ScanMetricsSnapshot;
+pub use row_ranges::{FileRowGroups, RowRange};
 pub use runtime::{block_on, runtime};
 pub use stream::{BatchProvenance, ProvenancedBatch, RecordBatchIter, ScanStream};
 
@@ -145,6 +147,7 @@ impl ParquetDataset {
             row_filter: None,
             coalesce_gap: None,
             use_page_index: true,
+            for_row_ranges: false,
             flat_decoder: true,
             file_extensions: Some(
                 DEFAULT_FILE_EXTENSIONS

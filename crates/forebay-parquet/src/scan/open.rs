@@ -164,7 +164,8 @@ impl DatasetInner {
     }
 
     fn wants_page_index(&self) -> bool {
-        self.options.filter.is_some() && self.options.use_page_index
+        (self.options.filter.is_some() || self.options.for_row_ranges)
+            && self.options.use_page_index
     }
 
     pub(super) fn coalesce_gap_for(&self, entry: &FileEntry) -> u64 {

@@ -1,0 +1,307 @@
+//! Reading a share of an epoch: the windows its batches touch, one read ahead.
+//!
+//! ```text
+//!  reader thread:  window t ──scan_row_ranges(its blocks)──► decoded batches (charged to the
+//!                  pool) ──rendezvous (a channel of capacity 0)──► consumer
+//!  consumer:       batch i's positions ──► (window, permuted row) ──interleave──► compact batch
+//!                  (a batch across two windows: the first part is copied out before the first
+//!                   window is let go, so at most two windows are alive: the one consumed and
+//!                   the one being read)
+//! ```
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use crossbeam_channel::{Receiver, Sender};
+use forebay_parquet::ParquetDataset;
+
+use super::deal::Share;
+use super::order::EpochOrder;
+use crate::error::{EngineError, Result};
+use crate::memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, Reservation};
+
+/// A window read into memory.
+struct Window {
+    index: usize,
+    positions: Range<u64>,
+    batches: Vec<RecordBatch>,
+    /// Row of the window's concatenated rows at which each batch starts.
+    starts: Vec<u64>,
+    permutation: Vec<u32>,
+    _reservations: Vec<Reservation>,
+}
+
+impl Window {
+    /// (batch, row) of the sample at sequence position `position`.
+    fn locate(&self, position: u64) -> (usize, usize) {
+        let row = u64::from(self.permutation[(position - self.positions.start) as usize]);
+        let batch = self.starts.partition_point(|&s| s <= row) - 1;
+        (batch, (row - self.starts[batch]) as usize)
+    }
+}
+
+/// One consumer's batches of one epoch, from a position in it (see the module docs).
+pub struct EpochStream {
+    order: Arc<EpochOrder>,
+    share: Share,
+    consumed: u64,
+    schema: SchemaRef,
+    next_batch: u64,
+    batches: u64,
+    windows: Option<Receiver<Result<Window>>>,
+    current: Option<Window>,
+    cancel: CancelToken,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl EpochStream {
+    /// Start reading `share`'s batches of the epoch `order` from sample `consumed` on.
+    /// `dataset` is the dataset `order`'s layout was made from (built `for_row_ranges`).
+    /// Fails when two windows do not fit in `pool`'s limit.
+    pub fn start(
+        dataset: ParquetDataset,
+        order: Arc<EpochOrder>,
+        share: Share,
+        consumed: u64,
+        pool: &MemoryPool,
+    ) -> Result<EpochStream> {
+        share.validate()?;
+        let rows = order.rows();
+        let batches = if rows == 0 {
+            0
+        } else {
+            share.worker_batches(rows, consumed)
+        };
+        // The windows the batches touch, in order (a padded last batch may go back to the
+        // first windows).
+        let mut needed: Vec<usize> = Vec::new();
+        for i in 0..batches {
+            for range in share.batch_positions(rows, consumed, i) {
+                for w in order.window_of(range.start)..=order.window_of(range.end - 1) {
+                    if needed.last() != Some(&w) {
+                        needed.push(w);
+                    }
+                }
+            }
+        }
+        let largest = needed
+            .iter()
+            .map(|&w| order.window_bytes(w))
+            .max()
+            .unwrap_or(0);
+        if largest.saturating_mul(2) > pool.limit() as u64 {
+            let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+            return Err(EngineError::InvalidArgument(format!(
+                "the shuffle window needs ~{:.1} MiB (its largest, decoded), and two windows \
+                 are in memory (one consumed, one read ahead): more than the memory limit of \
+                 {:.1} MiB. Lower window_rows or raise the memory limit",
+                mib(largest),
+                mib(pool.limit() as u64)
+            )));
+        }
+        let schema = dataset.schema();
+        let cancel = CancelToken::new();
+        let (tx, rx) = crossbeam_channel::bounded(0);
+        let reader = {
+            let order = order.clone();
+            let holder = pool.consumer("training stream (shuffle windows)");
+            let cancel = cancel.clone();
+            std::thread::Builder::new()
+                .name("forebay-training-read".into())
+                .spawn(move || read_windows(dataset, order, needed, holder, cancel, tx))
+                .map_err(|e| {
+                    EngineError::InvalidArgument(format!("could not start a thread: {e}"))
+                })?
+        };
+        Ok(EpochStream {
+            order,
+            share,
+            consumed,
+            schema,
+            next_batch: 0,
+            batches,
+            windows: Some(rx),
+            current: None,
+            cancel,
+            reader: Some(reader),
+        })
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// Batches this stream yields in all.
+    pub fn len(&self) -> u64 {
+        self.batches
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batches == 0
+    }
+
+    /// Batches yielded so far.
+    pub fn yielded(&self) -> u64 {
+        self.next_batch
+    }
+
+    fn window(&mut self, index: usize) -> Result<&Window> {
+        if self.current.as_ref().map(|w| w.index) != Some(index) {
+            self.current = None; // let it go before the next one is taken
+            let received = self.windows.as_ref().and_then(|rx| rx.recv().ok());
+            let window = match received {
+                Some(window) => window?,
+                None => {
+                    return Err(EngineError::InvalidArgument(
+                        "the training stream's reader stopped".into(),
+                    ))
+                }
+            };
+            if window.index != index {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the training stream's reader sent window {} where {index} was due",
+                    window.index
+                )));
+            }
+            self.current = Some(window);
+        }
+        Ok(self.current.as_ref().expect("just set"))
+    }
+
+    fn next_batch(&mut self) -> Result<RecordBatch> {
+        let rows = self.order.rows();
+        let ranges = self
+            .share
+            .batch_positions(rows, self.consumed, self.next_batch);
+        let mut pieces: Vec<RecordBatch> = Vec::with_capacity(2);
+        for range in ranges {
+            let mut p = range.start;
+            while p < range.end {
+                let w = self.order.window_of(p);
+                let window_end = self.order.window_positions(w).end.min(range.end);
+                let window = self.window(w)?;
+                let indices: Vec<(usize, usize)> =
+                    (p..window_end).map(|q| window.locate(q)).collect();
+                let sources: Vec<&RecordBatch> = window.batches.iter().collect();
+                let piece = arrow_select::interleave::interleave_record_batch(&sources, &indices)
+                    .map_err(assembly_failed)?;
+                pieces.push(piece);
+                p = window_end;
+            }
+        }
+        self.next_batch += 1;
+        if self.next_batch == self.batches {
+            self.current = None;
+        }
+        match pieces.len() {
+            1 => Ok(pieces.pop().expect("one piece")),
+            _ => {
+                arrow_select::concat::concat_batches(&self.schema, &pieces).map_err(assembly_failed)
+            }
+        }
+    }
+}
+
+impl Iterator for EpochStream {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next_batch >= self.batches {
+            return None;
+        }
+        let batch = self.next_batch();
+        if batch.is_err() {
+            self.next_batch = self.batches; // the error ends the stream
+            self.stop();
+        }
+        Some(batch)
+    }
+}
+
+impl EpochStream {
+    fn stop(&mut self) {
+        self.cancel.cancel();
+        self.windows = None; // the reader's send fails
+        self.current = None;
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+impl Drop for EpochStream {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn assembly_failed(e: arrow_schema::ArrowError) -> EngineError {
+    EngineError::InvalidArgument(format!(
+        "training stream: cutting a batch out of its window failed: {e}"
+    ))
+}
+
+/// The reader thread: each needed window, read whole and handed over.
+fn read_windows(
+    dataset: ParquetDataset,
+    order: Arc<EpochOrder>,
+    needed: Vec<usize>,
+    holder: MemoryConsumer,
+    cancel: CancelToken,
+    tx: Sender<Result<Window>>,
+) {
+    for index in needed {
+        let window = read_window(&dataset, &order, index, &holder, &cancel);
+        let failed = window.is_err();
+        if tx.send(window).is_err() || failed {
+            return;
+        }
+    }
+}
+
+fn read_window(
+    dataset: &ParquetDataset,
+    order: &EpochOrder,
+    index: usize,
+    holder: &MemoryConsumer,
+    cancel: &CancelToken,
+) -> Result<Window> {
+    cancel.check()?;
+    let positions = order.window_positions(index);
+    let mut batches = Vec::new();
+    let mut starts = Vec::new();
+    let mut reservations = Vec::new();
+    let mut rows = 0u64;
+    for batch in dataset.scan_row_ranges(order.window_blocks(index)) {
+        let batch = batch?.batch;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        // Charged, never waited for: the rendezvous with the consumer is what bounds the
+        // windows alive to two, and `start` checked that two fit (waiting here for room
+        // the window's own first batches take could never end).
+        reservations.push(holder.reserve_batch(&batch, Admission::Now)?);
+        starts.push(rows);
+        rows += batch.num_rows() as u64;
+        batches.push(batch);
+    }
+    let expected = positions.end - positions.start;
+    if rows != expected {
+        return Err(EngineError::InvalidArgument(format!(
+            "shuffle window {index} of epoch {}: read {rows} rows where the files' footers \
+             promise {expected} (did the files change while the stream ran?)",
+            order.epoch()
+        )));
+    }
+    Ok(Window {
+        index,
+        positions,
+        batches,
+        starts,
+        permutation: order.window_permutation(index),
+        _reservations: reservations,
+    })
+}

@@ -1,0 +1,303 @@
+"""Training streams (``Dataset.training_stream``): the order is a function of (seed, epoch,
+dataset), every rank gets the same number of full batches, and a run stopped anywhere and
+resumed with other world sizes and loader workers delivers exactly the rest of the sequence.
+
+The reference is independent of the dealing: the epoch's whole sequence read by one rank
+with batches of one sample."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import forebay
+from conftest import S3_CREDENTIALS, moto_s3
+
+CASES = 120
+
+
+def write_dataset(directory: Path, rng: random.Random, *, files: int | None = None) -> int:
+    """Files of random sizes and row groups; an ``id`` column numbering rows in file order.
+    Returns the number of rows."""
+    directory.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for f in range(files if files is not None else rng.randint(1, 5)):
+        rows = rng.randint(0 if f else 1, 900)
+        table = pa.table(
+            {
+                "id": pa.array(np.arange(n, n + rows), pa.int64()),
+                "text": [f"row {i}" if i % 7 else None for i in range(n, n + rows)],
+                "vec": pa.array([[float(i), 1.0] for i in range(n, n + rows)]),
+            }
+        )
+        pq.write_table(
+            table, directory / f"part-{f:02}.parquet", row_group_size=rng.randint(1, 300)
+        )
+        n += rows
+    return n
+
+
+def whole_sequence(ds: forebay.Dataset, epoch: int, **order) -> list[int]:
+    stream = ds.training_stream(1, world_size=1, rank=0, **order)
+    stream.set_epoch(epoch)
+    return [i for batch in stream for i in batch.column("id").to_pylist()]
+
+
+def run_ranks(ds, state, world_size, workers, steps, batch_size, order, remainder):
+    """Run ``world_size`` ranks in lockstep, each taking its batches from ``workers`` loader
+    workers round-robin (as torch's DataLoader does), for ``steps`` steps or to the end of
+    the epoch. Returns (samples in step-major, rank-minor order, state after them)."""
+    ranks = []
+    for rank in range(world_size):
+        stream = ds.training_stream(
+            batch_size, world_size=world_size, rank=rank, remainder=remainder, **order
+        )
+        if state is not None:
+            stream.load_state_dict(state)
+        ranks.append(stream)
+    left = len(ranks[0])
+    assert all(len(s) == left for s in ranks), "every rank has as many batches left"
+    take = min(steps, left)
+    iterators = [[s.iter_worker(w, workers) for w in range(workers)] for s in ranks]
+    delivered = []
+    for step in range(take):
+        for rank_workers in iterators:
+            batch = next(rank_workers[step % workers])
+            assert batch.num_rows == batch_size, "only full batches"
+            delivered.extend(batch.column("id").to_pylist())
+    for rank_workers in iterators:
+        for it in rank_workers:
+            it.close()  # a kill: whatever was read ahead is lost with the process
+    states = []
+    for s in ranks:
+        s.advance(take)
+        states.append(s.state_dict())
+    assert all(st == states[0] for st in states), "every rank saves the same state"
+    return delivered, states[0]
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_resume_with_other_world_sizes_delivers_the_same_sequence(tmp_path, case):
+    rng = random.Random(case)
+    write_dataset(tmp_path / "data", rng)
+    ds = forebay.read_parquet(tmp_path / "data")
+    order = {
+        "seed": rng.choice([None, rng.randrange(2**64)]),
+        "block_rows": rng.randint(1, 200),
+        "window_rows": rng.randint(1, 800),
+    }
+    remainder = rng.choice(["drop", "pad"])
+    batch_size = rng.randint(1, 40)
+    epochs = rng.randint(1, 2)
+    reference = [whole_sequence(ds, e, **order) for e in range(epochs)]
+    n = len(reference[0])
+    assert sorted(reference[0]) == list(range(n))
+
+    # Segments with random world sizes, loader workers and kill points until the epochs end.
+    delivered: dict[int, list[int]] = {e: [] for e in range(epochs)}
+    last_world = {}
+    state = None
+    epoch = 0
+    while epoch < epochs:
+        world = rng.randint(1, 6)
+        workers = rng.randint(1, 3)
+        steps = rng.randint(0, 12)
+        got, state = run_ranks(ds, state, world, workers, steps, batch_size, order, remainder)
+        delivered[epoch].extend(got)
+        last_world[epoch] = world
+        epoch = state["epoch"]
+    for e in range(epochs):
+        got, ref, w = delivered[e], reference[e], last_world[e]
+        if remainder == "drop":
+            assert got == ref[: len(got)], f"epoch {e}: the ranks' samples are the sequence"
+            assert n - len(got) < w * batch_size, "only a partial last step is dropped"
+        else:
+            assert got[:n] == ref, f"epoch {e}: the whole sequence, in order"
+            assert got[n:] == (ref * (len(got) // max(n, 1) + 1))[: len(got) - n]
+            assert len(got) - n < w * batch_size
+
+
+@pytest.mark.parametrize("world_size", range(1, 17))
+def test_every_rank_gets_the_same_number_of_full_batches(tmp_path, world_size):
+    rng = random.Random(1000 + world_size)
+    n = write_dataset(tmp_path / "data", rng, files=4)
+    ds = forebay.read_parquet(tmp_path / "data")
+    for remainder in ("drop", "pad"):
+        batch_size = rng.randint(1, 25)
+        counts = []
+        samples = []
+        for rank in range(world_size):
+            stream = ds.training_stream(
+                batch_size,
+                world_size=world_size,
+                rank=rank,
+                remainder=remainder,
+                seed=3,
+                block_rows=50,
+                window_rows=300,
+            )
+            batches = list(stream)
+            assert all(b.num_rows == batch_size for b in batches)
+            counts.append(len(batches))
+            samples += [i for b in batches for i in b.column("id").to_pylist()]
+        assert len(set(counts)) == 1, counts
+        step = world_size * batch_size
+        expected = n // step if remainder == "drop" else -(-n // step)
+        assert counts[0] == expected
+        if remainder == "pad":
+            assert set(samples) == set(range(n))
+
+
+def test_order_depends_on_seed_and_epoch_not_on_reading(tmp_path):
+    write_dataset(tmp_path / "data", random.Random(5), files=4)
+    ds = forebay.read_parquet(tmp_path / "data")
+    order = {"seed": 11, "block_rows": 64, "window_rows": 256}
+    a = whole_sequence(ds, 0, **order)
+    assert a == whole_sequence(forebay.read_parquet(tmp_path / "data", num_threads=1), 0, **order)
+    assert a != whole_sequence(ds, 1, **order), "a new epoch reshuffles"
+    assert a != whole_sequence(ds, 0, **{**order, "seed": 12})
+    assert sorted(a) == sorted(whole_sequence(ds, 1, **order))
+    # No shuffle: file order.
+    assert whole_sequence(ds, 0, seed=None) == sorted(a)
+    # Consecutive samples come from many places: no run of 64 in file order.
+    runs = sum(1 for x, y in itertools.pairwise(a) if y == x + 1)
+    assert runs < len(a) // 10
+
+
+def test_batches_hold_the_rows_of_the_files(tmp_path):
+    write_dataset(tmp_path / "data", random.Random(9), files=3)
+    ds = forebay.read_parquet(tmp_path / "data", columns=["vec", "id", "text"])
+    table = ds.to_arrow()
+    by_id = {r["id"]: r for r in table.to_pylist()}
+    stream = ds.training_stream(32, seed=2, block_rows=40, window_rows=100, remainder="pad")
+    for batch in stream:
+        assert batch.schema.names == ["vec", "id", "text"]
+        for row in batch.to_pylist():
+            assert row == by_id[row["id"]]
+
+
+def test_the_state_is_small_and_checked(tmp_path):
+    rng = random.Random(2)
+    write_dataset(tmp_path / "data", rng, files=3)
+    ds = forebay.read_parquet(tmp_path / "data")
+    stream = ds.training_stream(8, seed=1)
+    it = iter(stream)
+    next(it)
+    next(it)
+    state = stream.state_dict()
+    assert state["consumed"] == 16 and state["epoch"] == 0
+    assert len(repr(state)) < 400
+
+    with pytest.raises(ValueError, match="seed=1"):
+        ds.training_stream(8, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="block_rows"):
+        ds.training_stream(8, seed=1, block_rows=100).load_state_dict(state)
+    with pytest.raises(ValueError, match="not a training stream state"):
+        ds.training_stream(8, seed=1).load_state_dict({"epoch": 0})
+    # Another file: the dataset changed.
+    pq.write_table(
+        pa.table({"id": [10**9], "text": ["x"], "vec": [[0.0, 0.0]]}),
+        tmp_path / "data" / "zz.parquet",
+    )
+    with pytest.raises(ValueError, match="dataset changed"):
+        forebay.read_parquet(tmp_path / "data").training_stream(8, seed=1).load_state_dict(state)
+    # A state saved after the last step of an epoch resumes at the next epoch.
+    other = ds.training_stream(8, seed=1)
+    other.load_state_dict({**state, "consumed": other.rows})
+    assert (other.epoch, other.consumed) == (1, 0)
+
+
+def test_wrong_arguments_get_clear_errors(tmp_path):
+    write_dataset(tmp_path / "data", random.Random(3), files=2)
+    ds = forebay.read_parquet(tmp_path / "data")
+    with pytest.raises(ValueError, match="rank 4 is not below world_size 4"):
+        ds.training_stream(8, world_size=4, rank=4)
+    with pytest.raises(ValueError, match="both world_size and rank"):
+        ds.training_stream(8, world_size=4)
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        ds.training_stream(0)
+    with pytest.raises(TypeError, match="batch_size must be an integer"):
+        ds.training_stream(8.5)
+    with pytest.raises(ValueError, match="remainder must be"):
+        ds.training_stream(8, remainder="keep")
+    with pytest.raises(ValueError, match="seed must be at least 0"):
+        ds.training_stream(8, seed=-1)
+    with pytest.raises(ValueError, match="reads the files directly"):
+        ds.map_batches(lambda b: b).training_stream(8)
+    filtered = forebay.read_parquet(tmp_path / "data", filter=[("id", ">", 3)])
+    with pytest.raises(ValueError, match="filter"):
+        filtered.training_stream(8)
+    stream = ds.training_stream(8)
+    with pytest.raises(ValueError, match="worker 2 is not below workers 2"):
+        next(stream.iter_worker(2, 2))
+    with pytest.raises(ValueError, match=r"only \d+ were left"):
+        stream.advance(len(stream) + 1)
+
+
+def test_world_size_and_rank_from_torchrun_environment(tmp_path, monkeypatch):
+    write_dataset(tmp_path / "data", random.Random(4), files=2)
+    ds = forebay.read_parquet(tmp_path / "data")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    stream = ds.training_stream(4)
+    assert (stream.world_size, stream.rank) == (3, 2)
+
+
+def test_small_and_empty_datasets(tmp_path):
+    (tmp_path / "e").mkdir()
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}), tmp_path / "e" / "a.parquet")
+    empty = forebay.read_parquet(tmp_path / "e").training_stream(4, remainder="pad")
+    assert list(empty) == [] and len(empty) == 0 and empty.epoch == 1
+    (tmp_path / "s").mkdir()
+    pq.write_table(pa.table({"id": pa.array([0, 1, 2], pa.int64())}), tmp_path / "s" / "a.parquet")
+    small = forebay.read_parquet(tmp_path / "s")
+    assert list(small.training_stream(4)) == []  # drop: not one full batch
+    padded = list(small.training_stream(8, seed=None, remainder="pad"))
+    assert [b.column("id").to_pylist() for b in padded] == [[0, 1, 2, 0, 1, 2, 0, 1]]
+
+
+def test_two_windows_must_fit_the_memory_limit(tmp_path):
+    big = pa.table({"id": np.arange(200_000), "pad": np.zeros(200_000)})
+    pq.write_table(big, tmp_path / "a.parquet", row_group_size=50_000)
+    ds = forebay.read_parquet(tmp_path / "a.parquet")
+    try:
+        forebay.configure(memory_limit="2MB")
+        stream = ds.training_stream(64, window_rows=100_000)
+        with pytest.raises(
+            ValueError, match=r"window needs ~1\.\d MiB .* limit of 1\.9 MiB. Lower window_rows"
+        ):
+            next(iter(stream))
+        # A window that fits streams under the same limit.
+        fits = ds.training_stream(64, window_rows=16_384, block_rows=4096)
+        assert sum(b.num_rows for b in fits) == 200_000 // 64 * 64
+    finally:
+        forebay.configure(memory_limit=forebay._config._default_memory_limit())
+
+
+def test_training_stream_over_s3(tmp_path):
+    pytest.importorskip("moto")
+    rng = random.Random(8)
+    n = write_dataset(tmp_path / "data", rng, files=3)
+    with moto_s3(tmp_path / "moto.log") as (client, endpoint):
+        client.create_bucket(Bucket="train")
+        for f in sorted((tmp_path / "data").iterdir()):
+            client.upload_file(str(f), "train", f"ds/{f.name}")
+        options = {"aws_endpoint": endpoint, **S3_CREDENTIALS}
+        remote = forebay.read_parquet("s3://train/ds/", storage_options=options)
+        order = {"seed": 4, "block_rows": 50, "window_rows": 200}
+        local = whole_sequence(forebay.read_parquet(tmp_path / "data"), 0, **order)
+        assert whole_sequence(remote, 0, **order) == local
+        assert sorted(local) == list(range(n))
+        # A state saved against the local copy resumes against the bucket: same dataset.
+        stream = forebay.read_parquet(tmp_path / "data").training_stream(16, **order)
+        next(iter(stream))
+        resumed = remote.training_stream(16, **order)
+        resumed.load_state_dict(stream.state_dict())
+        rest = [i for b in resumed for i in b.column("id").to_pylist()]
+        assert rest == local[16 : 16 + len(rest)]
