@@ -8,6 +8,7 @@ plan of steps (``map_batches``, ``limit``) that forebay-engine runs under one me
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -108,6 +109,17 @@ class Dataset:
         self._steps = _steps
         self._last_stats: dict[str, Any] | None = None
         self._schema: pa.Schema | None = None
+        self._read_args: functools.partial[Dataset] | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        """A ``read_parquet(...)`` dataset without steps pickles as that call (its files are
+        listed again where it is unpickled: a loader's worker process, a Ray task)."""
+        if self._steps or self._read_args is None:
+            raise TypeError(
+                "only a read_parquet(...) dataset without steps can be pickled; rebuild the "
+                "steps where it is used"
+            )
+        return self._read_args, ()
 
     def _with(self, step: _Step) -> Dataset:
         return Dataset(self._inner, (*self._steps, step))
@@ -701,7 +713,21 @@ def read_parquet(
         int96_timestamp_unit,
         None if file_extensions is None else _extensions(file_extensions),
     )
-    return Dataset(inner)
+    dataset = Dataset(inner)
+    dataset._read_args = functools.partial(
+        read_parquet,
+        path_list,
+        columns=columns,
+        filter=filter,
+        batch_size=batch_size,
+        prefetch=prefetch,
+        num_threads=num_threads,
+        dictionary_columns=dictionary_columns,
+        storage_options=storage_options,
+        int96_timestamp_unit=int96_timestamp_unit,
+        file_extensions=file_extensions,
+    )
+    return dataset
 
 
 def _extensions(file_extensions: Sequence[str]) -> list[str]:

@@ -96,9 +96,24 @@ class TrainingStream:
             "window_rows", DEFAULT_WINDOW_ROWS if window_rows is None else window_rows, minimum=1
         )
         self.window_blocks = max(1, -(-window_rows // self.block_rows))
+        self._dataset = dataset
+        self._window_rows = window_rows
         self._layout = _forebay.RsTrainingLayout(dataset._inner, self.block_rows)
         self.epoch = 0
         self._consumed = 0
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its dataset (a ``read_parquet`` call), settings and position: a loader's
+        worker process rebuilds it (and reads the footers again)."""
+        settings = {
+            "seed": self.seed,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "remainder": self.remainder,
+            "window_rows": self._window_rows,
+            "block_rows": self.block_rows,
+        }
+        return _rebuild, (self._dataset, self.batch_size, settings, self.epoch, self._consumed)
 
     # ------------------------------------------------------------------ where it is
 
@@ -244,3 +259,11 @@ class TrainingStream:
             f"TrainingStream(rows={self.rows}, batch_size={self.batch_size}, seed={self.seed}, "
             f"rank={self.rank}/{self.world_size}, epoch={self.epoch}, consumed={self._consumed})"
         )
+
+
+def _rebuild(
+    dataset: Dataset, batch_size: int, settings: dict[str, Any], epoch: int, consumed: int
+) -> TrainingStream:
+    stream = TrainingStream(dataset, batch_size, **settings)
+    stream.epoch, stream._consumed = epoch, consumed
+    return stream

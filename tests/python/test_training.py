@@ -301,3 +301,85 @@ def test_training_stream_over_s3(tmp_path):
         resumed.load_state_dict(stream.state_dict())
         rest = [i for b in resumed for i in b.column("id").to_pylist()]
         assert rest == local[16 : 16 + len(rest)]
+
+
+def test_training_example_killed_and_resumed_with_other_world_sizes(tmp_path):
+    """examples/training_resume.py: ranks in real processes (gradients averaged every
+    step), SIGKILLed at random moments, resumed with 4 -> 3 -> 6 ranks; the samples the
+    kept steps trained on are the uninterrupted sequence."""
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "training_resume.py"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(example),
+            "--seed",
+            "3",
+            "--worlds",
+            "4,3,6",
+            "--dir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("killed; resuming") == 2, out.stdout
+    assert "sequence identical to an uninterrupted run: True" in out.stdout
+
+
+def test_a_stream_pickles_as_its_dataset_settings_and_position(tmp_path):
+    import pickle
+
+    write_dataset(tmp_path / "data", random.Random(12), files=3)
+    ds = forebay.read_parquet(tmp_path / "data", columns=["id"])
+    stream = ds.training_stream(8, seed=5, world_size=2, rank=1, block_rows=30, window_rows=90)
+    it = iter(stream)
+    next(it)
+    copy = pickle.loads(pickle.dumps(stream))
+    assert copy.state_dict() == stream.state_dict()
+    assert (copy.world_size, copy.rank, copy.batch_size) == (2, 1, 8)
+    rest = [b.column("id").to_pylist() for b in it]
+    assert [b.column("id").to_pylist() for b in copy] == rest
+    with pytest.raises(TypeError, match="without steps"):
+        pickle.dumps(ds.map_batches(lambda b: b))
+
+
+def test_torch_loader_with_workers_resumes_with_other_workers_and_ranks(tmp_path):
+    torch = pytest.importorskip("torch")
+    from forebay.torch import TrainingLoader
+
+    write_dataset(tmp_path / "data", random.Random(13), files=4)
+    ds = forebay.read_parquet(tmp_path / "data", columns=["id", "vec"])
+    order = {"seed": 9, "block_rows": 40, "window_rows": 200}
+    reference = whole_sequence(ds, 0, **order)
+
+    def loaders(world, workers, state):
+        out = []
+        for rank in range(world):
+            stream = ds.training_stream(4, world_size=world, rank=rank, **order)
+            loader = TrainingLoader(stream, num_workers=workers, multiprocessing_context="spawn")
+            if state:
+                loader.load_state_dict(state)
+            out.append(loader)
+        return out
+
+    delivered = []
+    state = None
+    for world, workers, steps in [(2, 2, 7), (3, 0, 5), (1, 3, 10**6)]:
+        ranks = loaders(world, workers, state)
+        iterators = [iter(loader) for loader in ranks]
+        for _ in range(min(steps, len(ranks[0]))):
+            for it in iterators:
+                batch = next(it)
+                assert isinstance(batch["id"], torch.Tensor)
+                assert batch["vec"].shape == (4, 2)
+                delivered += batch["id"].tolist()
+        state = ranks[0].state_dict()
+        assert all(loader.state_dict() == state for loader in ranks)
+        del iterators
+    assert delivered == reference[: len(delivered)]
+    assert len(reference) - len(delivered) < 4
