@@ -83,8 +83,17 @@ def batches_of(engine: str, files: list[str], batch_size: int, window_rows: int,
         ds = forebay.read_parquet(files, columns=columns)
         if engine == "forebay-iter":
             return ds.iter_batches(batch_size=batch_size)
-        seed = None if engine == "forebay-order" else 1
-        return iter(ds.training_stream(batch_size, seed=seed, window_rows=window_rows))
+        # "forebay-shuffle", or with other sizes: "forebay-shuffle-b4096-w1048576".
+        name, *sizes = engine.split("-b")
+        block_rows = None
+        if sizes:
+            block, _, window = sizes[0].partition("-w")
+            block_rows, window_rows = int(block), int(window or window_rows)
+        seed = None if name == "forebay-order" else 1
+        stream = ds.training_stream(
+            batch_size, seed=seed, window_rows=window_rows, block_rows=block_rows
+        )
+        return iter(stream)
     if engine == "polars":
         import polars as pl
 

@@ -547,9 +547,11 @@ class Dataset:
         remainder: what becomes of the last samples of an epoch that do not fill a batch on
             every rank: ``"drop"`` (not delivered this epoch) or ``"pad"`` (the last step is
             filled with samples from the start of the epoch).
-        window_rows: rows shuffled together (default 262,144); two windows are in memory.
-        block_rows: rows read together from one row group (default 8,192): smaller blocks
-            mix better and decode more (a block decodes the pages holding its rows).
+        window_rows: rows shuffled together (default: 64 blocks, ~128 MiB decoded); up to
+            three windows are in memory (the one consumed, the next and its shuffled copy).
+        block_rows: rows read together from one row group (default: ~2 MiB decoded, from
+            the footers' sizes): smaller blocks mix better and decode more (a block decodes
+            the pages holding its rows).
         """
         return TrainingStream(
             self,

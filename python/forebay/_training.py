@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from ._dataset import Dataset
 
 STATE_FORMAT = "forebay.training/1"
-DEFAULT_BLOCK_ROWS = 8192
-DEFAULT_WINDOW_ROWS = 262_144
 REMAINDERS = ("drop", "pad")
 
 
@@ -89,16 +87,17 @@ class TrainingStream:
         if remainder not in REMAINDERS:
             raise ValueError(f"remainder must be 'drop' or 'pad', not {remainder!r}")
         self.remainder = remainder
-        self.block_rows = integer(
-            "block_rows", DEFAULT_BLOCK_ROWS if block_rows is None else block_rows, minimum=1
-        )
-        window_rows = integer(
-            "window_rows", DEFAULT_WINDOW_ROWS if window_rows is None else window_rows, minimum=1
-        )
-        self.window_blocks = max(1, -(-window_rows // self.block_rows))
+        block_rows = optional_integer("block_rows", block_rows, minimum=1)
+        self._block_rows_given = block_rows
+        window_rows = optional_integer("window_rows", window_rows, minimum=1)
         self._dataset = dataset
         self._window_rows = window_rows
-        self._layout = _forebay.RsTrainingLayout(dataset._inner, self.block_rows)
+        self._layout = _forebay.RsTrainingLayout(dataset._inner, block_rows)
+        self.block_rows = int(self._layout.block_rows())
+        if window_rows is None:
+            self.window_blocks = _forebay.TRAINING_WINDOW_BLOCKS
+        else:
+            self.window_blocks = max(1, -(-window_rows // self.block_rows))
         self.epoch = 0
         self._consumed = 0
 
@@ -111,7 +110,7 @@ class TrainingStream:
             "rank": self.rank,
             "remainder": self.remainder,
             "window_rows": self._window_rows,
-            "block_rows": self.block_rows,
+            "block_rows": self._block_rows_given,
         }
         return _rebuild, (self._dataset, self.batch_size, settings, self.epoch, self._consumed)
 

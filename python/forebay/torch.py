@@ -31,18 +31,32 @@ from ._training import TrainingStream
 FORMATS = ("torch", "numpy", "pyarrow")
 
 
+def _column_values(column: pa.Array) -> Any:
+    """A column as numpy: a list column whose rows all have the same length (fixed-size or
+    not) as a 2-d array; anything else as ``to_numpy`` gives it."""
+    is_list = pa.types.is_fixed_size_list(column.type) or pa.types.is_list(column.type)
+    if is_list and column.null_count == 0 and len(column):
+        if pa.types.is_fixed_size_list(column.type):
+            width = column.type.list_size
+        else:
+            lengths = column.value_lengths().to_numpy()
+            width = int(lengths[0])
+            if not (lengths == width).all():
+                return column.to_numpy(zero_copy_only=False)
+        flat = column.flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(len(column), width)
+    return column.to_numpy(zero_copy_only=False)
+
+
 def _to_format(batch: pa.RecordBatch, format: str) -> Any:
     if format == "pyarrow":
         return batch
     out = {}
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
-        if pa.types.is_fixed_size_list(column.type) and column.null_count == 0:
-            flat = column.flatten().to_numpy(zero_copy_only=False)
-            values = flat.reshape(len(column), column.type.list_size)
-        else:
-            values = column.to_numpy(zero_copy_only=False)
+        values = _column_values(column)
         if format == "torch" and values.dtype.kind in "biuf":
-            values = torch.from_numpy(values)
+            # A copy: Arrow's buffers are read-only, and a tensor may be written to.
+            values = torch.tensor(values)
         out[name] = values
     return out
 
@@ -53,8 +67,9 @@ class TrainingDataset(IterableDataset):
 
     stream: a :class:`forebay.TrainingStream` (its position is read when iteration starts;
         iterating here does not move it: :class:`TrainingLoader` does).
-    format: ``"torch"`` (dict of tensors; strings stay numpy arrays), ``"numpy"`` (dict of
-        arrays) or ``"pyarrow"`` (the RecordBatch).
+    format: ``"torch"`` (dict of tensors; strings stay numpy arrays; a list column whose
+        rows have equal lengths becomes a 2-d tensor), ``"numpy"`` (dict of arrays, the same
+        shapes) or ``"pyarrow"`` (the RecordBatch).
     """
 
     def __init__(self, stream: TrainingStream, format: str = "torch") -> None:

@@ -5,7 +5,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use forebay_engine::training::{DatasetLayout, EpochOrder, EpochStream, Remainder, Share, Shuffle};
+use forebay_engine::training::{
+    DatasetLayout, EpochOrder, EpochStream, Remainder, Share, Shuffle, DEFAULT_WINDOW_BLOCKS,
+};
 use forebay_engine::MemoryPool;
 use forebay_parquet::ParquetDataset;
 use pyo3::exceptions::PyValueError;
@@ -25,7 +27,8 @@ pub(crate) struct RsTrainingLayout {
 #[pymethods]
 impl RsTrainingLayout {
     #[new]
-    fn new(py: Python<'_>, dataset: &RsDataset, block_rows: u64) -> PyResult<Self> {
+    #[pyo3(signature = (dataset, block_rows=None))]
+    fn new(py: Python<'_>, dataset: &RsDataset, block_rows: Option<u64>) -> PyResult<Self> {
         if dataset.dataset.filter().is_some() {
             return Err(PyValueError::new_err(
                 "training_stream reads every row of the files: a filter would change which \
@@ -38,6 +41,7 @@ impl RsTrainingLayout {
             let dataset = dataset.clone();
             detached(py, move || dataset.row_group_layout())?
         };
+        let block_rows = block_rows.unwrap_or_else(|| DatasetLayout::default_block_rows(&files));
         Ok(RsTrainingLayout {
             dataset,
             layout: Arc::new(DatasetLayout::new(&files, block_rows)),
@@ -46,6 +50,10 @@ impl RsTrainingLayout {
 
     fn rows(&self) -> u64 {
         self.layout.rows()
+    }
+
+    fn block_rows(&self) -> u64 {
+        self.layout.block_rows()
     }
 
     fn blocks(&self) -> usize {
@@ -148,6 +156,7 @@ impl RsEpochStream {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("TRAINING_WINDOW_BLOCKS", DEFAULT_WINDOW_BLOCKS)?;
     m.add_class::<RsTrainingLayout>()?;
     m.add_class::<RsEpochStream>()?;
     Ok(())

@@ -262,13 +262,13 @@ def test_small_and_empty_datasets(tmp_path):
     assert [b.column("id").to_pylist() for b in padded] == [[0, 1, 2, 0, 1, 2, 0, 1]]
 
 
-def test_two_windows_must_fit_the_memory_limit(tmp_path):
+def test_three_windows_must_fit_the_memory_limit(tmp_path):
     big = pa.table({"id": np.arange(200_000), "pad": np.zeros(200_000)})
     pq.write_table(big, tmp_path / "a.parquet", row_group_size=50_000)
     ds = forebay.read_parquet(tmp_path / "a.parquet")
     try:
         forebay.configure(memory_limit="2MB")
-        stream = ds.training_stream(64, window_rows=100_000)
+        stream = ds.training_stream(64, window_rows=100_000, block_rows=4096)
         with pytest.raises(
             ValueError, match=r"window needs ~1\.\d MiB .* limit of 1\.9 MiB. Lower window_rows"
         ):
@@ -361,7 +361,8 @@ def test_torch_loader_with_workers_resumes_with_other_workers_and_ranks(tmp_path
         out = []
         for rank in range(world):
             stream = ds.training_stream(4, world_size=world, rank=rank, **order)
-            loader = TrainingLoader(stream, num_workers=workers, multiprocessing_context="spawn")
+            spawn = {"multiprocessing_context": "spawn"} if workers else {}
+            loader = TrainingLoader(stream, num_workers=workers, **spawn)
             if state:
                 loader.load_state_dict(state)
             out.append(loader)

@@ -46,5 +46,5 @@ pub mod order;
 mod stream;
 
 pub use deal::{Remainder, Share};
-pub use order::{DatasetLayout, EpochOrder, Shuffle};
+pub use order::{DatasetLayout, EpochOrder, Shuffle, DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW_BLOCKS};
 pub use stream::EpochStream;

@@ -38,7 +38,24 @@ pub struct DatasetLayout {
     block_rows: u64,
 }
 
+/// Decoded bytes a block holds by default: about a data page of the widest columns, so that
+/// a block decodes little more than its own rows, and small enough that a window of
+/// [`DEFAULT_WINDOW_BLOCKS`] blocks mixes many places of the dataset.
+pub const DEFAULT_BLOCK_BYTES: u64 = 2 << 20;
+
+/// Blocks in a window by default (~128 MiB decoded with [`DEFAULT_BLOCK_BYTES`]).
+pub const DEFAULT_WINDOW_BLOCKS: usize = 64;
+
 impl DatasetLayout {
+    /// Rows of a block of [`DEFAULT_BLOCK_BYTES`] at the dataset's average decoded row width
+    /// (from the footers: the same on every machine), a multiple of 256, at least 256.
+    pub fn default_block_rows(files: &[FileRowGroups]) -> u64 {
+        let rows: u64 = files.iter().flat_map(|f| &f.row_group_rows).sum();
+        let bytes: u64 = files.iter().flat_map(|f| &f.row_group_bytes).sum();
+        let row_bytes = bytes.checked_div(rows).unwrap_or(1).max(1);
+        (DEFAULT_BLOCK_BYTES / row_bytes / 256).max(1) * 256
+    }
+
     /// Cut each row group of `files` (in the order given) into blocks of `block_rows` rows
     /// (the last block of a row group holds what is left).
     pub fn new(files: &[FileRowGroups], block_rows: u64) -> DatasetLayout {
@@ -93,6 +110,11 @@ impl DatasetLayout {
     /// Blocks the dataset is cut into.
     pub fn blocks(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Block `index` (in file order).
+    pub fn block(&self, index: usize) -> RowRange {
+        self.blocks[index].clone()
     }
 
     pub fn block_rows(&self) -> u64 {

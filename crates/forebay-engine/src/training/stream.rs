@@ -21,8 +21,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{ArrowError, SchemaRef};
 use crossbeam_channel::{Receiver, Sender};
 use forebay_parquet::ParquetDataset;
 
@@ -231,6 +231,62 @@ impl Drop for EpochStream {
     }
 }
 
+/// The rows `indices` of `batches`, each column gathered on its own, the columns shared
+/// among the cores (the gather is most of a shuffled stream's work).
+fn permute_columns(
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+    indices: &[(usize, usize)],
+) -> Result<RecordBatch> {
+    let columns = schema.fields().len();
+    if columns == 0 {
+        let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(indices.len()));
+        return RecordBatch::try_new_with_options(schema, Vec::new(), &options)
+            .map_err(assembly_failed);
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(columns)
+        .max(1);
+    let gather = |column: usize| {
+        let sources: Vec<&dyn Array> = batches.iter().map(|b| b.column(column).as_ref()).collect();
+        arrow_select::interleave::interleave(&sources, indices)
+    };
+    let mut gathered: Vec<Option<std::result::Result<ArrayRef, ArrowError>>> =
+        (0..columns).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let chunks: Vec<_> = gathered
+            .chunks_mut(columns.div_ceil(threads))
+            .enumerate()
+            .map(|(i, chunk)| {
+                let first = i * columns.div_ceil(threads);
+                let gather = &gather;
+                scope.spawn(move || {
+                    for (k, slot) in chunk.iter_mut().enumerate() {
+                        *slot = Some(gather(first + k));
+                    }
+                })
+            })
+            .collect();
+        for chunk in chunks {
+            let _ = chunk.join();
+        }
+    });
+    let arrays = gathered
+        .into_iter()
+        .map(|a| {
+            a.unwrap_or_else(|| Err(ArrowError::ComputeError("a gather thread panicked".into())))
+        })
+        .collect::<std::result::Result<Vec<ArrayRef>, ArrowError>>()
+        .map_err(assembly_failed)?;
+    RecordBatch::try_new_with_options(
+        schema,
+        arrays,
+        &arrow_array::RecordBatchOptions::new().with_row_count(Some(indices.len())),
+    )
+    .map_err(assembly_failed)
+}
+
 fn assembly_failed(e: arrow_schema::ArrowError) -> EngineError {
     EngineError::InvalidArgument(format!(
         "training stream: cutting a batch out of its window failed: {e}"
@@ -299,9 +355,7 @@ fn read_window(
         .map(|&row| batch_of_row[row as usize])
         .collect();
     drop(batch_of_row);
-    let sources: Vec<&RecordBatch> = batches.iter().collect();
-    let permuted = arrow_select::interleave::interleave_record_batch(&sources, &indices)
-        .map_err(assembly_failed)?;
+    let permuted = permute_columns(dataset.schema(), &batches, &indices)?;
     let reservation = holder.reserve_batch(&permuted, Admission::Now)?;
     drop(reservations);
     Ok(Window {
