@@ -211,7 +211,9 @@ def main() -> None:
         last = n == len(worlds) - 1
         checkpoint = work / "checkpoint.json"
         start = json.loads(checkpoint.read_text())["step"] if checkpoint.exists() else 0
-        finished = run_world(n, world, work, args.backend, None if last else startup + rng.uniform(0.5, 3.0))
+        finished = run_world(
+            n, world, work, args.backend, None if last else startup + rng.uniform(0.5, 3.0)
+        )
         end = None
         if not finished:
             end = json.loads(checkpoint.read_text())["step"] if checkpoint.exists() else 0
