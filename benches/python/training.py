@@ -72,6 +72,42 @@ def quality_dataset(data_dir: Path) -> Path:
     return out
 
 
+def utf8_copy(directory: Path) -> list[str]:
+    """The files of ``directory`` with their ``string_view`` columns as ``string`` (written
+    once beside it): tpchgen-cli writes views, which Ray Data's local shuffle cannot take
+    (pyarrow has no ``take`` for them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = directory.with_name(directory.name + "-utf8")
+    if not out.exists():
+        tmp = out.with_suffix(".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        for path in sorted(directory.glob("*.parquet")):
+            source = pq.ParquetFile(path)
+            schema = pa.schema(
+                [
+                    f.with_type(pa.string()) if f.type == pa.string_view() else f
+                    for f in source.schema_arrow
+                ]
+            )
+            with pq.ParquetWriter(tmp / path.name, schema) as writer:
+                for rg in range(source.num_row_groups):
+                    writer.write_table(source.read_row_group(rg).cast(schema))
+        tmp.rename(out)
+    return sorted(str(f) for f in out.glob("*.parquet"))
+
+
+def effective_window_rows(files: list[str], args: dict) -> int:
+    """The rows of forebay's shuffle window (its default when --window-rows is not given)."""
+    import forebay
+
+    stream = forebay.read_parquet(files, columns=args.get("columns")).training_stream(
+        args["batch_size"], window_rows=args["window_rows"]
+    )
+    return stream.window_blocks * stream.block_rows
+
+
 # ---------------------------------------------------------------- children
 
 
@@ -189,7 +225,7 @@ def main() -> None:
     p.add_argument("--scale-factor", type=float, default=5)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--window-rows", type=int, default=262_144)
+    p.add_argument("--window-rows", type=int, default=None, help="default: forebay's (64 blocks)")
     p.add_argument("--memory-limit", default="1GiB")
     p.add_argument("--engines", default=None, help="comma-separated subset")
     p.add_argument("--data-dir", type=Path, default=ROOT / "bench-data")
@@ -200,13 +236,14 @@ def main() -> None:
         "memory_limit": a.memory_limit,
     }
     if a.scenario == "throughput":
-        files = sorted(str(f) for f in tpch_lineitem(a.data_dir, a.scale_factor).glob("*.parquet"))
+        files = utf8_copy(tpch_lineitem(a.data_dir, a.scale_factor))
         engines = ["forebay-iter", "forebay-order", "forebay-shuffle", "ray", "polars"]
     else:
         files = sorted(str(f) for f in quality_dataset(a.data_dir).glob("*.parquet"))
         engines = ["forebay-shuffle", "forebay-order", "ray", "hf"]
     if a.engines:
         engines = a.engines.split(",")
+    args["window_rows"] = effective_window_rows(files, args)
     script = str(Path(__file__).resolve())
     results = alternate(
         script, engines, a.rounds, files, a.scenario, json.dumps(files), json.dumps(args)

@@ -12,18 +12,26 @@
 //!                                   │                           rank r takes the r-th b
 //!                                   ▼
 //!                              EpochStream: reads the windows its batches touch (one ahead,
-//!                              in the memory pool), cuts its batches out of them
+//!                              permuted whole, in the memory pool), slices its batches out
 //! ```
 //!
 //! The sequence is a function of (seed, epoch, dataset, block_rows, window_blocks) only, so
 //! the state of a run is where it is in it: (epoch, samples consumed). Every rank saves the
 //! same state; a run resumed with another world size or number of loader workers deals the
 //! rest of the same sequence ([`deal`]), so the ranks together deliver exactly what the
-//! uninterrupted run would have. The Python package keeps that state (`forebay.training`).
+//! uninterrupted run would have. The Python package keeps that state
+//! (`forebay.TrainingStream`, `python/forebay/_training.py`).
 //!
 //! Mixing is bounded by memory: a batch's samples come from the blocks of one window (two at
 //! a window's edge), spread over the whole dataset by the block permutation. Smaller blocks
 //! mix more, and cost more decoding (a block reads the pages holding its rows).
+//!
+//! A rank reads every window its batches touch. Once a window holds more than `world_size`
+//! batches, that is every window: each rank decodes the whole dataset and keeps its share
+//! (the memory is a rank's own windows, but the decoding is not divided by the ranks).
+//! Giving each rank its own blocks would make the order depend on the world size, which the
+//! resume across world sizes rules out; lanes fixed at the first run (as MosaicML's canonical
+//! nodes) would do it and are not built.
 //!
 //! ```no_run
 //! use std::sync::Arc;

@@ -241,6 +241,12 @@ impl EpochOrder {
         &self.block_order[start..end]
     }
 
+    /// Whether samples follow the blocks' rows as read (no shuffle): a window needs no
+    /// permuting.
+    pub fn is_file_order(&self) -> bool {
+        self.shuffle == Shuffle::None
+    }
+
     /// For each sample of `window` (in sequence order), its row among the window's blocks'
     /// rows concatenated.
     pub fn window_permutation(&self, window: usize) -> Vec<u32> {

@@ -6,6 +6,7 @@
 //!                  ──interleave(window permutation), column by column──► the window in
 //!                    sequence order (charged to the pool; the decoded batches let go)
 //!                  ──rendezvous (a channel of capacity 0)──► consumer
+//!                  (in file order, no shuffle: the decoded batches go as they are)
 //!  consumer:       batch i's positions ──► slices of the window (zero-copy; a batch across
 //!                  two windows is the concatenation of two slices)
 //! ```
@@ -35,8 +36,28 @@ use crate::memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, Reservat
 struct Window {
     index: usize,
     positions: Range<u64>,
-    rows: RecordBatch,
-    _reservation: Reservation,
+    /// Its samples in sequence order: one permuted batch, or (in file order) the batches as
+    /// decoded.
+    batches: Vec<RecordBatch>,
+    /// Sample of the window each of `batches` starts at.
+    starts: Vec<u64>,
+    _reservations: Vec<Reservation>,
+}
+
+impl Window {
+    /// Zero-copy slices holding samples `offset..offset + len` of the window.
+    fn slices(&self, offset: u64, len: u64, out: &mut Vec<RecordBatch>) {
+        let end = offset + len;
+        let first = self.starts.partition_point(|&s| s <= offset) - 1;
+        for (batch, &start) in self.batches[first..].iter().zip(&self.starts[first..]) {
+            if start >= end {
+                break;
+            }
+            let from = offset.max(start);
+            let to = end.min(start + batch.num_rows() as u64);
+            out.push(batch.slice((from - start) as usize, (to - from) as usize));
+        }
+    }
 }
 
 /// One consumer's batches of one epoch, from a position in it (see the module docs).
@@ -180,8 +201,7 @@ impl EpochStream {
                 let w = self.order.window_of(p);
                 let window_end = self.order.window_positions(w).end.min(range.end);
                 let window = self.window(w)?;
-                let offset = (p - window.positions.start) as usize;
-                pieces.push(window.rows.slice(offset, (window_end - p) as usize));
+                window.slices(p - window.positions.start, window_end - p, &mut pieces);
                 p = window_end;
             }
         }
@@ -289,7 +309,8 @@ fn permute_columns(
 
 fn assembly_failed(e: arrow_schema::ArrowError) -> EngineError {
     EngineError::InvalidArgument(format!(
-        "training stream: cutting a batch out of its window failed: {e}"
+        "training stream: putting a window in order, or joining the two windows a batch \
+         spans, failed: {e}"
     ))
 }
 
@@ -322,6 +343,7 @@ fn read_window(
     let positions = order.window_positions(index);
     let mut batches = Vec::new();
     let mut reservations = Vec::new();
+    let mut starts = Vec::new();
     let mut rows = 0u64;
     for batch in dataset.scan_row_ranges(order.window_blocks(index)) {
         let batch = batch?.batch;
@@ -332,6 +354,7 @@ fn read_window(
         // windows alive, and `start` checked that they fit (waiting here for room the
         // window's own first batches take could never end).
         reservations.push(holder.reserve_batch(&batch, Admission::Now)?);
+        starts.push(rows);
         rows += batch.num_rows() as u64;
         batches.push(batch);
     }
@@ -342,6 +365,15 @@ fn read_window(
              promise {expected} (did the files change while the stream ran?)",
             order.epoch()
         )));
+    }
+    if order.is_file_order() {
+        return Ok(Window {
+            index,
+            positions,
+            batches,
+            starts,
+            _reservations: reservations,
+        });
     }
     cancel.check()?;
     // (batch, row) of each sample, in sequence order.
@@ -361,7 +393,8 @@ fn read_window(
     Ok(Window {
         index,
         positions,
-        rows: permuted,
-        _reservation: reservation,
+        batches: vec![permuted],
+        starts: vec![0],
+        _reservations: vec![reservation],
     })
 }

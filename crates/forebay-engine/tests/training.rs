@@ -1,0 +1,147 @@
+//! Training streams read from real files: the batches of all ranks are the epoch's
+//! sequence, a stream dropped part way stops its reader, a file that changed under a stream
+//! is an error, and the windows are charged to the pool.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{Array, Int64Array, RecordBatch};
+use forebay_engine::training::{DatasetLayout, EpochOrder, EpochStream, Remainder, Share, Shuffle};
+use forebay_engine::MemoryPool;
+use forebay_parquet::{DatasetSource, ParquetDataset};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+
+use common::batch_of;
+
+/// Files of 1,000 rows numbered in file order, row groups of 300.
+fn write_files(dir: &std::path::Path, files: i64) {
+    for f in 0..files {
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(300))
+            .build();
+        let file = std::fs::File::create(dir.join(format!("part-{f}.parquet"))).unwrap();
+        let mut writer = ArrowWriter::try_new(file, common::schema(), Some(props)).unwrap();
+        writer.write(&batch_of(f * 1000..(f + 1) * 1000)).unwrap();
+        writer.close().unwrap();
+    }
+}
+
+fn open(dir: &std::path::Path) -> ParquetDataset {
+    ParquetDataset::builder(DatasetSource::uris([dir.display().to_string()]))
+        .for_row_ranges()
+        .build()
+        .unwrap()
+}
+
+fn values(batch: &RecordBatch) -> Vec<i64> {
+    let x = batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    x.values().to_vec()
+}
+
+fn share(world_size: u64, rank: u64) -> Share {
+    Share {
+        world_size,
+        rank,
+        workers: 1,
+        worker: 0,
+        batch_size: 50,
+        remainder: Remainder::Drop,
+    }
+}
+
+#[test]
+fn ranks_together_deliver_the_epoch_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), 3);
+    let dataset = open(dir.path());
+    let layout = Arc::new(DatasetLayout::new(&dataset.row_group_layout().unwrap(), 64));
+    let order = Arc::new(EpochOrder::new(layout, 5, Shuffle::Seeded(3), 0));
+    let pool = MemoryPool::new(64 << 20);
+    let one = EpochStream::start(dataset.clone(), order.clone(), share(1, 0), 0, &pool).unwrap();
+    let sequence: Vec<i64> = one.flat_map(|b| values(&b.unwrap())).collect();
+    let mut sorted = sequence.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..3000).collect::<Vec<_>>());
+
+    let ranks: Vec<Vec<Vec<i64>>> = (0..3)
+        .map(|r| {
+            EpochStream::start(dataset.clone(), order.clone(), share(3, r), 0, &pool)
+                .unwrap()
+                .map(|b| values(&b.unwrap()))
+                .collect()
+        })
+        .collect();
+    let steps = ranks[0].len();
+    assert_eq!(steps, 3000 / 150);
+    let dealt: Vec<i64> = (0..steps)
+        .flat_map(|k| ranks.iter().flat_map(move |r| r[k].clone()))
+        .collect();
+    assert_eq!(dealt, sequence[..dealt.len()]);
+    assert!(pool.peak() > 0, "the windows were charged to the pool");
+    assert_eq!(pool.used(), 0, "and let go");
+}
+
+#[test]
+fn a_stream_dropped_part_way_stops_its_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), 4);
+    let dataset = open(dir.path());
+    let layout = Arc::new(DatasetLayout::new(&dataset.row_group_layout().unwrap(), 32));
+    let order = Arc::new(EpochOrder::new(layout, 4, Shuffle::Seeded(1), 0));
+    let pool = MemoryPool::new(64 << 20);
+    let mut stream = EpochStream::start(dataset, order, share(1, 0), 0, &pool).unwrap();
+    stream.next().unwrap().unwrap();
+    let started = Instant::now();
+    drop(stream);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(pool.used(), 0);
+}
+
+#[test]
+fn a_file_rewritten_under_the_stream_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), 2);
+    let dataset = open(dir.path());
+    let layout = Arc::new(DatasetLayout::new(
+        &dataset.row_group_layout().unwrap(),
+        100,
+    ));
+    let order = Arc::new(EpochOrder::new(layout, 3, Shuffle::Seeded(2), 0));
+    // The second file loses rows after the layout was read.
+    let props = WriterProperties::builder().build();
+    let file = std::fs::File::create(dir.path().join("part-1.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, common::schema(), Some(props)).unwrap();
+    writer.write(&batch_of(0..10)).unwrap();
+    writer.close().unwrap();
+    let pool = MemoryPool::new(64 << 20);
+    let stream = EpochStream::start(dataset, order, share(1, 0), 0, &pool).unwrap();
+    let results: Vec<_> = stream.collect();
+    let error = results
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("an error");
+    assert!(error.to_string().contains("part-1.parquet"), "{error}");
+}
+
+#[test]
+fn windows_that_do_not_fit_the_limit_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), 2);
+    let dataset = open(dir.path());
+    let layout = Arc::new(DatasetLayout::new(
+        &dataset.row_group_layout().unwrap(),
+        100,
+    ));
+    let order = Arc::new(EpochOrder::new(layout, 20, Shuffle::Seeded(2), 0));
+    let error = EpochStream::start(dataset, order, share(1, 0), 0, &MemoryPool::new(20_000))
+        .err()
+        .expect("refused");
+    assert!(error.to_string().contains("window_rows"), "{error}");
+}
