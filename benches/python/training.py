@@ -11,12 +11,12 @@ Scenarios:
               the consumer doing nothing: forebay's iter_batches (no shuffle, the reference),
               forebay's training_stream in file order and shuffled (window --window-rows),
               Ray Data's iter_batches with randomize_block_order and a local shuffle buffer of
-              2 x --window-rows rows (forebay holds two windows: the one consumed and the one
-              read ahead), polars' iteration (no shuffle).
+              3 x forebay's window (forebay holds up to three windows: the one consumed, the
+              one read ahead and its shuffled copy), polars' iteration (no shuffle).
   quality     a dataset sorted by label and file (16 files x 262,144 rows, row groups of
               65,536; a ``label`` of 100 values increasing with the row): one epoch per
               engine (forebay shuffled, file order, Ray's and Hugging Face's buffer
-              shuffles at 2 x --window-rows rows), scored by shuffle_quality.py.
+              shuffles at 3 x forebay's window), scored by shuffle_quality.py.
 
 Every run is a fresh subprocess after the files were read once (measure.alternate: engines
 alternate, rotating which goes first); memory is the rise of system-wide used memory.
@@ -32,7 +32,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import SystemMemorySampler, alternate, median_of, peak_rss_mb, tpch_lineitem
+from measure import (
+    SystemMemorySampler,
+    alternate,
+    median_of,
+    peak_rss_mb,
+    process_cpu_seconds,
+    tpch_lineitem,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -146,7 +153,7 @@ def batches_of(engine: str, files: list[str], batch_size: int, window_rows: int,
         return ds.iter_batches(
             batch_size=batch_size,
             batch_format="pyarrow",
-            local_shuffle_buffer_size=2 * window_rows,
+            local_shuffle_buffer_size=3 * window_rows,
             local_shuffle_seed=1,
         )
     if engine == "hf":
@@ -156,7 +163,7 @@ def batches_of(engine: str, files: list[str], batch_size: int, window_rows: int,
         ds = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
         if columns:
             ds = ds.select_columns(columns)
-        ds = ds.shuffle(seed=1, buffer_size=2 * window_rows).with_format("arrow")
+        ds = ds.shuffle(seed=1, buffer_size=3 * window_rows).with_format("arrow")
         return ds.iter(batch_size=batch_size)
     raise ValueError(engine)
 
@@ -173,6 +180,7 @@ def child(kind: str, engine: str, files: list[str], args: dict) -> dict:
     kept = []
     with SystemMemorySampler() as memory:
         start = time.perf_counter()
+        cpu_start = process_cpu_seconds()
         rows = 0
         for batch in batches_of(engine, files, batch_size, window_rows, columns):
             if isinstance(batch, pa.Table):
@@ -189,10 +197,13 @@ def child(kind: str, engine: str, files: list[str], args: dict) -> dict:
             if kind == "quality":
                 kept.append(batch.select(["pos", "file", "row_group", "label"]))
         wall = time.perf_counter() - start
+        cpu = process_cpu_seconds() - cpu_start
     result = {
         "rows": rows,
         "wall_s": round(wall, 3),
         "rows_per_s": round(rows / wall),
+        # This process's threads only (not Ray's workers).
+        "cpu_s": round(cpu, 2),
         "mem_rise_mb": round(memory.rise_mb, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }

@@ -97,7 +97,10 @@ class TrainingStream:
         if window_rows is None:
             self.window_blocks = _forebay.TRAINING_WINDOW_BLOCKS
         else:
-            self.window_blocks = max(1, -(-window_rows // self.block_rows))
+            # Blocks at the ends of row groups are shorter: count by the average block, so
+            # that window_rows >= the dataset's rows makes one window (a uniform shuffle).
+            rows, blocks = self._layout.rows(), self._layout.blocks()
+            self.window_blocks = max(1, -(-window_rows * blocks // max(rows, 1)))
         self.epoch = 0
         self._consumed = 0
 

@@ -384,3 +384,18 @@ def test_torch_loader_with_workers_resumes_with_other_workers_and_ranks(tmp_path
         del iterators
     assert delivered == reference[: len(delivered)]
     assert len(reference) - len(delivered) < 4
+
+
+def test_a_window_of_the_whole_dataset_shuffles_it_uniformly(tmp_path):
+    (tmp_path / "data").mkdir()
+    for f in range(4):  # four sorted files of uneven row groups
+        ids = np.arange(f * 5000, (f + 1) * 5000)
+        pq.write_table(
+            pa.table({"id": ids}), tmp_path / "data" / f"{f}.parquet", row_group_size=1700
+        )
+    ds = forebay.read_parquet(tmp_path / "data")
+    stream = ds.training_stream(100, seed=4, block_rows=256, window_rows=20_000)
+    first = [i for _, b in zip(range(20), stream, strict=False) for i in b.column("id").to_pylist()]
+    shares = np.bincount(np.array(first) // 5000, minlength=4) / len(first)
+    # 2,000 samples: each file's share within 5 standard deviations (~0.05) of a quarter.
+    assert np.all(np.abs(shares - 0.25) < 0.05), shares

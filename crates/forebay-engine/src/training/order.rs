@@ -5,7 +5,9 @@
 //!  dataset, in file order:  [rg 0 of file 0: b0 b1 b2][rg 1: b3 b4][file 1 rg 0: b5 b6 b7]...
 //!                            blocks: runs of ≤ block_rows rows of one row group
 //!  block permutation (seed, epoch):     b6 b1 b4 │ b0 b7 b3 │ b5 b2 ...
-//!  windows of window_blocks blocks:     window 0 │ window 1 │ window 2
+//!  windows of ≤ window_blocks blocks:   window 0 │ window 1 │ window 2
+//!  (as few as that allows, sizes within one block of each other: no small last window
+//!   whose batches would all come from a few blocks)
 //!  rows of a window (its blocks' rows, in the permuted block order), permuted by
 //!  (seed, epoch, window): the window's slice of the epoch's sample sequence
 //! ```
@@ -148,7 +150,9 @@ pub struct EpochOrder {
     layout: Arc<DatasetLayout>,
     shuffle: Shuffle,
     epoch: u64,
-    window_blocks: usize,
+    /// Index in `block_order` of each window's first block; one more entry holds the
+    /// number of blocks.
+    window_first_blocks: Vec<usize>,
     /// Block indices in the epoch's order.
     block_order: Vec<u32>,
     /// Position of each window's first sample; one more entry holds the epoch's rows.
@@ -162,15 +166,19 @@ impl EpochOrder {
         shuffle: Shuffle,
         epoch: u64,
     ) -> EpochOrder {
-        let window_blocks = window_blocks.max(1);
         let n = layout.blocks.len() as u64;
+        let windows = (n as usize).div_ceil(window_blocks.max(1));
+        let window_first_blocks: Vec<usize> = (0..=windows)
+            .map(|t| t * n as usize / windows.max(1))
+            .collect();
         let block_order = match shuffle {
             Shuffle::None => (0..n as u32).collect(),
             Shuffle::Seeded(seed) => permutation(n, &mut generator(seed, epoch, 0)),
         };
-        let mut window_starts = Vec::with_capacity(block_order.len() / window_blocks + 2);
+        let mut window_starts = Vec::with_capacity(windows + 1);
         let mut position = 0u64;
-        for window in block_order.chunks(window_blocks) {
+        for bounds in window_first_blocks.windows(2) {
+            let window = &block_order[bounds[0]..bounds[1]];
             window_starts.push(position);
             position += window
                 .iter()
@@ -185,7 +193,7 @@ impl EpochOrder {
             layout,
             shuffle,
             epoch,
-            window_blocks,
+            window_first_blocks,
             block_order,
             window_starts,
         }
@@ -236,9 +244,7 @@ impl EpochOrder {
     }
 
     fn block_indices(&self, window: usize) -> &[u32] {
-        let start = window * self.window_blocks;
-        let end = (start + self.window_blocks).min(self.block_order.len());
-        &self.block_order[start..end]
+        &self.block_order[self.window_first_blocks[window]..self.window_first_blocks[window + 1]]
     }
 
     /// Whether samples follow the blocks' rows as read (no shuffle): a window needs no
@@ -358,6 +364,16 @@ mod tests {
     }
 
     #[test]
+    fn windows_are_as_even_as_the_blocks_allow() {
+        let layout = Arc::new(DatasetLayout::new(&files(&[&[10; 19]]), 10));
+        let order = EpochOrder::new(layout, 6, Shuffle::Seeded(1), 0);
+        let sizes: Vec<u64> = (0..order.windows())
+            .map(|w| order.window_positions(w).end - order.window_positions(w).start)
+            .collect();
+        assert_eq!(sizes, vec![40, 50, 50, 50]); // not 60, 60, 60, 10
+    }
+
+    #[test]
     fn no_shuffle_is_file_order() {
         let layout = Arc::new(DatasetLayout::new(&files(&[&[5, 2], &[3]]), 2));
         let order = EpochOrder::new(layout, 2, Shuffle::None, 3);
@@ -394,10 +410,10 @@ mod tests {
         let pinned = [
             (0, 0, 2),
             (1, 0, 1),
-            (1, 0, 0),
             (0, 1, 1),
-            (0, 0, 1),
+            (1, 0, 0),
             (0, 1, 0),
+            (0, 0, 1),
         ];
         assert_eq!(sequence(&order)[..6], pinned[..]);
     }
