@@ -39,6 +39,7 @@ from ._forebay import (
     WorkerDiedError,
     WriteError,
 )
+from ._mix import MixedStream, mix
 from ._spill import RemoteSpillTarget, SpillArea
 from ._store import ObjectRef, ObjectStore, ObjectWriter
 from ._training import TrainingStream
@@ -56,6 +57,7 @@ __all__ = [
     "ForebayError",
     "InvalidFilterError",
     "MemoryLimitExceeded",
+    "MixedStream",
     "ObjectNotFoundError",
     "ObjectRef",
     "ObjectStore",
@@ -73,5 +75,6 @@ __all__ = [
     "WorkerDiedError",
     "WriteError",
     "configure",
+    "mix",
     "read_parquet",
 ]

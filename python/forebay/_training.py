@@ -239,6 +239,23 @@ class TrainingStream:
         else:
             self._consumed += batches * self.world_size * self.batch_size
 
+    def _source_reader(self, epoch: int, first_batch: int) -> _forebay.RsEpochStream:
+        """Every full batch of ``epoch`` from batch ``first_batch`` on, as one rank of one
+        would read them (what a mix draws from)."""
+        return self._layout.epoch(
+            epoch,
+            self.seed,
+            self.window_blocks,
+            1,
+            0,
+            1,
+            0,
+            self.batch_size,
+            False,
+            first_batch * self.batch_size,
+            _config.settings()["memory_limit"],
+        )
+
     def _epoch_stream(
         self, epoch: int, consumed: int, *, worker: int, workers: int
     ) -> _forebay.RsEpochStream:

@@ -399,3 +399,88 @@ def test_a_window_of_the_whole_dataset_shuffles_it_uniformly(tmp_path):
     shares = np.bincount(np.array(first) // 5000, minlength=4) / len(first)
     # 2,000 samples: each file's share within 5 standard deviations (~0.05) of a quarter.
     assert np.all(np.abs(shares - 0.25) < 0.05), shares
+
+
+def mix_of(ds_a, ds_b, world, rank, weights=(0.7, 0.3), seed=5):
+    order = {"block_rows": 50, "window_rows": 200}
+    a = ds_a.training_stream(8, seed=1, world_size=world, rank=rank, **order)
+    b = ds_b.training_stream(8, seed=2, world_size=world, rank=rank, **order)
+    return forebay.mix([a, b], weights=list(weights), seed=seed), a, b
+
+
+def two_datasets(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pq.write_table(
+        pa.table({"id": np.arange(0, 700)}), tmp_path / "a" / "a.parquet", row_group_size=130
+    )
+    pq.write_table(
+        pa.table({"id": np.arange(10_000, 10_250)}), tmp_path / "b" / "b.parquet", row_group_size=90
+    )
+    return forebay.read_parquet(tmp_path / "a"), forebay.read_parquet(tmp_path / "b")
+
+
+def test_a_mix_draws_by_weight_and_each_source_keeps_its_own_order(tmp_path):
+    ds_a, ds_b = two_datasets(tmp_path)
+    mixed, _a, b = mix_of(ds_a, ds_b, 1, 0)
+    batches = [bt.column("id").to_pylist() for bt in itertools.islice(mixed, 1500)]
+    from_a = [x for x in batches if x[0] < 10_000]
+    from_b = [x for x in batches if x[0] >= 10_000]
+    assert all(all(i < 10_000 for i in x) for x in from_a), "a batch comes whole from a source"
+    assert abs(len(from_a) / 1500 - 0.7) < 3 * (0.21 / 1500) ** 0.5 + 0.01
+    # Source b's batches, in the mix's order, are b's own epochs one after another
+    # (b has 250 rows: 31 full batches an epoch; the mix went through several of them).
+    own = []
+    for epoch in range(len(from_b) // 31 + 1):
+        b.set_epoch(epoch)
+        own += [x.column("id").to_pylist() for x in b]
+    assert from_b == own[: len(from_b)]
+    assert mixed.state_dict()["counts"] == [len(from_a), len(from_b)]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_a_mix_resumes_with_other_world_sizes(tmp_path, case):
+    rng = random.Random(500 + case)
+    ds_a, ds_b = two_datasets(tmp_path)
+    reference = [
+        bt.column("id").to_pylist() for bt in itertools.islice(mix_of(ds_a, ds_b, 1, 0)[0], 600)
+    ]
+    delivered, state = [], None
+    while len(delivered) < 300:
+        world = rng.randint(1, 5)
+        ranks = [mix_of(ds_a, ds_b, world, r)[0] for r in range(world)]
+        for m in ranks:
+            if state:
+                m.load_state_dict(state)
+        iterators = [iter(m) for m in ranks]
+        for _ in range(rng.randint(0, 40)):
+            for it in iterators:
+                delivered.append(next(it).column("id").to_pylist())
+        for it in iterators:
+            it.close()
+        states = [m.state_dict() for m in ranks]
+        assert all(s == states[0] for s in states)
+        state = states[0]
+    assert delivered == reference[: len(delivered)]
+
+
+def test_mix_arguments_and_states_are_checked(tmp_path):
+    ds_a, ds_b = two_datasets(tmp_path)
+    a = ds_a.training_stream(8, seed=1)
+    with pytest.raises(ValueError, match="one weight per stream"):
+        forebay.mix([a], weights=[0.5, 0.5])
+    with pytest.raises(ValueError, match="non-negative"):
+        forebay.mix([a, ds_b.training_stream(8)], weights=[1, -1])
+    with pytest.raises(ValueError, match="same batch_size"):
+        forebay.mix([a, ds_b.training_stream(16)], weights=[1, 1])
+    with pytest.raises(TypeError, match="training streams"):
+        forebay.mix([a, ds_b], weights=[1, 1])
+    mixed, _, _ = mix_of(ds_a, ds_b, 2, 0)
+    it = iter(mixed)
+    next(it)
+    state = mixed.state_dict()
+    other, _, _ = mix_of(ds_a, ds_b, 2, 0, weights=(0.5, 0.5))
+    with pytest.raises(ValueError, match="other weights"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="inconsistent"):
+        mix_of(ds_a, ds_b, 2, 0)[0].load_state_dict({**state, "counts": [0, 0]})
