@@ -81,6 +81,8 @@ class MixedStream:
         self.streams = streams
         self.weights = [float(x) for x in weights]
         self.seed = integer("seed", seed, minimum=0)
+        if self.seed >= 2**64:
+            raise ValueError(f"seed must be below 2**64, not {self.seed}")
         self._cumulative = np.cumsum(w / w.sum())
         self.batch_size = first.batch_size
         self.world_size, self.rank = first.world_size, first.rank
@@ -128,22 +130,20 @@ class MixedStream:
                 g = self._consumed
                 sources = _draws(self.seed, g, _CHUNK * world, self._cumulative).tolist()
                 for step in range(_CHUNK):
-                    counts = self._counts
-                    mine = None
+                    counts = list(self._counts)
+                    s, k = sources[step * world + rank], 0
                     for i in range(step * world, (step + 1) * world):
-                        s = sources[i]
-                        if i % world == rank:
-                            mine = (s, counts[s])
-                        counts[s] += 1
-                    assert mine is not None
-                    s, k = mine
+                        if i == step * world + rank:
+                            k = counts[sources[i]]
+                        counts[sources[i]] += 1
                     reader = readers.get(s)
                     if reader is None or not reader.can_reach(k):
                         if reader is not None:
                             reader.close()
                         reader = readers[s] = _SourceReader(self.streams[s], k)
                     batch = reader.take(k)
-                    self._consumed = g + (step + 1) * world
+                    # The step is taken (by every rank): the state moves past it.
+                    self._consumed, self._counts = g + (step + 1) * world, counts
                     yield batch
         finally:
             for reader in readers.values():

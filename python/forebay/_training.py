@@ -240,35 +240,32 @@ class TrainingStream:
             self._consumed += batches * self.world_size * self.batch_size
 
     def _source_reader(self, epoch: int, first_batch: int) -> _forebay.RsEpochStream:
-        """Every full batch of ``epoch`` from batch ``first_batch`` on, as one rank of one
-        would read them (what a mix draws from)."""
-        return self._layout.epoch(
-            epoch,
-            self.seed,
-            self.window_blocks,
-            1,
-            0,
-            1,
-            0,
-            self.batch_size,
-            False,
-            first_batch * self.batch_size,
-            _config.settings()["memory_limit"],
-        )
+        """Every full batch of ``epoch`` from batch ``first_batch`` on, as the one rank of a
+        world of one would read them (what a mix draws from)."""
+        return self._epoch_stream(epoch, first_batch * self.batch_size, single_rank=True)
 
     def _epoch_stream(
-        self, epoch: int, consumed: int, *, worker: int, workers: int
+        self,
+        epoch: int,
+        consumed: int,
+        *,
+        worker: int = 0,
+        workers: int = 1,
+        single_rank: bool = False,
     ) -> _forebay.RsEpochStream:
+        world_size, rank, pad = (
+            (1, 0, False) if single_rank else (self.world_size, self.rank, self.remainder == "pad")
+        )
         return self._layout.epoch(
             epoch,
             self.seed,
             self.window_blocks,
-            self.world_size,
-            self.rank,
+            world_size,
+            rank,
             workers,
             worker,
             self.batch_size,
-            self.remainder == "pad",
+            pad,
             consumed,
             _config.settings()["memory_limit"],
         )

@@ -199,10 +199,6 @@ impl EpochOrder {
         }
     }
 
-    pub fn layout(&self) -> &Arc<DatasetLayout> {
-        &self.layout
-    }
-
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -226,13 +222,24 @@ impl EpochOrder {
         self.window_starts[window]..self.window_starts[window + 1]
     }
 
-    /// The blocks of `window`, in the order their rows are concatenated before the window's
-    /// permutation.
+    /// The row ranges of `window`'s blocks, in the order their rows are concatenated before
+    /// the window's permutation; blocks that follow each other in their row group are one
+    /// range (in file order, whole row groups: read by forebay's own decoders).
     pub fn window_blocks(&self, window: usize) -> Vec<RowRange> {
-        self.block_indices(window)
-            .iter()
-            .map(|&b| self.layout.blocks[b as usize].clone())
-            .collect()
+        let mut ranges: Vec<RowRange> = Vec::new();
+        for &b in self.block_indices(window) {
+            let block = &self.layout.blocks[b as usize];
+            match ranges.last_mut() {
+                Some(last)
+                    if (last.file_index, last.row_group) == (block.file_index, block.row_group)
+                        && last.rows.end == block.rows.start =>
+                {
+                    last.rows.end = block.rows.end;
+                }
+                _ => ranges.push(block.clone()),
+            }
+        }
+        ranges
     }
 
     /// Estimated decoded bytes of `window`.

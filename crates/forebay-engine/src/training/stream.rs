@@ -161,11 +161,6 @@ impl EpochStream {
         self.batches == 0
     }
 
-    /// Batches yielded so far.
-    pub fn yielded(&self) -> u64 {
-        self.next_batch
-    }
-
     fn window(&mut self, index: usize) -> Result<&Window> {
         if self.current.as_ref().map(|w| w.index) != Some(index) {
             self.current = None; // let it go before the next one is taken
