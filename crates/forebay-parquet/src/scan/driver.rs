@@ -200,22 +200,31 @@ pub(super) async fn drive(
                 return;
             }
         }
-        let Some(front) = in_flight.front_mut() else {
+        if !forward_next(&mut in_flight, &out).await {
             return;
-        };
-        match front.recv().await {
-            Some(Ok(batch)) => {
-                if out.send(Ok(batch)).await.is_err() {
-                    return; // consumer gone: dropping the receivers cancels the units
-                }
-            }
-            Some(Err(err)) => {
-                let _ = out.send(Err(err)).await;
-                return;
-            }
-            None => {
-                in_flight.pop_front();
-            }
+        }
+    }
+}
+
+/// Forward the next batch of the oldest unit in flight (or let that unit go when it is
+/// done). False when the scan ends: nothing in flight, an error forwarded, or the consumer
+/// gone (dropping the receivers then cancels the units).
+pub(super) async fn forward_next(
+    in_flight: &mut VecDeque<mpsc::Receiver<BatchResult>>,
+    out: &mpsc::Sender<BatchResult>,
+) -> bool {
+    let Some(front) = in_flight.front_mut() else {
+        return false;
+    };
+    match front.recv().await {
+        Some(Ok(batch)) => out.send(Ok(batch)).await.is_ok(),
+        Some(Err(err)) => {
+            let _ = out.send(Err(err)).await;
+            false
+        }
+        None => {
+            in_flight.pop_front();
+            true
         }
     }
 }

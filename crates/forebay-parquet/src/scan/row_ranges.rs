@@ -28,7 +28,7 @@ use parquet::basic::Type as PhysicalType;
 use parquet::file::metadata::ColumnChunkMetaData;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::driver::run_unit;
+use super::driver::{forward_next, run_unit};
 use super::footer::FOOTER_CONCURRENCY;
 use super::stream::BatchResult;
 use super::{DatasetInner, ParquetDataset, ScanStream, Unit};
@@ -190,22 +190,8 @@ async fn drive_ranges(
                 }
             }
         }
-        let Some(front) = in_flight.front_mut() else {
+        if !forward_next(&mut in_flight, &out).await {
             return;
-        };
-        match front.recv().await {
-            Some(Ok(batch)) => {
-                if out.send(Ok(batch)).await.is_err() {
-                    return; // consumer gone: dropping the receivers cancels the units
-                }
-            }
-            Some(Err(err)) => {
-                let _ = out.send(Err(err)).await;
-                return;
-            }
-            None => {
-                in_flight.pop_front();
-            }
         }
     }
 }
