@@ -36,6 +36,30 @@ fn open(dir: &std::path::Path) -> ParquetDataset {
         .unwrap()
 }
 
+/// `files` files written under a new directory, opened for row ranges, and the order of
+/// epoch 0 with blocks of `block_rows` and windows of `window_blocks` (seed `seed`).
+fn dataset_and_order(
+    files: i64,
+    block_rows: u64,
+    window_blocks: usize,
+    seed: u64,
+) -> (tempfile::TempDir, ParquetDataset, Arc<EpochOrder>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), files);
+    let dataset = open(dir.path());
+    let layout = Arc::new(DatasetLayout::new(
+        &dataset.row_group_layout().unwrap(),
+        block_rows,
+    ));
+    let order = Arc::new(EpochOrder::new(
+        layout,
+        window_blocks,
+        Shuffle::Seeded(seed),
+        0,
+    ));
+    (dir, dataset, order)
+}
+
 fn values(batch: &RecordBatch) -> Vec<i64> {
     let x = batch
         .column(0)
@@ -58,11 +82,7 @@ fn share(world_size: u64, rank: u64) -> Share {
 
 #[test]
 fn ranks_together_deliver_the_epoch_sequence() {
-    let dir = tempfile::tempdir().unwrap();
-    write_files(dir.path(), 3);
-    let dataset = open(dir.path());
-    let layout = Arc::new(DatasetLayout::new(&dataset.row_group_layout().unwrap(), 64));
-    let order = Arc::new(EpochOrder::new(layout, 5, Shuffle::Seeded(3), 0));
+    let (_dir, dataset, order) = dataset_and_order(3, 64, 5, 3);
     let pool = MemoryPool::new(64 << 20);
     let one = EpochStream::start(dataset.clone(), order.clone(), share(1, 0), 0, &pool).unwrap();
     let sequence: Vec<i64> = one.flat_map(|b| values(&b.unwrap())).collect();
@@ -90,11 +110,7 @@ fn ranks_together_deliver_the_epoch_sequence() {
 
 #[test]
 fn a_stream_dropped_part_way_stops_its_reader() {
-    let dir = tempfile::tempdir().unwrap();
-    write_files(dir.path(), 4);
-    let dataset = open(dir.path());
-    let layout = Arc::new(DatasetLayout::new(&dataset.row_group_layout().unwrap(), 32));
-    let order = Arc::new(EpochOrder::new(layout, 4, Shuffle::Seeded(1), 0));
+    let (_dir, dataset, order) = dataset_and_order(4, 32, 4, 1);
     let pool = MemoryPool::new(64 << 20);
     let mut stream = EpochStream::start(dataset, order, share(1, 0), 0, &pool).unwrap();
     stream.next().unwrap().unwrap();
@@ -106,14 +122,7 @@ fn a_stream_dropped_part_way_stops_its_reader() {
 
 #[test]
 fn a_file_rewritten_under_the_stream_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    write_files(dir.path(), 2);
-    let dataset = open(dir.path());
-    let layout = Arc::new(DatasetLayout::new(
-        &dataset.row_group_layout().unwrap(),
-        100,
-    ));
-    let order = Arc::new(EpochOrder::new(layout, 3, Shuffle::Seeded(2), 0));
+    let (dir, dataset, order) = dataset_and_order(2, 100, 3, 2);
     // The second file loses rows after the layout was read.
     let props = WriterProperties::builder().build();
     let file = std::fs::File::create(dir.path().join("part-1.parquet")).unwrap();
@@ -132,14 +141,7 @@ fn a_file_rewritten_under_the_stream_is_an_error() {
 
 #[test]
 fn windows_that_do_not_fit_the_limit_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    write_files(dir.path(), 2);
-    let dataset = open(dir.path());
-    let layout = Arc::new(DatasetLayout::new(
-        &dataset.row_group_layout().unwrap(),
-        100,
-    ));
-    let order = Arc::new(EpochOrder::new(layout, 20, Shuffle::Seeded(2), 0));
+    let (_dir, dataset, order) = dataset_and_order(2, 100, 20, 2);
     let error = EpochStream::start(dataset, order, share(1, 0), 0, &MemoryPool::new(20_000))
         .err()
         .expect("refused");
