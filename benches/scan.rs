@@ -48,7 +48,10 @@ fn write_dataset(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 fn scan_rows(ds: &ParquetDataset) -> usize {
-    ds.scan().map(|b| b.unwrap().batch.num_rows()).sum()
+    ds.scan()
+        .blocking_iter()
+        .map(|b| b.unwrap().batch.num_rows())
+        .sum()
 }
 
 fn benches(c: &mut Criterion) {

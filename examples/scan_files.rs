@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let dataset = builder.build()?;
         let start = Instant::now();
         let mut rows = 0;
-        for batch in dataset.scan() {
+        for batch in dataset.scan().blocking_iter() {
             rows += batch?.batch.num_rows();
         }
         let secs = start.elapsed().as_secs_f64();

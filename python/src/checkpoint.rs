@@ -145,7 +145,11 @@ impl RsCheckpointIndex {
             Some(n) => n,
             None => self.read()?.threads(),
         };
-        let input = dataset.dataset.scan().map(|item| item.map(|b| b.batch));
+        let input = dataset
+            .dataset
+            .scan()
+            .blocking_iter()
+            .map(|item| item.map(|b| b.batch));
         Ok(RsFilteredIter {
             batches: std::sync::Mutex::new(Some(filter_in_parallel(
                 self.index.clone(),

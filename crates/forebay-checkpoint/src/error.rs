@@ -93,4 +93,30 @@ pub enum CheckpointError {
     /// A configuration value is not usable.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// The blocking task an async call ran on (`load_async`, `write_async`) panicked or was
+    /// cancelled with its runtime.
+    #[error("{what}: {reason}")]
+    Task { what: String, reason: String },
+}
+
+impl CheckpointError {
+    /// The error of an async call whose blocking task did not finish.
+    pub(crate) fn task(what: impl Into<String>, err: tokio::task::JoinError) -> Self {
+        let reason = if err.is_panic() {
+            let panic = err.into_panic();
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            format!("internal error: {message}")
+        } else {
+            "cancelled (its runtime shut down)".into()
+        };
+        CheckpointError::Task {
+            what: what.into(),
+            reason,
+        }
+    }
 }

@@ -31,6 +31,8 @@ pub struct CheckpointLoader {
     num_shards: Option<usize>,
     shards: Option<Vec<usize>>,
     storage_options: StorageOptions,
+    /// The directory when the caller opened it (`loader_in`), else opened from `path`.
+    dir: Option<Dir>,
     threads: usize,
 }
 
@@ -44,8 +46,18 @@ impl CheckpointIndex {
             num_shards: None,
             shards: None,
             storage_options: StorageOptions::new(),
+            dir: None,
             threads: default_threads(),
         }
+    }
+
+    /// Load the ids in column `id_column` of the checkpoint in `dir`, a directory the caller
+    /// opened: a local one, or a prefix of a store it built ([`Dir::remote`]). Unlike
+    /// [`loader`](Self::loader), `dir` must be a directory (or prefix), not a file or glob.
+    pub fn loader_in(dir: Dir, id_column: impl Into<String>) -> CheckpointLoader {
+        let mut loader = Self::loader(dir.root_uri(), id_column);
+        loader.dir = Some(dir);
+        loader
     }
 }
 
@@ -95,9 +107,85 @@ impl CheckpointLoader {
         }
     }
 
+    /// [`load`](Self::load) for async callers: the requests, decoding and hashing run on
+    /// the runtime's blocking threads (and the scan on forebay's runtime: a host's, given to
+    /// `forebay_io::use_host_runtime`), never on the caller's task.
+    ///
+    /// ```no_run
+    /// # async fn run(store: std::sync::Arc<dyn object_store::ObjectStore>)
+    /// #              -> forebay_checkpoint::Result<()> {
+    /// use forebay_checkpoint::CheckpointIndex;
+    /// let dir = forebay_io::Dir::remote(store, "job/checkpoint", "s3://bucket/job/checkpoint")?;
+    /// let done = CheckpointIndex::loader_in(dir, "id").load_async().await?;
+    /// println!("{} ids done", done.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn load_async(self) -> Result<CheckpointIndex> {
+        let what = format!("loading checkpoint ids from {}", self.path);
+        tokio::task::spawn_blocking(move || self.load())
+            .await
+            .unwrap_or_else(|e| Err(CheckpointError::task(what, e)))
+    }
+
+    /// Where the files of `relatives` (inside the checkpoint directory) are read from.
+    fn source_of(&self, target: &Dir, relatives: Vec<String>) -> DatasetSource {
+        match target {
+            Dir::Remote {
+                store,
+                prefix,
+                shown,
+            } if self.dir.is_some() => {
+                // A store the caller built is read as given (DatasetSource::Store), its
+                // objects shown as `shown` names them.
+                let prefix = prefix.as_ref();
+                let display_prefix = match shown.strip_suffix(prefix) {
+                    Some(root) if !prefix.is_empty() => root.to_string(),
+                    _ => format!("{shown}/"),
+                };
+                let display_prefix = if display_prefix.ends_with('/') {
+                    display_prefix
+                } else {
+                    format!("{display_prefix}/")
+                };
+                let paths = relatives
+                    .into_iter()
+                    .map(|r| match (prefix.is_empty(), r.is_empty()) {
+                        (true, _) => r,
+                        (false, true) => format!("{prefix}/"),
+                        (false, false) => format!("{prefix}/{r}"),
+                    })
+                    .collect();
+                DatasetSource::Store {
+                    store: store.clone(),
+                    display_prefix,
+                    paths,
+                }
+            }
+            _ => {
+                let base = self.path.trim_end_matches('/');
+                DatasetSource::Uris {
+                    uris: relatives
+                        .into_iter()
+                        .map(|r| {
+                            if r.is_empty() {
+                                self.path.clone()
+                            } else {
+                                format!("{base}/{r}")
+                            }
+                        })
+                        .collect(),
+                    storage_options: self.storage_options.clone(),
+                }
+            }
+        }
+    }
+
     /// Read the files and build the index.
     pub fn load(self) -> Result<CheckpointIndex> {
-        let target = open_dir(&self.path, &self.storage_options)?;
+        let target = match &self.dir {
+            Some(dir) => dir.clone(),
+            None => open_dir(&self.path, &self.storage_options)?,
+        };
         if let Dir::Local(dir) = &target {
             if dir.is_dir() {
                 clean_stale_temp_files(dir);
@@ -134,17 +222,16 @@ impl CheckpointLoader {
         // Which locations to read: only the owned shards' directories when the layout lets
         // us, and whatever else the directory holds (ids written there by another writer,
         // hashed here and kept for the owned shards only).
-        let uris = if layout_matches && owned.iter().any(|o| !o) {
-            let base = self.path.trim_end_matches('/');
+        let relatives: Vec<String> = if layout_matches && owned.iter().any(|o| !o) {
             let (shards, others) = top_level(&target)?;
             shards
                 .into_iter()
                 .filter(|k| *k < num_shards && owned[*k])
-                .map(|k| format!("{base}/shard={k}"))
-                .chain(others.into_iter().map(|name| format!("{base}/{name}")))
+                .map(|k| format!("shard={k}"))
+                .chain(others)
                 .collect()
         } else {
-            vec![self.path.clone()]
+            vec![String::new()] // the whole path
         };
 
         let empty_index = |id_type: DataType| -> Result<CheckpointIndex> {
@@ -158,20 +245,17 @@ impl CheckpointLoader {
             Ok(index)
         };
 
-        let dataset = if uris.is_empty() {
+        let dataset = if relatives.is_empty() {
             None
         } else {
-            let built = ParquetDataset::builder(DatasetSource::Uris {
-                uris,
-                storage_options: self.storage_options.clone(),
-            })
-            .with_columns([self.id_column.clone()])
-            .with_batch_size(64 * 1024)
-            // Each hashing worker scans its own share with one row group in flight: long ids
-            // (UUIDs) make a row group of 1 M ids ~40 MB, and more in flight would push the
-            // load's peak memory past twice the finished index.
-            .with_prefetch(1)
-            .build();
+            let built = ParquetDataset::builder(self.source_of(&target, relatives))
+                .with_columns([self.id_column.clone()])
+                .with_batch_size(64 * 1024)
+                // Each hashing worker scans its own share with one row group in flight: long ids
+                // (UUIDs) make a row group of 1 M ids ~40 MB, and more in flight would push the
+                // load's peak memory past twice the finished index.
+                .with_prefetch(1)
+                .build();
             match built {
                 Ok(d) => Some(d),
                 // A manifest with no data files yet is an empty checkpoint, not an error.

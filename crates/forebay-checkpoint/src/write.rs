@@ -20,63 +20,112 @@ impl CheckpointIndex {
     /// files are not rewritten: a checkpoint is an append-only set of parts. On error the ids
     /// stay pending, so the write can be retried (re-written ids are harmless duplicates).
     pub fn write(&mut self, path: &str, storage_options: &StorageOptions) -> Result<WriteSummary> {
-        let target = self.prepare_target(path, storage_options)?;
-        let pending = self.take_pending();
-        let written = write_parts(
-            target,
-            &pending,
-            &self.id_column,
-            &self.id_type,
-            self.shard_bits,
-        );
-        match written {
-            Ok(summary) => Ok(summary),
-            Err(e) => {
-                self.restore_pending(pending);
-                Err(e)
-            }
+        self.write_to(open_dir(path, storage_options)?)
+    }
+
+    /// [`write`](Self::write) into a directory the caller opened: a local one, or a prefix
+    /// of a store it built (`Dir::Remote`), whose credentials forebay never sees.
+    pub fn write_to(&mut self, dir: Dir) -> Result<WriteSummary> {
+        let job = self.write_job(dir);
+        let pending = job.pending.clone();
+        job.run().inspect_err(|_| self.restore_pending(pending))
+    }
+
+    /// [`write_to`](Self::write_to) for async callers: the requests and the encoding run on
+    /// the runtime's blocking threads, not on the caller's task.
+    ///
+    /// ```no_run
+    /// # async fn run(mut done: forebay_checkpoint::CheckpointIndex,
+    /// #              store: std::sync::Arc<dyn object_store::ObjectStore>)
+    /// #              -> forebay_checkpoint::Result<()> {
+    /// let dir = forebay_io::Dir::remote(store, "job/checkpoint", "s3://bucket/job/checkpoint")?;
+    /// let summary = done.write_async(dir).await?;
+    /// println!("{} ids in {} files", summary.ids, summary.files.len());
+    /// # Ok(()) }
+    /// ```
+    pub async fn write_async(&mut self, dir: Dir) -> Result<WriteSummary> {
+        let job = self.write_job(dir);
+        let pending = job.pending.clone();
+        let written = tokio::task::spawn_blocking(move || job.run())
+            .await
+            .unwrap_or_else(|e| Err(CheckpointError::task("writing checkpoint ids", e)));
+        written.inspect_err(|_| self.restore_pending(pending))
+    }
+
+    /// Everything a write needs, owned: the pending ids move into it (given back on error).
+    fn write_job(&mut self, dir: Dir) -> WriteJob {
+        WriteJob {
+            dir,
+            wanted: self.manifest(),
+            pending: self.take_pending(),
+            shard_bits: self.shard_bits,
+        }
+    }
+
+    fn manifest(&self) -> Manifest {
+        Manifest {
+            num_shards: self.num_shards(),
+            family: self.family,
+            id_column: self.id_column.clone(),
+            id_type: self.id_type.clone(),
         }
     }
 
     /// Make `path` a checkpoint of this index's layout: create its manifest, or check the
     /// one there (shard count, id family, id column) and remove dead writers' temp files.
     pub fn prepare(&self, path: &str, storage_options: &StorageOptions) -> Result<()> {
-        self.prepare_target(path, storage_options).map(drop)
+        prepare_dir(open_dir(path, storage_options)?, &self.manifest()).map(drop)
     }
+}
 
-    fn prepare_target(&self, path: &str, storage_options: &StorageOptions) -> Result<Dir> {
-        let target = open_dir(path, storage_options)?;
-        let wanted = Manifest {
-            num_shards: self.num_shards(),
-            family: self.family,
-            id_column: self.id_column.clone(),
-            id_type: self.id_type.clone(),
-        };
-        match read_manifest(&target)? {
-            Some(m) => {
-                if m.num_shards != wanted.num_shards
-                    || m.family != wanted.family
-                    || m.id_column != wanted.id_column
-                {
-                    return Err(CheckpointError::Manifest {
-                        path: target.shown(MANIFEST_FILE),
-                        reason: format!(
-                            "checkpoint has {} shards of {} ids in column '{}'; this index has {} shards of {} ids in column '{}'",
-                            m.num_shards, m.family.name(), m.id_column,
-                            wanted.num_shards, wanted.family.name(), wanted.id_column
-                        ),
-                    });
-                }
-            }
-            None => {
-                target.put_atomic(MANIFEST_FILE, wanted.to_text().into_bytes())?;
-            }
-        }
-        if let Dir::Local(dir) = &target {
-            clean_stale_temp_files(dir);
-        }
-        Ok(target)
+/// One write of an index's pending ids.
+struct WriteJob {
+    dir: Dir,
+    wanted: Manifest,
+    pending: Vec<ArrayRef>,
+    shard_bits: u32,
+}
+
+impl WriteJob {
+    fn run(self) -> Result<WriteSummary> {
+        let target = prepare_dir(self.dir, &self.wanted)?;
+        write_parts(
+            target,
+            &self.pending,
+            &self.wanted.id_column,
+            &self.wanted.id_type,
+            self.shard_bits,
+        )
     }
+}
+
+/// Make `target` a checkpoint of layout `wanted`: create its manifest, or check the one there,
+/// and remove dead writers' temp files.
+fn prepare_dir(target: Dir, wanted: &Manifest) -> Result<Dir> {
+    match read_manifest(&target)? {
+        Some(m) => {
+            if m.num_shards != wanted.num_shards
+                || m.family != wanted.family
+                || m.id_column != wanted.id_column
+            {
+                return Err(CheckpointError::Manifest {
+                    path: target.shown(MANIFEST_FILE),
+                    reason: format!(
+                        "checkpoint has {} shards of {} ids in column '{}'; this index has {} shards of {} ids in column '{}'",
+                        m.num_shards, m.family.name(), m.id_column,
+                        wanted.num_shards, wanted.family.name(), wanted.id_column
+                    ),
+                });
+            }
+        }
+        None => {
+            target.put_atomic(MANIFEST_FILE, wanted.to_text().into_bytes())?;
+        }
+    }
+    if let Dir::Local(dir) = &target {
+        clean_stale_temp_files(dir);
+    }
+    Ok(target)
 }
 
 /// The shard count the manifest at `path` declares, or `None` when `path` has no manifest

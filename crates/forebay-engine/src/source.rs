@@ -336,6 +336,7 @@ mod tests {
         let rows = |units| -> usize {
             dataset
                 .scan_fetching_ahead(units)
+                .blocking_iter()
                 .map(|b| b.unwrap().batch.num_rows())
                 .sum()
         };

@@ -97,6 +97,16 @@ pub enum Dir {
     },
 }
 
+/// Shows where the directory is, never how its store was configured (credentials).
+impl std::fmt::Debug for Dir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dir::Local(path) => f.debug_tuple("Dir::Local").field(path).finish(),
+            Dir::Remote { shown, .. } => f.debug_tuple("Dir::Remote").field(shown).finish(),
+        }
+    }
+}
+
 /// One entry directly in a directory: a file (an object) or a directory (a common prefix).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -125,6 +135,27 @@ impl Dir {
             source,
         })?;
         Ok(Dir::Local(absolute))
+    }
+
+    /// The prefix `prefix` of a store the caller built (a host engine's, with its own
+    /// credentials, retries and client): forebay uses the store as given and never sees
+    /// how it was configured. `shown` is how messages name the prefix (`s3://bucket/job`).
+    pub fn remote(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        shown: impl Into<String>,
+    ) -> DirResult<Dir> {
+        let shown: String = shown.into();
+        let prefix =
+            ObjectPath::parse(prefix.trim_matches('/')).map_err(|e| DirError::Location {
+                path: shown.clone(),
+                source: LocationError::Invalid(format!("{prefix}: not a valid object path: {e}")),
+            })?;
+        Ok(Dir::Remote {
+            store,
+            prefix,
+            shown: shown.trim_end_matches('/').to_string(),
+        })
     }
 
     /// The directory `relative` inside this one.

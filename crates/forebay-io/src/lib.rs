@@ -6,7 +6,8 @@
 //! ```text
 //!  forebay-engine ─────────────┐
 //!  forebay-checkpoint ─────────┤
-//!  forebay-parquet ────────────┼──► forebay-io ─┬─ runtime: one tokio pool, block_on from any thread
+//!  forebay-parquet ────────────┼──► forebay-io ─┬─ runtime: the host's or forebay's pool, block_on from any thread
+//!                                               ├─ memory: the pool trait a host shares with forebay
 //!  forebay-spill ──────────────┘                ├─ location: path or URI ─► object store, path, shown URI
 //!                                               ├─ storage_options: the user's keys checked, aliases resolved
 //!                                               ├─ store_errors: a failed request's known cause, in words
@@ -34,10 +35,11 @@
 pub mod dir;
 pub mod durable;
 pub mod location;
+pub mod memory;
 pub mod runtime;
 pub mod storage_options;
 pub mod store_errors;
 mod store_ops;
 
 pub use dir::{Dir, DirError};
-pub use runtime::{block_on, runtime};
+pub use runtime::{block_on, block_on_in, handle, runtime, use_host_runtime};

@@ -80,6 +80,21 @@ pub enum ParquetError {
         limit: u64,
     },
 
+    /// The host's memory pool (`with_memory_pool`) refused the memory to read a row group,
+    /// and nothing else the scan held could be given back first.
+    #[error(
+        "{path}: the memory pool refused the {bytes} bytes to read row group {row_group} \
+         with nothing else of the scan in flight ({source}); give the pool more memory or \
+         read fewer columns"
+    )]
+    MemoryRefused {
+        path: String,
+        row_group: usize,
+        bytes: usize,
+        #[source]
+        source: forebay_io::memory::MemoryRefused,
+    },
+
     /// A configuration value is not usable (bad URI, zero batch size, unknown option...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -202,6 +217,7 @@ impl ParquetError {
             ParquetError::InvalidArgument(_) => ErrorKind::InvalidArgument,
             ParquetError::RowFilter { .. } => ErrorKind::RowFilter,
             ParquetError::TooLarge { .. } => ErrorKind::TooLarge,
+            ParquetError::MemoryRefused { .. } => ErrorKind::MemoryRefused,
         }
     }
 }
@@ -218,6 +234,7 @@ pub enum ErrorKind {
     InvalidArgument,
     RowFilter,
     TooLarge,
+    MemoryRefused,
 }
 
 impl fmt::Display for ErrorKind {

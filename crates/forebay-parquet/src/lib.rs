@@ -40,12 +40,22 @@
 //!     .with_columns(["l_orderkey", "l_quantity"])
 //!     .with_filter(Predicate::gt("l_quantity", 45))
 //!     .build()?;
-//! for batch in dataset.scan() {
+//! // From a thread that may block; async code awaits `dataset.scan()`, a `Stream`.
+//! for batch in dataset.scan().blocking_iter() {
 //!     let batch = batch?;
 //!     println!("{} rows from {}", batch.batch.num_rows(), batch.provenance.file);
 //! }
 //! # Ok::<(), forebay_parquet::ParquetError>(())
 //! ```
+//!
+//! ## In a host engine
+//!
+//! The scan runs on forebay's own runtime unless the host hands it one, for the whole
+//! process (`forebay_io::use_host_runtime`) or for one dataset
+//! ([`ParquetDatasetBuilder::with_runtime`]); every blocking call has an async twin
+//! (`build_async`, `count_rows_async`); a host's memory pool is charged what a scan holds
+//! ([`ParquetDatasetBuilder::with_memory_pool`]); a store the host built is read as given
+//! ([`DatasetSource::Store`]).
 
 mod dictionary;
 pub mod error;
@@ -67,7 +77,7 @@ pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
 pub use predicate::{CompareOp, Literal, Predicate};
 pub use row_filter::{RowFilterError, RowGroupDecision, ScanRowFilter};
 pub use scan::{
-    block_on, runtime, AllSkips, BatchProvenance, FileRowGroups, ParquetDataset,
+    block_on, runtime, AllSkips, BatchProvenance, BlockingScan, FileRowGroups, ParquetDataset,
     ParquetDatasetBuilder, ProvenancedBatch, RecordBatchIter, RowRange, ScanMetricsSnapshot,
     ScanSkip, ScanStream, DEFAULT_MAX_COLUMN_CHUNK_BYTES,
 };

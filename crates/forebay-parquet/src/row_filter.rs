@@ -260,7 +260,7 @@ mod tests {
             .build()
             .unwrap()
             .with_row_filter(filter.clone());
-        let batches: Vec<_> = dataset.scan().map(|b| b.unwrap()).collect();
+        let batches: Vec<_> = dataset.scan().blocking_iter().map(|b| b.unwrap()).collect();
 
         // Row group 0 loses every row and still reports, with one empty batch.
         let groups: Vec<(usize, usize)> = batches
@@ -325,7 +325,11 @@ mod tests {
             .with_row_filter(filter.clone())
             .build()
             .unwrap();
-        let rows: usize = dataset.scan().map(|b| b.unwrap().batch.num_rows()).sum();
+        let rows: usize = dataset
+            .scan()
+            .blocking_iter()
+            .map(|b| b.unwrap().batch.num_rows())
+            .sum();
         assert_eq!(rows, 75, "odd ids in 100..250");
         assert!(filter.rows_seen.load(Ordering::Relaxed) <= 250);
     }
@@ -348,7 +352,11 @@ mod tests {
         let base = ParquetDataset::open([path.clone()]).unwrap();
 
         let failing = base.with_row_filter(Arc::new(Failing(vec!["id".into()])));
-        let err = failing.scan().find_map(|b| b.err()).expect("an error");
+        let err = failing
+            .scan()
+            .blocking_iter()
+            .find_map(|b| b.err())
+            .expect("an error");
         assert_eq!(err.kind(), ErrorKind::RowFilter);
         let message = err.to_string();
         assert!(message.contains(&path), "{message}");
@@ -356,7 +364,11 @@ mod tests {
         assert!(message.contains("the index is unavailable"), "{message}");
 
         let misnamed = base.with_row_filter(Arc::new(Failing(vec!["nope".into()])));
-        let err = misnamed.scan().find_map(|b| b.err()).expect("an error");
+        let err = misnamed
+            .scan()
+            .blocking_iter()
+            .find_map(|b| b.err())
+            .expect("an error");
         assert_eq!(err.kind(), ErrorKind::ColumnNotFound);
         assert!(err.to_string().contains("'nope'"), "{err}");
     }
@@ -432,7 +444,7 @@ mod tests {
             .with_row_filter(filter.clone())
             .build()
             .unwrap();
-        let batches: Vec<_> = dataset.scan().map(|b| b.unwrap()).collect();
+        let batches: Vec<_> = dataset.scan().blocking_iter().map(|b| b.unwrap()).collect();
 
         let groups: Vec<(usize, usize)> = batches
             .iter()
@@ -502,7 +514,11 @@ mod tests {
         let dataset = ParquetDataset::open([path.to_str().unwrap()])
             .unwrap()
             .with_row_filter(filter.clone());
-        let rows: usize = dataset.scan().map(|b| b.unwrap().batch.num_rows()).sum();
+        let rows: usize = dataset
+            .scan()
+            .blocking_iter()
+            .map(|b| b.unwrap().batch.num_rows())
+            .sum();
         // Nulls are kept by `keep`; a dictionary cannot show them, so none was asked.
         assert_eq!(rows, 300 / 7 + 1);
         assert!(filter.decisions.lock().unwrap().is_empty());

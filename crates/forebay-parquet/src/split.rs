@@ -120,7 +120,7 @@ mod tests {
         let split = ByteRangeSplit::new().with_range(path, range);
         let mut ids = Vec::new();
         let mut groups = Vec::new();
-        for batch in dataset.and_skip(Arc::new(split)).scan() {
+        for batch in dataset.and_skip(Arc::new(split)).scan().blocking_iter() {
             let batch = batch.unwrap();
             groups.push(batch.provenance.row_group);
             ids.extend(batch.batch.column(0).as_primitive::<Int64Type>().values());
@@ -156,7 +156,11 @@ mod tests {
             .and_skip(Arc::new(
                 ByteRangeSplit::new().with_range(&path, 0..size / 2),
             ));
-        let rows: usize = dataset.scan().map(|b| b.unwrap().batch.num_rows()).sum();
+        let rows: usize = dataset
+            .scan()
+            .blocking_iter()
+            .map(|b| b.unwrap().batch.num_rows())
+            .sum();
         let half = read_range(&path, 0..size / 2).0;
         assert!(half.len() > 100 && half.len() < 1_000, "{}", half.len());
         assert_eq!(rows, half.len() - 100);

@@ -62,7 +62,10 @@ fn write(batch: &RecordBatch, row_group: usize) -> Vec<u8> {
 }
 
 fn read_all(ds: &ParquetDataset) -> Vec<RecordBatch> {
-    ds.scan().map(|b| b.unwrap().batch).collect()
+    ds.scan()
+        .blocking_iter()
+        .map(|b| b.unwrap().batch)
+        .collect()
 }
 
 fn concat(batches: &[RecordBatch], schema: Arc<Schema>) -> RecordBatch {
@@ -130,7 +133,7 @@ fn selective_filter_skips_row_groups_and_keeps_order() {
         .with_filter(Predicate::lt("id", 400))
         .build()
         .unwrap();
-    let batches: Vec<_> = ds.scan().map(|b| b.unwrap()).collect();
+    let batches: Vec<_> = ds.scan().blocking_iter().map(|b| b.unwrap()).collect();
     let files: Vec<usize> = batches.iter().map(|b| b.provenance.file_index).collect();
     assert!(
         files.windows(2).all(|w| w[0] <= w[1]),
@@ -149,7 +152,7 @@ fn selective_filter_skips_row_groups_and_keeps_order() {
         .with_batch_size(300)
         .build()
         .unwrap();
-    for b in all.scan() {
+    for b in all.scan().blocking_iter() {
         let b = b.unwrap();
         assert_eq!(first_id(&b.batch), b.provenance.first_row.unwrap() as i64);
     }
@@ -169,7 +172,7 @@ fn only_the_first_row_group_is_cut_into_small_batches() {
     let ds = ParquetDataset::builder(source(store_with(&parts)))
         .build()
         .unwrap();
-    let batches: Vec<_> = ds.scan().map(|b| b.unwrap()).collect();
+    let batches: Vec<_> = ds.scan().blocking_iter().map(|b| b.unwrap()).collect();
     let sizes: Vec<usize> = batches.iter().map(|b| b.batch.num_rows()).collect();
     assert_eq!(sizes, [8192, 8192, 3616, 10_000, 20_000, 10_000]);
     for b in &batches {
@@ -368,7 +371,11 @@ fn a_column_chunk_that_decompresses_past_the_limit_is_refused_before_it_is_read(
             .unwrap()
     };
     let ds = limited(&["id", "text"]);
-    let err = ds.scan().find_map(|b| b.err()).expect("refused");
+    let err = ds
+        .scan()
+        .blocking_iter()
+        .find_map(|b| b.err())
+        .expect("refused");
     let message = err.to_string();
     assert!(
         message.contains("'text'")
@@ -457,6 +464,7 @@ fn remote_row_groups_are_fetched_ahead_of_decoding_and_read_once() {
         assert!(fetch_ahead <= 2 || narrower < ds.scan_window_bytes());
         let again: Vec<RecordBatch> = ds
             .scan_fetching_ahead(2)
+            .blocking_iter()
             .map(|b| b.unwrap().batch)
             .collect();
         assert_eq!(again.len(), got.len());
@@ -518,7 +526,7 @@ fn remote_row_groups_are_fetched_ahead_of_decoding_and_read_once() {
 /// The rows a scan yields before its first error, and that error's message.
 fn rows_until_error(ds: &ParquetDataset) -> (usize, Option<String>) {
     let mut rows = 0;
-    for item in ds.scan() {
+    for item in ds.scan().blocking_iter() {
         match item {
             Ok(b) => rows += b.batch.num_rows(),
             Err(e) => return (rows, Some(e.to_string())),
@@ -547,7 +555,7 @@ proptest! {
             ranges.push(forebay_parquet::RowRange { file_index: 0, row_group: rg, rows: start..end });
             expected.push(data.slice(rg * 250 + start as usize, (end - start) as usize));
         }
-        let got: Vec<RecordBatch> = ds.scan_row_ranges(ranges).map(|b| b.unwrap().batch).collect();
+        let got: Vec<RecordBatch> = ds.scan_row_ranges(ranges).blocking_iter().map(|b| b.unwrap().batch).collect();
         let schema = ds.schema();
         prop_assert_eq!(concat(&got, schema.clone()), concat(&expected, schema));
     }
@@ -562,6 +570,7 @@ fn row_ranges_outside_the_file_or_under_a_filter_are_refused() {
         .unwrap();
     let first_error = |ranges: Vec<forebay_parquet::RowRange>, ds: &ParquetDataset| {
         ds.scan_row_ranges(ranges)
+            .blocking_iter()
             .find_map(|b| b.err())
             .map(|e| e.to_string())
             .unwrap_or_default()

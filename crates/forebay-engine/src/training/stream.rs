@@ -340,7 +340,10 @@ fn read_window(
     let mut reservations = Vec::new();
     let mut starts = Vec::new();
     let mut rows = 0u64;
-    for batch in dataset.scan_row_ranges(order.window_blocks(index)) {
+    for batch in dataset
+        .scan_row_ranges(order.window_blocks(index))
+        .blocking_iter()
+    {
         let batch = batch?.batch;
         if batch.num_rows() == 0 {
             continue;

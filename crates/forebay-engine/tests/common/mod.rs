@@ -46,7 +46,7 @@ pub fn i64_column_in(dir: &Path, column: &str) -> Vec<i64> {
         return Vec::new();
     };
     let mut values = Vec::new();
-    for batch in dataset.scan() {
+    for batch in dataset.scan().blocking_iter() {
         let batch = batch.unwrap().batch;
         let col = batch
             .column_by_name(column)

@@ -7,7 +7,6 @@ use arrow_schema::TimeUnit;
 use parquet::file::metadata::ParquetMetaData;
 
 use super::metrics::ScanMetrics;
-use super::runtime::block_on;
 use super::runtime::default_threads;
 use super::{DatasetInner, ParquetDataset};
 use crate::error::{ParquetError, Result};
@@ -15,6 +14,8 @@ use crate::io::{FileEntry, IoMetrics};
 use crate::predicate::Predicate;
 use crate::row_filter::{RowFilterHook, ScanRowFilter};
 use crate::source::{resolve, DatasetSource};
+use forebay_io::block_on_in;
+use forebay_io::memory::MemoryPool;
 
 /// Input a caller has already finished, to be skipped without reading it (the engine's
 /// resume): whole files before their footer is fetched, row groups before their data is.
@@ -96,6 +97,10 @@ pub struct ParquetDatasetBuilder {
     pub(super) file_extensions: Option<Vec<String>>,
     /// The most one selected column chunk may decompress to (its footer's size).
     pub(super) max_column_chunk_bytes: u64,
+    /// Where the scan's tasks run (None: forebay-io's `handle()`).
+    pub(super) runtime: Option<tokio::runtime::Handle>,
+    /// The host's pool the scan charges what it holds (None: no accounting).
+    pub(super) memory_pool: Option<Arc<dyn MemoryPool>>,
 }
 
 impl ParquetDatasetBuilder {
@@ -243,9 +248,35 @@ impl ParquetDatasetBuilder {
         self
     }
 
+    /// Run the scans' I/O and decoding on `runtime` (a host engine's), instead of the
+    /// process's forebay runtime (forebay-io's [`handle`](forebay_io::handle): the host's
+    /// given to [`use_host_runtime`](forebay_io::use_host_runtime), or forebay's own pool).
+    /// Blocking calls ([`build`](Self::build), [`ParquetDataset::count_rows`], iterating a
+    /// [`ScanStream::blocking_iter`](crate::ScanStream::blocking_iter)) then wait for it.
+    pub fn with_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Charge what each scan holds to a host's memory pool: before a row group's data is
+    /// requested, the scan asks the pool for its estimated size (column chunks fetched and
+    /// the batches decoded from them, from the footer); it gives it back once those batches
+    /// are handed to the consumer. When the pool refuses, the scan waits for row groups in
+    /// flight to finish; when nothing is in flight, the scan ends with
+    /// [`ParquetError::MemoryRefused`] naming the file and row group.
+    pub fn with_memory_pool(mut self, pool: Arc<dyn MemoryPool>) -> Self {
+        self.memory_pool = Some(pool);
+        self
+    }
+
+    /// The runtime the dataset's tasks run on.
+    pub(super) fn runtime_handle(&self) -> tokio::runtime::Handle {
+        self.runtime.clone().unwrap_or_else(forebay_io::handle)
+    }
+
     /// Resolve the files and read the first file's footer (for the schema).
     pub fn build(self) -> Result<ParquetDataset> {
-        block_on(self.build_async())
+        block_on_in(&self.runtime_handle(), self.build_async())
     }
 
     /// [`Self::build`] for async callers.

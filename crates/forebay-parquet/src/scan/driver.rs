@@ -11,6 +11,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
+use super::accounting::{Admission, Charges};
 use super::decode::decode_unit;
 use super::fetch_ahead::fetch_unit;
 use super::footer::FOOTER_CONCURRENCY;
@@ -31,6 +32,8 @@ struct PendingUnit {
     whole_file: Option<Bytes>,
     /// Its column chunks, requested ahead of its decoding (see `fetch_ahead`).
     fetching: Option<JoinHandle<Result<FetchedRanges>>>,
+    /// What it was charged to the host's pool ahead of its start (see `accounting`).
+    charged: Option<usize>,
 }
 
 impl PendingUnit {
@@ -127,6 +130,7 @@ pub(super) async fn drive(
                 unit,
                 whole_file: whole_file.clone(),
                 fetching: None,
+                charged: None,
             });
         }
         Opened::Planned
@@ -135,10 +139,46 @@ pub(super) async fn drive(
     // A file that failed to open ends the scan once the units of the files before it are
     // decoded and forwarded.
     let mut failed: Option<ParquetError> = None;
+    let mut charges = Charges::new(&inner);
     loop {
-        // Top up: launch units until `prefetch` are in flight or there are no more.
+        // Top up: launch units until `prefetch` are in flight, there are no more, or the
+        // host's pool wants units in flight handed on first.
         while in_flight.len() < inner.prefetch {
             if let Some(mut pending) = pending_units.pop_front() {
+                let charged = match pending.charged.take() {
+                    Some(bytes) => bytes,
+                    None => {
+                        let nothing_held = in_flight.is_empty()
+                            && pending_units.iter().all(|p| p.charged.is_none());
+                        match charges.admit(&pending.file, &pending.unit, nothing_held) {
+                            Admission::Granted(bytes) => bytes,
+                            Admission::Wait if in_flight.is_empty() => {
+                                // Only units charged ahead hold memory: take their charges
+                                // back (and stop their requests), then ask again.
+                                for ahead in pending_units.iter_mut() {
+                                    if let Some(bytes) = ahead.charged.take() {
+                                        charges.release(bytes);
+                                        if let Some(fetching) = ahead.fetching.take() {
+                                            fetching.abort();
+                                        }
+                                    }
+                                }
+                                pending_units.push_front(pending);
+                                continue;
+                            }
+                            Admission::Wait => {
+                                pending_units.push_front(pending);
+                                break;
+                            }
+                            Admission::Refused(err) => {
+                                drain_in_order(&mut in_flight, &out).await;
+                                let _ = out.send(Err(err)).await;
+                                return;
+                            }
+                        }
+                    }
+                };
+                charges.started(charged);
                 let (tx, rx) = mpsc::channel(2);
                 tokio::spawn(run_unit(
                     inner.clone(),
@@ -173,6 +213,10 @@ pub(super) async fn drive(
                 if ahead >= inner.fetch_ahead_for(&pending.file, fetch_ahead) {
                     break;
                 }
+                match charges.admit(&pending.file, &pending.unit, false) {
+                    Admission::Granted(bytes) => pending.charged = Some(bytes),
+                    _ => break, // the pool wants memory back first: fetch nothing more ahead
+                }
                 pending.fetching = fetch_unit(&inner, &pending.file, &pending.unit);
                 if pending.fetching.is_none() {
                     break; // its decoding will fail the scan: fetch nothing past it
@@ -200,17 +244,18 @@ pub(super) async fn drive(
                 return;
             }
         }
-        if !forward_next(&mut in_flight, &out).await {
+        if !forward_next(&mut in_flight, &mut charges, &out).await {
             return;
         }
     }
 }
 
-/// Forward the next batch of the oldest unit in flight (or let that unit go when it is
-/// done). False when the scan ends: nothing in flight, an error forwarded, or the consumer
-/// gone (dropping the receivers then cancels the units).
+/// Forward the next batch of the oldest unit in flight (or let that unit go, and its charge,
+/// when it is done). False when the scan ends: nothing in flight, an error forwarded, or the
+/// consumer gone (dropping the receivers then cancels the units).
 pub(super) async fn forward_next(
     in_flight: &mut VecDeque<mpsc::Receiver<BatchResult>>,
+    charges: &mut Charges,
     out: &mpsc::Sender<BatchResult>,
 ) -> bool {
     let Some(front) = in_flight.front_mut() else {
@@ -224,12 +269,13 @@ pub(super) async fn forward_next(
         }
         None => {
             in_flight.pop_front();
+            charges.finished_oldest();
             true
         }
     }
 }
 
-async fn drain_in_order(
+pub(super) async fn drain_in_order(
     in_flight: &mut VecDeque<mpsc::Receiver<BatchResult>>,
     out: &mpsc::Sender<BatchResult>,
 ) {

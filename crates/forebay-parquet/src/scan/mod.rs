@@ -26,6 +26,7 @@
 //! | `open`    | a file's footer turned into its read plan (`OpenedFile`), cached           |
 //! | `prune`   | the units of a file a filter may match (statistics, page index)            |
 //! | `driver`  | units in flight under `prefetch`, their batches forwarded in order         |
+//! | `accounting` | what a scan charges to a host's memory pool, unit by unit               |
 //! | `decode`  | one unit decoded: forebay's flat decoders, the parquet crate for the rest  |
 //! | `stream`  | what the caller holds: [`ScanStream`] of [`ProvenancedBatch`]es            |
 //! | `runtime` | the tokio runtime all of it runs on, and [`block_on`]                      |
@@ -33,6 +34,7 @@
 //!
 //! This module holds [`ParquetDataset`] (the public face) and the state the phases share.
 
+mod accounting;
 mod builder;
 mod decode;
 mod driver;
@@ -51,7 +53,7 @@ pub use decode::DEFAULT_MAX_COLUMN_CHUNK_BYTES;
 pub use metrics::ScanMetricsSnapshot;
 pub use row_ranges::{FileRowGroups, RowRange};
 pub use runtime::{block_on, runtime};
-pub use stream::{BatchProvenance, ProvenancedBatch, RecordBatchIter, ScanStream};
+pub use stream::{BatchProvenance, BlockingScan, ProvenancedBatch, RecordBatchIter, ScanStream};
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -156,6 +158,8 @@ impl ParquetDataset {
                     .collect(),
             ),
             max_column_chunk_bytes: DEFAULT_MAX_COLUMN_CHUNK_BYTES,
+            runtime: None,
+            memory_pool: None,
         }
     }
 
@@ -333,7 +337,7 @@ impl ParquetDataset {
         if self.inner.options.filter.is_some() {
             return None;
         }
-        block_on(footer_rows(self.inner.clone())).ok()
+        self.block_on(footer_rows(self.inner.clone())).ok()
     }
 
     /// Row groups a scan keeps in flight (fetched or decoding; bounds its memory).
@@ -357,14 +361,23 @@ impl ParquetDataset {
     /// out what a [`ScanSkip`] skips), otherwise by scanning only the filters' columns.
     pub fn count_rows(&self) -> Result<u64> {
         let this = self.clone();
-        block_on(async move { this.count_rows_async().await })
+        self.block_on(async move { this.count_rows_async().await })
+    }
+
+    /// Wait from a blocking caller for `fut`, run on the dataset's runtime.
+    pub(super) fn block_on<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        forebay_io::block_on_in(&self.inner.options.runtime_handle(), fut)
     }
 
     fn has_filters(&self) -> bool {
         self.inner.options.filter.is_some() || self.inner.options.row_filter.is_some()
     }
 
-    async fn count_rows_async(&self) -> Result<u64> {
+    /// [`Self::count_rows`] for async callers.
+    pub async fn count_rows_async(&self) -> Result<u64> {
         if !self.has_filters() {
             return footer_rows(self.inner.clone()).await;
         }
@@ -401,7 +414,7 @@ impl ParquetDataset {
     pub fn scan_fetching_ahead(&self, units: usize) -> ScanStream {
         let (tx, rx) = mpsc::channel(2);
         let inner = self.inner.clone();
-        let driver = runtime().spawn(async move {
+        let driver = self.inner.options.runtime_handle().spawn(async move {
             let tx_err = tx.clone();
             let run = AssertUnwindSafe(drive(inner, tx, units))
                 .catch_unwind()

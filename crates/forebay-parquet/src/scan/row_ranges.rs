@@ -24,11 +24,10 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
-use parquet::basic::Type as PhysicalType;
-use parquet::file::metadata::ColumnChunkMetaData;
 use tokio::sync::{mpsc, Semaphore};
 
-use super::driver::{forward_next, run_unit};
+use super::accounting::{decoded_bytes_estimate, Admission, Charges};
+use super::driver::{drain_in_order, forward_next, run_unit};
 use super::footer::FOOTER_CONCURRENCY;
 use super::stream::BatchResult;
 use super::{DatasetInner, ParquetDataset, ScanStream, Unit};
@@ -62,7 +61,7 @@ impl ParquetDataset {
     /// Skips and filters are not applied: this is the dataset as stored.
     pub fn row_group_layout(&self) -> Result<Vec<FileRowGroups>> {
         let inner = self.inner.clone();
-        super::block_on(async move { row_group_layout(inner).await })
+        self.block_on(async move { row_group_layout(inner).await })
     }
 
     /// The same files and options, for [`scan_row_ranges`](Self::scan_row_ranges): as if
@@ -87,7 +86,11 @@ impl ParquetDataset {
     pub fn scan_row_ranges(&self, ranges: Vec<RowRange>) -> ScanStream {
         let (tx, rx) = mpsc::channel(2);
         let inner = self.inner.clone();
-        let driver = super::runtime().spawn(drive_ranges(inner, ranges, tx));
+        let driver = self
+            .inner
+            .options
+            .runtime_handle()
+            .spawn(drive_ranges(inner, ranges, tx));
         ScanStream {
             rx,
             schema: self.schema(),
@@ -130,23 +133,6 @@ async fn row_group_layout(inner: Arc<DatasetInner>) -> Result<Vec<FileRowGroups>
     Ok(layout)
 }
 
-/// What decoding a column chunk takes in memory, roughly: a value's width per value for
-/// fixed-width types (however well they compressed or dictionary-encoded); for byte arrays
-/// the uncompressed size, at least a view (16 bytes) per value.
-fn decoded_bytes_estimate(chunk: &ColumnChunkMetaData) -> u64 {
-    let values = chunk.num_values().max(0) as u64;
-    let width = match chunk.column_type() {
-        PhysicalType::BOOLEAN => return values.div_ceil(8),
-        PhysicalType::INT32 | PhysicalType::FLOAT => 4,
-        PhysicalType::INT64 | PhysicalType::DOUBLE | PhysicalType::INT96 => 8,
-        PhysicalType::FIXED_LEN_BYTE_ARRAY => chunk.column_descr().type_length().max(1) as u64,
-        PhysicalType::BYTE_ARRAY => {
-            return (chunk.uncompressed_size().max(0) as u64).max(values * 16)
-        }
-    };
-    values * width
-}
-
 async fn drive_ranges(
     inner: Arc<DatasetInner>,
     ranges: Vec<RowRange>,
@@ -164,15 +150,26 @@ async fn drive_ranges(
     }
     let permits = Arc::new(Semaphore::new(inner.threads));
     let mut in_flight: VecDeque<mpsc::Receiver<BatchResult>> = VecDeque::new();
-    let mut ranges = ranges.into_iter();
+    let mut charges = Charges::new(&inner);
+    let mut ranges = ranges.into_iter().peekable();
     loop {
         while in_flight.len() < inner.prefetch {
-            let Some(range) = ranges.next() else { break };
+            let Some(range) = ranges.peek() else { break };
             let range_rows = (range.rows.end - range.rows.start).max(1) as usize;
             let (tx, rx) = mpsc::channel(2);
-            in_flight.push_back(rx);
-            match unit_of(&inner, &range).await {
+            match unit_of(&inner, range).await {
                 Ok((file, unit)) => {
+                    match charges.admit(&file, &unit, in_flight.is_empty()) {
+                        Admission::Granted(bytes) => charges.started(bytes),
+                        Admission::Wait => break, // the oldest range handed on first
+                        Admission::Refused(err) => {
+                            drain_in_order(&mut in_flight, &out).await;
+                            let _ = out.send(Err(err)).await;
+                            return;
+                        }
+                    }
+                    ranges.next();
+                    in_flight.push_back(rx);
                     tokio::spawn(run_unit(
                         inner.clone(),
                         file,
@@ -186,11 +183,14 @@ async fn drive_ranges(
                     ));
                 }
                 Err(err) => {
+                    ranges.next();
+                    charges.started(0);
+                    in_flight.push_back(rx);
                     let _ = tx.send(Err(err)).await;
                 }
             }
         }
-        if !forward_next(&mut in_flight, &out).await {
+        if !forward_next(&mut in_flight, &mut charges, &out).await {
             return;
         }
     }

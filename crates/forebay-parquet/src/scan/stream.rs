@@ -38,8 +38,25 @@ pub struct ProvenancedBatch {
     pub provenance: BatchProvenance,
 }
 
-/// Batches of a scan, in order. Use as a blocking [`Iterator`] from synchronous code or as
-/// a [`Stream`] from async code. Dropping it cancels the scan.
+/// Batches of a scan, in order: a [`Stream`] for async code, or, through
+/// [`blocking_iter`](Self::blocking_iter), an [`Iterator`] for threads that may block.
+/// Dropping it cancels the scan.
+///
+/// ```no_run
+/// use futures::StreamExt;
+/// # async fn run() -> forebay_parquet::Result<()> {
+/// use forebay_parquet::{DatasetSource, ParquetDataset};
+/// let dataset = ParquetDataset::builder(DatasetSource::uris(["data/"]))
+///     .build_async()
+///     .await?;
+/// let mut batches = dataset.scan();
+/// while let Some(batch) = batches.next().await {
+///     let batch = batch?;
+///     println!("{} rows of {}", batch.batch.num_rows(), batch.provenance.file);
+/// }
+/// # Ok(()) }
+/// // From a plain thread: for batch in dataset.scan().blocking_iter() { ... }
+/// ```
 pub struct ScanStream {
     pub(super) rx: mpsc::Receiver<BatchResult>,
     pub(super) schema: SchemaRef,
@@ -52,22 +69,44 @@ impl ScanStream {
         self.schema.clone()
     }
 
-    /// Next batch, waiting for it (not for use on an async runtime's thread).
+    /// Next batch, waiting for it. On a worker of a multi-threaded tokio runtime the
+    /// runtime is told this thread blocks; on the thread of a current-thread runtime that
+    /// also runs the scan it would wait forever: await the [`Stream`] there.
     pub fn next_blocking(&mut self) -> Option<BatchResult> {
-        futures::executor::block_on(self.rx.recv())
+        let rx = &mut self.rx;
+        let mut wait = || futures::executor::block_on(rx.recv());
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            _ => wait(),
+        }
+    }
+
+    /// The batches as a blocking [`Iterator`] (see [`next_blocking`](Self::next_blocking)).
+    pub fn blocking_iter(self) -> BlockingScan {
+        BlockingScan(self)
+    }
+}
+
+/// A [`ScanStream`] as a blocking [`Iterator`]: [`ScanStream::blocking_iter`].
+pub struct BlockingScan(ScanStream);
+
+impl BlockingScan {
+    /// The schema of every batch.
+    pub fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+}
+
+impl Iterator for BlockingScan {
+    type Item = BatchResult;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next_blocking()
     }
 }
 
 impl Drop for ScanStream {
     fn drop(&mut self) {
         self.driver.abort();
-    }
-}
-
-impl Iterator for ScanStream {
-    type Item = BatchResult;
-    fn next(&mut self) -> Option<Self::Item> {
-        self.next_blocking()
     }
 }
 
