@@ -49,6 +49,7 @@ lint-fast: venv
 	cd python && ../$(VENV)/bin/mypy forebay
 	$(PY) .ci/check_features.py
 	$(PY) .ci/check_module_cycles.py
+	$(PY) .ci/check_reader_only.py
 
 # Everything `make test` lints, clippy as a build of its own (make test runs clippy inside
 # its one build instead; see CLIPPY below).

@@ -13,7 +13,7 @@ use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use forebay::checkpoint::CheckpointIndex;
 use forebay::engine::{IterOptions, MapStage, ParquetSink, Pipeline};
-use forebay::parquet::{DatasetSource, ParquetDataset};
+use forebay::reader::{DatasetSource, ParquetDataset};
 
 const FILES: i64 = 4;
 const ROWS_PER_FILE: i64 = 50_000;

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use forebay::parquet::{DatasetSource, ParquetDataset};
+use forebay::reader::{DatasetSource, ParquetDataset};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut columns: Option<Vec<String>> = None;

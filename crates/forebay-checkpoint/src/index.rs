@@ -39,6 +39,32 @@ struct RowProbe<'a> {
 /// Probing never misses an id that was loaded or inserted; an id that was not has a
 /// false-positive chance of at most `len() / 2^100` (see [`crate::fingerprint`]). Null ids
 /// are never stored and never reported present.
+///
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::{ArrayRef, RecordBatch, StringArray};
+/// use arrow_schema::DataType;
+/// use forebay_checkpoint::CheckpointIndex;
+///
+/// let mut done = CheckpointIndex::new(DataType::Utf8, "id", 16)?;
+/// done.insert(&StringArray::from(vec!["a", "c"]))?;
+/// let mask = done.contains(&StringArray::from(vec![Some("a"), Some("b"), None]))?;
+/// assert_eq!(mask, vec![true, false, false].into());
+///
+/// // The rows of a batch still to do:
+/// let ids: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+/// let todo = done.filter(&RecordBatch::try_from_iter([("id", ids)])?)?;
+/// assert_eq!(todo.num_rows(), 2);
+///
+/// // Persisted as Parquet parts, and loaded back by the next run.
+/// let dir = std::env::temp_dir().join(format!("forebay-doc-ckpt-{}", std::process::id()));
+/// let path = dir.display().to_string();
+/// done.write(&path, &Default::default())?;
+/// let again = CheckpointIndex::loader(&path, "id").load()?;
+/// assert_eq!(again.len(), 2);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct CheckpointIndex {
     pub(crate) shard_bits: u32,
     /// One table per shard; `None` where this index did not load the shard (another worker

@@ -37,6 +37,7 @@ pub mod durable;
 pub mod location;
 pub mod memory;
 pub mod runtime;
+#[cfg(feature = "remote")]
 pub mod storage_options;
 pub mod store_errors;
 mod store_ops;

@@ -21,6 +21,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
+#[cfg(feature = "remote")]
 use crate::storage_options::{self, Backend};
 
 /// Why a location cannot be opened.
@@ -63,7 +64,9 @@ pub fn put_memory_object(uri: &str, data: Vec<u8>) -> Result<()> {
     })
 }
 
-pub use crate::storage_options::StorageOptions;
+/// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...);
+/// checked by [`crate::storage_options`].
+pub type StorageOptions = HashMap<String, String>;
 
 /// Open the object store behind one local path or URI (`s3://bucket/key`, `file:///x`,
 /// `memory://k`, `/tmp/x`), returning the store, the object path inside it and the URI to show
@@ -181,12 +184,19 @@ fn store_for(
 /// `AWS_ENDPOINT_URL`, `AWS_REGION`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
 /// ...); `storage_options` override what the environment says, after
 /// [`storage_options::resolve`] checked them. `uri` is the user's, for messages.
+#[cfg(feature = "remote")]
 fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn ObjectStore>> {
+    #[cfg(feature = "aws")]
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    #[cfg(feature = "azure")]
     use object_store::azure::MicrosoftAzureBuilder;
+    #[cfg(feature = "gcp")]
     use object_store::gcp::GoogleCloudStorageBuilder;
+    #[cfg(feature = "http")]
     use object_store::http::HttpBuilder;
-    use object_store::{ClientConfigKey, ObjectStoreScheme};
+    #[cfg(feature = "aws")]
+    use object_store::ClientConfigKey;
+    use object_store::ObjectStoreScheme;
 
     let cannot_open = |e: object_store::Error| {
         LocationError::Invalid(format!("{uri}: cannot open object store: {e}"))
@@ -213,6 +223,7 @@ fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn
         .unwrap_or_default();
     use_ring_for_tls();
     Ok(match scheme {
+        #[cfg(feature = "aws")]
         ObjectStoreScheme::AmazonS3 => {
             let options = resolved(Backend::S3)?;
             let builder = AmazonS3Builder::from_env()
@@ -235,6 +246,7 @@ fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn
             }
             Box::new(builder.build().map_err(cannot_open)?)
         }
+        #[cfg(feature = "gcp")]
         ObjectStoreScheme::GoogleCloudStorage => {
             let options = resolved(Backend::Gcs)?;
             let builder = GoogleCloudStorageBuilder::from_env()
@@ -242,6 +254,7 @@ fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn
                 .with_retry(retry);
             Box::new(configured!(builder, options).build().map_err(cannot_open)?)
         }
+        #[cfg(feature = "azure")]
         ObjectStoreScheme::MicrosoftAzure => {
             let options = resolved(Backend::Azure)?;
             let builder = MicrosoftAzureBuilder::from_env()
@@ -249,17 +262,49 @@ fn open_remote(url: &Url, uri: &str, options: &StorageOptions) -> Result<Box<dyn
                 .with_retry(retry);
             Box::new(configured!(builder, options).build().map_err(cannot_open)?)
         }
-        _ => {
+        #[cfg(feature = "http")]
+        ObjectStoreScheme::Http => {
             let options = resolved(Backend::Http)?;
             let builder = HttpBuilder::new().with_url(url.as_str()).with_retry(retry);
             Box::new(configured!(builder, options).build().map_err(cannot_open)?)
         }
+        #[allow(unreachable_patterns)] // every backend built in
+        _ => return Err(not_built_in(url, uri)),
     })
+}
+
+/// A build without object-store backends (forebay-io's default features off): every remote
+/// URI is refused, saying which feature reads it.
+#[cfg(not(feature = "remote"))]
+fn open_remote(url: &Url, uri: &str, _options: &StorageOptions) -> Result<Box<dyn ObjectStore>> {
+    Err(not_built_in(url, uri))
+}
+
+/// The error for a URI whose backend this build leaves out.
+fn not_built_in(url: &Url, uri: &str) -> LocationError {
+    let feature = match url.scheme() {
+        "s3" | "s3a" => "aws",
+        "gs" => "gcp",
+        "az" | "adl" | "azure" | "abfs" | "abfss" => "azure",
+        "http" | "https" => "http",
+        other => {
+            return LocationError::Invalid(format!(
+                "{uri}: unknown URI scheme '{other}://' (forebay reads local paths, file://, \
+                 memory://, s3://, gs://, az://, abfs(s):// and http(s)://)"
+            ))
+        }
+    };
+    LocationError::Invalid(format!(
+        "{uri}: this build of forebay cannot read {}:// URIs: it was built without \
+         forebay-io's '{feature}' feature",
+        url.scheme()
+    ))
 }
 
 /// Make ring the process's TLS crypto unless the process chose one already (a host embedding
 /// forebay may have). object_store's HTTP client is built with rustls and no provider of its
 /// own (the workspace Cargo.toml says why), and building it without one panics.
+#[cfg(feature = "remote")]
 fn use_ring_for_tls() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -304,6 +349,21 @@ fn percent_decode(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// What a build without a backend says (the reader-only build: default features off).
+    #[test]
+    fn a_uri_whose_backend_is_left_out_names_the_feature_to_turn_on() {
+        let said = |uri: &str| not_built_in(&Url::parse(uri).unwrap(), uri).to_string();
+        let s3 = said("s3://bucket/x.parquet");
+        assert!(
+            s3.contains("cannot read s3:// URIs") && s3.contains("'aws' feature"),
+            "{s3}"
+        );
+        assert!(said("abfss://c@a.dfs.core.windows.net/x").contains("'azure' feature"));
+        assert!(said("gs://b/x").contains("'gcp' feature"));
+        assert!(said("https://h/x").contains("'http' feature"));
+        assert!(said("ftp://h/x").contains("unknown URI scheme 'ftp://'"));
+    }
+
     #[test]
     fn percent_decoding() {
         assert_eq!(percent_decode("a%20b"), "a b");
@@ -323,6 +383,7 @@ mod tests {
     /// Every HTTPS client of every backend gets a crypto provider (it would panic without
     /// one), and it is ring's.
     #[test]
+    #[cfg(all(feature = "aws", feature = "gcp", feature = "azure", feature = "http"))]
     fn https_stores_are_built_with_ring() {
         let options = |pairs: &[(&str, &str)]| -> StorageOptions {
             pairs

@@ -50,6 +50,33 @@ pub struct MemoryRefused {
 
 /// Memory shared between a host and forebay's components. Implementations are called from
 /// any thread, possibly from async tasks: they must not block.
+///
+/// A host adapts its own pool; here, one that only counts (no limit):
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use forebay_io::memory::{MemoryConsumer, MemoryPool, MemoryRefused};
+///
+/// #[derive(Debug, Default)]
+/// struct Counting(AtomicUsize);
+///
+/// impl MemoryPool for Counting {
+///     fn grow(&self, _: &MemoryConsumer, bytes: usize) {
+///         self.0.fetch_add(bytes, Ordering::Relaxed);
+///     }
+///     fn shrink(&self, _: &MemoryConsumer, bytes: usize) {
+///         self.0.fetch_sub(bytes, Ordering::Relaxed);
+///     }
+///     fn try_grow(&self, c: &MemoryConsumer, bytes: usize) -> Result<(), MemoryRefused> {
+///         self.grow(c, bytes);
+///         Ok(())
+///     }
+///     fn reserved(&self) -> usize {
+///         self.0.load(Ordering::Relaxed)
+///     }
+/// }
+/// // ParquetDataset::builder(source).with_memory_pool(Arc::new(Counting::default()))
+/// ```
 pub trait MemoryPool: Send + Sync + fmt::Debug {
     /// A consumer starts (before its first `grow`).
     fn register(&self, _consumer: &MemoryConsumer) {}
@@ -124,6 +151,22 @@ impl Drop for MemoryReservation {
 
 /// A pool with one limit for all its consumers together, first come first served. Records
 /// the most it ever held.
+///
+/// ```
+/// use std::sync::Arc;
+/// use forebay_io::memory::{BoundedPool, MemoryPool, MemoryReservation};
+///
+/// let pool = Arc::new(BoundedPool::new(1 << 20));
+/// let mut scan = MemoryReservation::new(pool.clone(), "a scan");
+/// scan.try_grow(768 << 10)?;
+/// let mut other = MemoryReservation::new(pool.clone(), "a join");
+/// assert!(other.try_grow(512 << 10).is_err()); // over the limit: wait, spill or fail
+/// scan.shrink(512 << 10);
+/// other.try_grow(512 << 10)?;
+/// drop((scan, other)); // everything goes back
+/// assert_eq!((pool.reserved(), pool.peak()), (0, 768 << 10));
+/// # Ok::<(), forebay_io::memory::MemoryRefused>(())
+/// ```
 #[derive(Debug)]
 pub struct BoundedPool {
     limit: usize,

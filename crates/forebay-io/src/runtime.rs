@@ -37,6 +37,14 @@ pub enum HostRuntimeError {
 
 /// Run all of forebay's async work on the host's runtime (`handle`), process-wide, instead
 /// of a pool forebay starts. Call it once, before any other forebay call.
+///
+/// ```
+/// let host = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+/// forebay_io::use_host_runtime(host.handle().clone())?;
+/// assert_eq!(forebay_io::block_on(async { 6 * 7 }), 42); // ran on the host's workers
+/// assert!(!forebay_io::runtime::own_runtime_started());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn use_host_runtime(handle: Handle) -> Result<(), HostRuntimeError> {
     if OWN_RUNTIME.get().is_some() {
         return Err(HostRuntimeError::OwnRuntimeStarted);

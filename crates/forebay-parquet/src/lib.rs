@@ -72,6 +72,11 @@ pub mod split;
 #[cfg(test)]
 mod test_files;
 
+/// The crates of forebay's public types, at the versions it was built with: a host names
+/// `forebay_parquet::arrow_array::RecordBatch` or `forebay_parquet::object_store::ObjectStore`
+/// and cannot end up with a second, incompatible copy.
+pub use {arrow_array, arrow_schema, object_store, parquet};
+
 pub use error::{ErrorKind, ParquetError, Result};
 pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
 pub use predicate::{CompareOp, Literal, Predicate};

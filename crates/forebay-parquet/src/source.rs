@@ -30,7 +30,39 @@ pub fn put_memory_object(uri: &str, data: Vec<u8>) -> Result<()> {
     forebay_io::location::put_memory_object(uri, data).map_err(ParquetError::from)
 }
 
-/// Where a dataset's files come from.
+/// Where a dataset's files come from: paths and URIs forebay opens, or objects of a store the
+/// caller built (a host engine's, with its own credentials and client).
+///
+/// ```
+/// use std::sync::Arc;
+/// use forebay_parquet::object_store::{memory::InMemory, path::Path, ObjectStore, ObjectStoreExt};
+/// use forebay_parquet::{DatasetSource, ParquetDataset};
+///
+/// # let bytes = {
+/// #     use forebay_parquet::arrow_array::{ArrayRef, Int64Array, RecordBatch};
+/// #     let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..5));
+/// #     let batch = RecordBatch::try_from_iter([("id", ids)])?;
+/// #     let mut out = Vec::new();
+/// #     let mut w = forebay_parquet::parquet::arrow::ArrowWriter::try_new(&mut out, batch.schema(), None)?;
+/// #     w.write(&batch)?;
+/// #     w.close()?;
+/// #     out
+/// # };
+/// let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+/// let put = store.clone();
+/// forebay_parquet::block_on(async move {
+///     put.put(&Path::from("events/day=1/a.parquet"), bytes.into()).await
+/// })?;
+/// let dataset = ParquetDataset::builder(DatasetSource::Store {
+///     store,
+///     display_prefix: "mem://".into(),
+///     paths: vec!["events/".into()], // a prefix: every Parquet file under it
+/// })
+/// .build()?;
+/// assert_eq!(dataset.count_rows()?, 5);
+/// assert_eq!(dataset.files()[0].uri(), "mem://events/day=1/a.parquet");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub enum DatasetSource {
     /// Paths, directories, globs or URIs, resolved with the given storage options.

@@ -228,6 +228,24 @@ pub type PendingSpill = PendingRound<SpillLocation>;
 /// vectored write (or one per object with [`SyncPolicy::PerObject`]). The queue in front of
 /// the I/O threads is bounded, so a producer that spills faster than the disk writes blocks
 /// in `submit` instead of piling rounds up in memory.
+///
+/// ```
+/// use bytes::Bytes;
+/// use forebay_spill::{SpillArea, SpillConfig, SpillObject};
+///
+/// let dir = std::env::temp_dir().join(format!("forebay-doc-spill-{}", std::process::id()));
+/// let area = SpillArea::open(SpillConfig::new([&dir]))?;
+/// let header = Bytes::from_static(b"header");
+/// let body = Bytes::from(vec![7u8; 4096]);
+/// let locations = area.spill(vec![SpillObject { id: 1, buffers: vec![header, body] }])?;
+/// let (mut a, mut b) = (vec![0u8; 6], vec![0u8; 4096]);
+/// area.restore_into(&locations[0], &mut [&mut a[..], &mut b[..]])?; // checksums verified
+/// assert_eq!((&a[..], b[0]), (&b"header"[..], 7));
+/// drop(locations); // the file's last object: the file is deleted
+/// # drop(area);
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct SpillArea {
     shared: Arc<Shared>,
     queue: Option<Sender<Job>>,

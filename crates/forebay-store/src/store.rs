@@ -25,6 +25,17 @@ use crate::{ipc, layout, server, ARENA_FILE, SOCKET_FILE};
 
 /// A handle on an object store: the owner (created with [`ObjectStore::new`]) or an attached
 /// process ([`ObjectStore::attach`]). Methods are the same on both.
+///
+/// ```
+/// use forebay_store::{ObjectStore, StoreConfig};
+///
+/// let store = ObjectStore::new(StoreConfig::new(16 << 20))?;
+/// let id = store.put_bytes(b"meta", &[b"hello ", b"world"])?;
+/// let object = store.get(id)?; // pinned (never spilled) while `object` lives
+/// assert_eq!(object.data(), b"hello world");
+/// assert_eq!(store.stats()?.objects, 1);
+/// # Ok::<(), forebay_store::StoreError>(())
+/// ```
 pub struct ObjectStore {
     backend: Backend,
     /// The owner's socket server (None when attached). Dropped first: stops serving.

@@ -163,6 +163,25 @@ impl Step {
 
 /// A pipeline being described: a source and steps; run it with [`iter`](Pipeline::iter) or
 /// [`write_parquet`](Pipeline::write_parquet).
+///
+/// ```no_run
+/// use forebay_engine::{Checkpoint, MapStage, ParquetSink, Pipeline, Source};
+/// use forebay_parquet::{DatasetSource, ParquetDataset};
+///
+/// let input = ParquetDataset::builder(DatasetSource::uris(["s3://bucket/docs/"]))
+///     .with_columns(["id", "text"])
+///     .build()?;
+/// // Killed at any moment and run again: skips what was committed, writes nothing twice.
+/// let stats = Pipeline::new(Source::Parquet(input))
+///     .with_memory_limit(2 << 30)
+///     .map(MapStage::rust("embed", |batch| Ok(batch)).with_concurrency(4))
+///     .write_parquet_checkpointed(
+///         ParquetSink::new("s3://bucket/embeddings/"),
+///         Checkpoint::new("id", "s3://bucket/embeddings/_checkpoint"),
+///     )?;
+/// println!("{} rows, {} files", stats.rows, stats.files.len());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Pipeline {
     source: Source,
     steps: Vec<Step>,

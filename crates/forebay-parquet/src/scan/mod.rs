@@ -82,6 +82,34 @@ use runtime::panic_message;
 
 /// A lazily read Parquet dataset: files resolved, footers read on demand and cached.
 /// Cheap to clone; every scan shares the metadata cache and counters.
+///
+/// ```
+/// use std::sync::Arc;
+/// use forebay_parquet::arrow_array::{ArrayRef, Int64Array, RecordBatch};
+/// use forebay_parquet::parquet::arrow::ArrowWriter;
+/// use forebay_parquet::{DatasetSource, ParquetDataset, Predicate};
+///
+/// let dir = std::env::temp_dir().join(format!("forebay-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..1000));
+/// let batch = RecordBatch::try_from_iter([("id", ids)])?;
+/// let mut writer = ArrowWriter::try_new(std::fs::File::create(dir.join("a.parquet"))?, batch.schema(), None)?;
+/// writer.write(&batch)?;
+/// writer.close()?;
+///
+/// let dataset = ParquetDataset::builder(DatasetSource::uris([dir.display().to_string()]))
+///     .with_filter(Predicate::gt("id", 989))
+///     .build()?;
+/// assert_eq!(dataset.count_rows()?, 10);
+/// let rows: usize = dataset
+///     .scan()
+///     .blocking_iter()
+///     .map(|b| b.map(|b| b.batch.num_rows()))
+///     .sum::<Result<_, _>>()?;
+/// assert_eq!(rows, 10);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct ParquetDataset {
     inner: Arc<DatasetInner>,
