@@ -123,7 +123,7 @@ mod writer;
 pub use batch::{EngineBatch, Origin};
 pub use commit::{Checkpoint, FinishedInputs, OnChangedInput, ResumeReport};
 pub use coordinator::{
-    CommitCoordinator, CommitStager, ConsumedPositions, StagedCommit, StagerSpec,
+    CommitCoordinator, CommitStager, ConsumedPositions, StagedCommit, StagerSpec, StagingSlot,
 };
 pub use error::{BatchLabel, EngineError, Result, UserError};
 pub use errored::{errored_rows_batch, ErroredRow};

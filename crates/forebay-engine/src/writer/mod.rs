@@ -230,6 +230,11 @@ impl OutputTarget {
     }
 
     /// The extension of the files written (`"parquet"`), without the dot.
+    /// The output directory.
+    pub(crate) fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
     pub(crate) fn extension(&self) -> &str {
         self.format.extension()
     }
