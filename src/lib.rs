@@ -36,3 +36,8 @@ pub use forebay_parquet as reader;
 pub use forebay_spill as spill;
 #[cfg(feature = "engine")]
 pub use forebay_store as store;
+
+/// The README's Rust snippets, run as doctests: they compile and run as written.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeRustSnippets;

@@ -43,4 +43,8 @@ pub mod store_errors;
 mod store_ops;
 
 pub use dir::{Dir, DirError};
+
+/// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...);
+/// checked by `storage_options` (built with the `remote` feature) before a store is built.
+pub type StorageOptions = std::collections::HashMap<String, String>;
 pub use runtime::{block_on, block_on_in, handle, runtime, use_host_runtime};

@@ -64,9 +64,7 @@ pub fn put_memory_object(uri: &str, data: Vec<u8>) -> Result<()> {
     })
 }
 
-/// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...);
-/// checked by [`crate::storage_options`].
-pub type StorageOptions = HashMap<String, String>;
+pub use crate::StorageOptions;
 
 /// Open the object store behind one local path or URI (`s3://bucket/key`, `file:///x`,
 /// `memory://k`, `/tmp/x`), returning the store, the object path inside it and the URI to show

@@ -39,7 +39,7 @@ use object_store::azure::AzureConfigKey;
 use object_store::gcp::GoogleConfigKey;
 use object_store::{ClientConfigKey, RetryConfig};
 
-pub use crate::location::StorageOptions;
+pub use crate::StorageOptions;
 
 /// The object store backends whose options differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -82,9 +82,9 @@ pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
 pub use predicate::{CompareOp, Literal, Predicate};
 pub use row_filter::{RowFilterError, RowGroupDecision, ScanRowFilter};
 pub use scan::{
-    block_on, runtime, AllSkips, BatchProvenance, BlockingScan, FileRowGroups, ParquetDataset,
-    ParquetDatasetBuilder, ProvenancedBatch, RecordBatchIter, RowRange, ScanMetricsSnapshot,
-    ScanSkip, ScanStream, DEFAULT_MAX_COLUMN_CHUNK_BYTES,
+    block_on, runtime, AllSkips, BatchProvenance, BlockingScan, ColumnStatistics, FileRowGroups,
+    ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch, RecordBatchIter, RowRange,
+    ScanMetricsSnapshot, ScanSkip, ScanStream, ScanUnit, DEFAULT_MAX_COLUMN_CHUNK_BYTES,
 };
 pub use source::{
     global_memory_store, open_location, DatasetSource, StorageOptions, DEFAULT_FILE_EXTENSIONS,

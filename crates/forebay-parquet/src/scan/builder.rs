@@ -97,6 +97,8 @@ pub struct ParquetDatasetBuilder {
     pub(super) file_extensions: Option<Vec<String>>,
     /// The most one selected column chunk may decompress to (its footer's size).
     pub(super) max_column_chunk_bytes: u64,
+    /// The most rows a scan yields (None: all).
+    pub(super) limit: Option<u64>,
     /// Where the scan's tasks run (None: forebay-io's `handle()`).
     pub(super) runtime: Option<tokio::runtime::Handle>,
     /// The host's pool the scan charges what it holds (None: no accounting).
@@ -245,6 +247,15 @@ impl ParquetDatasetBuilder {
     /// the check a tiny file of highly compressible strings allocates gigabytes first.
     pub fn with_max_column_chunk_bytes(mut self, bytes: u64) -> Self {
         self.max_column_chunk_bytes = bytes.max(1);
+        self
+    }
+
+    /// Yield at most `rows` rows from each scan (after the filters), in scan order: the
+    /// scan stops reading once it has them, and without a filter it does not start row
+    /// groups past the limit (their row counts are in the footers). `count_rows` counts at
+    /// most `rows`.
+    pub fn with_limit(mut self, rows: u64) -> Self {
+        self.limit = Some(rows);
         self
     }
 

@@ -114,7 +114,7 @@ pub(super) async fn drive(
                 )))
             }
         };
-        for unit in inner.plan_units(&file) {
+        for unit in inner.plan_units(&file, &inner.scan_metrics) {
             if let Some(s) = &skip {
                 let footer = file.reader_meta.metadata();
                 if s.0.skip_row_group_in(&file.entry, footer, unit.row_group) {
@@ -140,10 +140,12 @@ pub(super) async fn drive(
     // decoded and forwarded.
     let mut failed: Option<ParquetError> = None;
     let mut charges = Charges::new(&inner);
+    let mut wanted = RowsWanted::new(&inner);
     loop {
-        // Top up: launch units until `prefetch` are in flight, there are no more, or the
-        // host's pool wants units in flight handed on first.
-        while in_flight.len() < inner.prefetch {
+        // Top up: launch units until `prefetch` are in flight, there are no more, the
+        // units launched hold the rows a limit wants, or the host's pool wants units in
+        // flight handed on first.
+        while in_flight.len() < inner.prefetch && !wanted.reached() {
             if let Some(mut pending) = pending_units.pop_front() {
                 let charged = match pending.charged.take() {
                     Some(bytes) => bytes,
@@ -179,6 +181,7 @@ pub(super) async fn drive(
                     }
                 };
                 charges.started(charged);
+                wanted.launched(&pending);
                 let (tx, rx) = mpsc::channel(2);
                 tokio::spawn(run_unit(
                     inner.clone(),
@@ -205,11 +208,19 @@ pub(super) async fn drive(
         }
         // Ahead of decoding: request the data of the next units, opening more files as far
         // as their footers are read already (never waiting for one here).
-        while failed.is_none() {
+        while failed.is_none() && !wanted.reached() {
             // Units holding data or waiting for it (a small file's bytes count for each of
             // its units): what bounds the bytes held ahead.
             let mut ahead = pending_units.iter().filter(|p| !p.needs_fetch()).count();
-            for pending in pending_units.iter_mut().filter(|p| p.needs_fetch()) {
+            let mut rows_before = wanted.launched_rows;
+            for pending in pending_units.iter_mut() {
+                if wanted.covered_by(rows_before) {
+                    break; // a limit has its rows in the units before this one
+                }
+                rows_before += unit_rows(pending);
+                if !pending.needs_fetch() {
+                    continue;
+                }
                 if ahead >= inner.fetch_ahead_for(&pending.file, fetch_ahead) {
                     break;
                 }
@@ -247,6 +258,50 @@ pub(super) async fn drive(
         if !forward_next(&mut in_flight, &mut charges, &out).await {
             return;
         }
+    }
+}
+
+/// The rows a scan's limit wants ([`with_limit`](crate::ParquetDatasetBuilder::with_limit)),
+/// against the rows of the units launched. Only without filters: rows are then known from
+/// the footers before decoding.
+struct RowsWanted {
+    limit: Option<u64>,
+    launched_rows: u64,
+}
+
+impl RowsWanted {
+    fn new(inner: &DatasetInner) -> Self {
+        let filtered = inner.options.filter.is_some() || inner.options.row_filter.is_some();
+        RowsWanted {
+            limit: inner.options.limit.filter(|_| !filtered),
+            launched_rows: 0,
+        }
+    }
+
+    fn covered_by(&self, rows: u64) -> bool {
+        self.limit.is_some_and(|limit| rows >= limit)
+    }
+
+    fn reached(&self) -> bool {
+        self.covered_by(self.launched_rows)
+    }
+
+    fn launched(&mut self, unit: &PendingUnit) {
+        self.launched_rows += unit_rows(unit);
+    }
+}
+
+/// Rows a unit yields (no filter): its page selection's, else its row group's.
+fn unit_rows(unit: &PendingUnit) -> u64 {
+    match &unit.unit.selection {
+        Some(selection) => selection.row_count() as u64,
+        None => unit
+            .file
+            .reader_meta
+            .metadata()
+            .row_group(unit.unit.row_group)
+            .num_rows()
+            .max(0) as u64,
     }
 }
 

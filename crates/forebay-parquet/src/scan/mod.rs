@@ -25,6 +25,7 @@
 //! | `schema`  | a file's schema for the scan: options applied, projection, flat columns    |
 //! | `open`    | a file's footer turned into its read plan (`OpenedFile`), cached           |
 //! | `prune`   | the units of a file a filter may match (statistics, page index)            |
+//! | `plan`    | the units as a host engine sees them ([`ScanUnit`]), a scan of some of them |
 //! | `driver`  | units in flight under `prefetch`, their batches forwarded in order         |
 //! | `accounting` | what a scan charges to a host's memory pool, unit by unit               |
 //! | `decode`  | one unit decoded: forebay's flat decoders, the parquet crate for the rest  |
@@ -42,6 +43,7 @@ mod fetch_ahead;
 mod footer;
 mod metrics;
 mod open;
+mod plan;
 mod prune;
 mod row_ranges;
 mod runtime;
@@ -51,6 +53,7 @@ mod stream;
 pub use builder::{AllSkips, ParquetDatasetBuilder, ScanSkip};
 pub use decode::DEFAULT_MAX_COLUMN_CHUNK_BYTES;
 pub use metrics::ScanMetricsSnapshot;
+pub use plan::{ColumnStatistics, ScanUnit};
 pub use row_ranges::{FileRowGroups, RowRange};
 pub use runtime::{block_on, runtime};
 pub use stream::{BatchProvenance, BlockingScan, ProvenancedBatch, RecordBatchIter, ScanStream};
@@ -186,6 +189,7 @@ impl ParquetDataset {
                     .collect(),
             ),
             max_column_chunk_bytes: DEFAULT_MAX_COLUMN_CHUNK_BYTES,
+            limit: None,
             runtime: None,
             memory_pool: None,
         }
@@ -392,6 +396,12 @@ impl ParquetDataset {
         self.block_on(async move { this.count_rows_async().await })
     }
 
+    /// [`Self::count_rows`] for async callers.
+    pub async fn count_rows_async(&self) -> Result<u64> {
+        let all = self.count_all_rows().await?;
+        Ok(self.inner.options.limit.map_or(all, |limit| all.min(limit)))
+    }
+
     /// Wait from a blocking caller for `fut`, run on the dataset's runtime.
     pub(super) fn block_on<T: Send + 'static>(
         &self,
@@ -404,8 +414,7 @@ impl ParquetDataset {
         self.inner.options.filter.is_some() || self.inner.options.row_filter.is_some()
     }
 
-    /// [`Self::count_rows`] for async callers.
-    pub async fn count_rows_async(&self) -> Result<u64> {
+    async fn count_all_rows(&self) -> Result<u64> {
         if !self.has_filters() {
             return footer_rows(self.inner.clone()).await;
         }
@@ -456,11 +465,12 @@ impl ParquetDataset {
                     .await;
             }
         });
-        ScanStream {
-            rx,
-            schema: self.schema(),
-            driver,
-        }
+        ScanStream::new(rx, self.schema(), driver, self.inner.options.limit)
+    }
+
+    /// The most rows a scan yields ([`with_limit`](ParquetDatasetBuilder::with_limit)).
+    pub fn limit(&self) -> Option<u64> {
+        self.inner.options.limit
     }
 }
 

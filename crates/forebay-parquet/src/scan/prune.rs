@@ -7,12 +7,14 @@ use arrow_array::Array;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::RowSelection;
 
+use super::metrics::ScanMetrics;
 use super::{DatasetInner, OpenedFile, Unit};
 use crate::predicate::ContainerStats;
 
 impl DatasetInner {
-    /// Row groups of `file` that may hold matching rows, with page-level selections.
-    pub(super) fn plan_units(&self, file: &OpenedFile) -> Vec<Unit> {
+    /// Row groups of `file` that may hold matching rows, with page-level selections; what
+    /// was pruned is counted in `metrics` (the scan's, or a plan's own).
+    pub(super) fn plan_units(&self, file: &OpenedFile, metrics: &ScanMetrics) -> Vec<Unit> {
         let metadata = file.reader_meta.metadata();
         let row_groups = metadata.row_groups();
         let mut first_row = 0u64;
@@ -24,7 +26,6 @@ impl DatasetInner {
                 s
             })
             .collect();
-        let metrics = &self.scan_metrics;
         metrics
             .row_groups_total
             .fetch_add(row_groups.len() as u64, Ordering::Relaxed);

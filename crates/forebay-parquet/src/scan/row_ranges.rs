@@ -91,11 +91,7 @@ impl ParquetDataset {
             .options
             .runtime_handle()
             .spawn(drive_ranges(inner, ranges, tx));
-        ScanStream {
-            rx,
-            schema: self.schema(),
-            driver,
-        }
+        ScanStream::new(rx, self.schema(), driver, self.inner.options.limit)
     }
 }
 

@@ -58,12 +58,56 @@ pub struct ProvenancedBatch {
 /// // From a plain thread: for batch in dataset.scan().blocking_iter() { ... }
 /// ```
 pub struct ScanStream {
-    pub(super) rx: mpsc::Receiver<BatchResult>,
-    pub(super) schema: SchemaRef,
-    pub(super) driver: tokio::task::JoinHandle<()>,
+    rx: mpsc::Receiver<BatchResult>,
+    schema: SchemaRef,
+    driver: tokio::task::JoinHandle<()>,
+    /// Rows still to yield under a limit (None: no limit).
+    remaining: Option<u64>,
 }
 
 impl ScanStream {
+    pub(super) fn new(
+        rx: mpsc::Receiver<BatchResult>,
+        schema: SchemaRef,
+        driver: tokio::task::JoinHandle<()>,
+        limit: Option<u64>,
+    ) -> Self {
+        ScanStream {
+            rx,
+            schema,
+            driver,
+            remaining: limit,
+        }
+    }
+
+    /// `item` under the limit: a batch cut to the rows still wanted; none once the limit is
+    /// reached (the driver is stopped then).
+    fn limited(&mut self, item: Option<BatchResult>) -> Option<BatchResult> {
+        let Some(remaining) = self.remaining.as_mut() else {
+            return item;
+        };
+        if *remaining == 0 {
+            return None;
+        }
+        let Some(Ok(mut batch)) = item else {
+            return item;
+        };
+        let rows = batch.batch.num_rows() as u64;
+        if rows >= *remaining {
+            batch.batch = batch.batch.slice(0, *remaining as usize);
+            *remaining = 0;
+            self.driver.abort();
+            self.rx.close();
+        } else {
+            *remaining -= rows;
+        }
+        Some(Ok(batch))
+    }
+
+    fn limit_reached(&self) -> bool {
+        self.remaining == Some(0)
+    }
+
     /// The schema of every batch.
     pub fn schema(&self) -> SchemaRef {
         self.schema.clone()
@@ -73,12 +117,16 @@ impl ScanStream {
     /// runtime is told this thread blocks; on the thread of a current-thread runtime that
     /// also runs the scan it would wait forever: await the [`Stream`] there.
     pub fn next_blocking(&mut self) -> Option<BatchResult> {
+        if self.limit_reached() {
+            return None;
+        }
         let rx = &mut self.rx;
         let mut wait = || futures::executor::block_on(rx.recv());
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        let item = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
             _ => wait(),
-        }
+        };
+        self.limited(item)
     }
 
     /// The batches as a blocking [`Iterator`] (see [`next_blocking`](Self::next_blocking)).
@@ -113,7 +161,11 @@ impl Drop for ScanStream {
 impl Stream for ScanStream {
     type Item = BatchResult;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
+        if self.limit_reached() {
+            return Poll::Ready(None);
+        }
+        let item = std::task::ready!(self.rx.poll_recv(cx));
+        Poll::Ready(self.limited(item))
     }
 }
 
