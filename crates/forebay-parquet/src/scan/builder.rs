@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use arrow_schema::TimeUnit;
+use arrow_schema::{SchemaRef, TimeUnit};
 use parquet::file::metadata::ParquetMetaData;
 
 use super::metrics::ScanMetrics;
@@ -99,6 +99,10 @@ pub struct ParquetDatasetBuilder {
     pub(super) max_column_chunk_bytes: u64,
     /// The most rows a scan yields (None: all).
     pub(super) limit: Option<u64>,
+    /// The dataset's schema, files adapted to it (see `evolve`).
+    pub(super) schema: Option<SchemaRef>,
+    /// The dataset's schema is the union of its files' (see `evolve`).
+    pub(super) union_schema: bool,
     /// Where the scan's tasks run (None: forebay-io's `handle()`).
     pub(super) runtime: Option<tokio::runtime::Handle>,
     /// The host's pool the scan charges what it holds (None: no accounting).
@@ -250,6 +254,33 @@ impl ParquetDatasetBuilder {
         self
     }
 
+    /// Read every file as `schema` (its columns by name, in its order): a column a file
+    /// lacks is read as nulls (the field must be nullable), and one whose type differs is
+    /// widened by the rule in the `evolve` module docs (`int32` → `int64`, `float32` →
+    /// `float64`, `utf8` → `large_utf8`, ...); anything else fails the scan with
+    /// [`ParquetError::SchemaMismatch`] naming the file and the column. Columns a file has
+    /// beyond `schema` are not read. `with_columns` then picks among `schema`'s columns
+    /// (top-level names only); a filter's columns must be in every file.
+    pub fn with_schema(mut self, schema: SchemaRef) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+
+    /// Read the files as the union of their schemas: every column any file has, by name, in
+    /// order of first appearance, of the widest type its files hold (the widening rule of
+    /// [`with_schema`](Self::with_schema)); where a file lacks a column, nulls. Every
+    /// footer is read when the dataset is built (in parallel; the scans reuse them). Files
+    /// whose types for one column do not widen to one another are an error naming both.
+    pub fn with_union_schema(mut self) -> Self {
+        self.union_schema = true;
+        self
+    }
+
+    /// Whether files may differ from the dataset's schema (`with_schema`, `with_union_schema`).
+    pub(super) fn evolves(&self) -> bool {
+        self.schema.is_some() || self.union_schema
+    }
+
     /// Yield at most `rows` rows from each scan (after the filters), in scan order: the
     /// scan stops reading once it has them, and without a filter it does not start row
     /// groups past the limit (their row counts are in the footers). `count_rows` counts at
@@ -331,8 +362,12 @@ impl ParquetDatasetBuilder {
             page_buffers: Arc::default(),
             options: self,
         });
-        let first = inner.open(0).await?;
-        let _ = inner.schema.set(first.output_schema.clone());
+        if inner.options.evolves() {
+            super::evolve::dataset_schema(&inner).await?;
+        } else {
+            let first = inner.open(0).await?;
+            let _ = inner.schema.set(first.output_schema.clone());
+        }
         Ok(ParquetDataset { inner })
     }
 }

@@ -106,7 +106,10 @@ pub(super) async fn decode_unit(
                         // As when the row filter drops every row (see `ScanRowFilter`).
                         let provenance = provenance_of(None, 0);
                         let batch = RecordBatch::new_empty(file.output_schema.clone());
-                        let _ = tx.send(Ok(ProvenancedBatch { batch, provenance })).await;
+                        let item = file
+                            .finish_batch(batch, rg)
+                            .map(|batch| ProvenancedBatch { batch, provenance });
+                        let _ = tx.send(item).await;
                         return;
                     }
                     RowGroupDecision::KeepAll => row_filter = None,
@@ -186,7 +189,10 @@ pub(super) async fn decode_unit(
                     // provenance shows the unit ended (see `ScanRowFilter`).
                     let provenance = provenance_of(None, batch_index);
                     let batch = RecordBatch::new_empty(file.output_schema.clone());
-                    let _ = tx.send(Ok(ProvenancedBatch { batch, provenance })).await;
+                    let item = file
+                        .finish_batch(batch, rg)
+                        .map(|batch| ProvenancedBatch { batch, provenance });
+                    let _ = tx.send(item).await;
                     return;
                 }
                 // Without filtering every row of the row group must come out; a shortfall
@@ -216,9 +222,13 @@ pub(super) async fn decode_unit(
         }
         let columns = file.reorder.iter().map(|&i| columns[i].clone()).collect();
         let batch = match RecordBatch::try_new(file.output_schema.clone(), columns) {
+            Ok(b) => file.finish_batch(b, rg),
+            Err(e) => Err(corrupt(&path, Some(rg), e)),
+        };
+        let batch = match batch {
             Ok(b) => b,
             Err(e) => {
-                let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+                let _ = tx.send(Err(e)).await;
                 return;
             }
         };

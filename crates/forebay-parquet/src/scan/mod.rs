@@ -22,6 +22,7 @@
 //! |-----------|---------------------------------------------------------------------------|
 //! | `builder` | the options ([`ParquetDatasetBuilder`]) and a resume's [`ScanSkip`]        |
 //! | `footer`  | reading a footer (one request for most files), row counts from footers     |
+//! | `evolve`  | files of differing schemas read as one: nulls, widening (a visible rule)   |
 //! | `schema`  | a file's schema for the scan: options applied, projection, flat columns    |
 //! | `open`    | a file's footer turned into its read plan (`OpenedFile`), cached           |
 //! | `prune`   | the units of a file a filter may match (statistics, page index)            |
@@ -39,6 +40,7 @@ mod accounting;
 mod builder;
 mod decode;
 mod driver;
+mod evolve;
 mod fetch_ahead;
 mod footer;
 mod metrics;
@@ -63,6 +65,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use arrow_array::RecordBatch;
 use arrow_schema::{SchemaRef, TimeUnit};
 use futures::{FutureExt, StreamExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection};
@@ -145,7 +148,11 @@ struct OpenedFile {
     projection: ProjectionMask,
     /// Position in the decoded batch of each output column, in output order.
     reorder: Vec<usize>,
+    /// The schema of the batches it decodes (its selected columns, in output order).
     output_schema: SchemaRef,
+    /// With schema evolution (`evolve`): how its batches become the dataset's schema. Set
+    /// once the dataset's schema is known.
+    adapter: OnceLock<evolve::Adapter>,
     filter: Option<(ProjectionMask, BoundPredicate)>,
     /// Columns of the decoded batch that forebay's own decoders may read (see `flat`); the
     /// parquet crate decodes the rest.
@@ -190,6 +197,8 @@ impl ParquetDataset {
             ),
             max_column_chunk_bytes: DEFAULT_MAX_COLUMN_CHUNK_BYTES,
             limit: None,
+            schema: None,
+            union_schema: false,
             runtime: None,
             memory_pool: None,
         }
@@ -483,6 +492,17 @@ struct Unit {
     row_group: usize,
     first_row: u64,
     selection: Option<RowSelection>,
+}
+
+impl OpenedFile {
+    /// A decoded batch of this file as a batch of the dataset (adapted to its schema when
+    /// files may differ).
+    fn finish_batch(&self, batch: RecordBatch, row_group: usize) -> Result<RecordBatch> {
+        match self.adapter.get() {
+            Some(adapter) => adapter.apply(&batch, row_group),
+            None => Ok(batch),
+        }
+    }
 }
 
 impl Unit {

@@ -1,7 +1,7 @@
 //! Opening a file: its footer read (once per dataset) and turned into a read plan.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow_schema::{Field, Schema};
 use bytes::Bytes;
@@ -10,6 +10,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
 
+use super::evolve::Adapter;
 use super::footer::read_footer;
 use super::runtime::panic_message;
 use super::schema::{
@@ -97,10 +98,16 @@ impl DatasetInner {
         .map_err(|e| corrupt(&path, None, e))?;
         let parquet_schema = reader_meta.parquet_schema();
 
+        // Files that may differ (`evolve`) read the dataset's columns they have.
+        let present = self
+            .options
+            .evolves()
+            .then(|| self.columns_present(&hinted, &path))
+            .transpose()?;
         let (projection, requested_roots) = resolve_projection(
             parquet_schema,
             &hinted,
-            self.options.columns.as_deref(),
+            present.as_deref().or(self.options.columns.as_deref()),
             &path,
         )?;
         // Decoded batches hold the selected roots in file order; output follows the request.
@@ -127,8 +134,13 @@ impl DatasetInner {
                 .map(|&i| decoded_schema.field(i).clone())
                 .collect::<Vec<Field>>(),
         ));
-        if let Some(first) = self.schema.get() {
-            check_same_schema(first, &output_schema, &path, &self.files[0].uri)?;
+        let adapter = OnceLock::new();
+        match self.schema.get() {
+            Some(dataset) if self.options.evolves() => {
+                let _ = adapter.set(Adapter::new(&output_schema, dataset.clone(), &path)?);
+            }
+            Some(first) => check_same_schema(first, &output_schema, &path, &self.files[0].uri)?,
+            None => {}
         }
         let flat_columns = if self.options.flat_decoder {
             flat_columns(parquet_schema, &selected_roots, &decoded_schema)
@@ -156,11 +168,46 @@ impl DatasetInner {
             projection,
             reorder,
             output_schema,
+            adapter,
             filter,
             flat_columns,
             decoded_columns: selected_roots.len(),
         };
         Ok((opened, footer.whole_file))
+    }
+
+    /// With schema evolution: the columns this file has of those the dataset reads (the
+    /// dataset's schema once known; else, while a union is being worked out, the requested
+    /// columns or all). A file with none of them is an error.
+    fn columns_present(&self, file_schema: &Schema, path: &str) -> Result<Vec<String>> {
+        let wanted: Vec<String> = match (self.schema.get(), &self.options.columns) {
+            (Some(dataset), _) => dataset.fields().iter().map(|f| f.name().clone()).collect(),
+            (None, Some(columns)) => columns.clone(),
+            (None, None) => file_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect(),
+        };
+        let present: Vec<String> = wanted
+            .into_iter()
+            .filter(|name| file_schema.index_of(name).is_ok())
+            .collect();
+        if present.is_empty() {
+            return Err(ParquetError::SchemaMismatch {
+                path: path.to_string(),
+                first: "the dataset's schema".into(),
+                reason: format!(
+                    "the file has none of the columns read (it has {:?})",
+                    file_schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                ),
+            });
+        }
+        Ok(present)
     }
 
     fn wants_page_index(&self) -> bool {

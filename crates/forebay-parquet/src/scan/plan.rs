@@ -18,7 +18,10 @@ use futures::StreamExt;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::file::metadata::ParquetMetaData;
 
+use arrow_schema::Schema;
+
 use super::accounting::decoded_bytes_estimate;
+use super::evolve::widen;
 use super::footer::FOOTER_CONCURRENCY;
 use super::metrics::ScanMetrics;
 use super::{OpenedFile, ParquetDataset, ScanSkip, ScanStream};
@@ -87,7 +90,7 @@ impl ParquetDataset {
         while let Some(file) = opened.next().await {
             let file = file?;
             let footer = file.reader_meta.metadata();
-            let statistics = FileStatistics::of(&file);
+            let statistics = FileStatistics::of(&file, &self.schema());
             for unit in inner.plan_units(&file, &metrics) {
                 if let Some(s) = &inner.options.skip {
                     if s.0.skip_row_group_in(&file.entry, footer, unit.row_group) {
@@ -127,29 +130,42 @@ impl ScanSkip for OnlyUnits {
     }
 }
 
-/// Statistics of every row group of a file, per output column (one array entry per row
-/// group), computed once per file.
+/// Statistics of every row group of a file, per column of the dataset (one array entry per
+/// row group), computed once per file.
 struct FileStatistics(Vec<(String, Option<RowGroupValues>)>);
 
-struct RowGroupValues {
-    mins: ArrayRef,
-    maxes: ArrayRef,
-    null_counts: arrow_array::UInt64Array,
+enum RowGroupValues {
+    Known {
+        mins: ArrayRef,
+        maxes: ArrayRef,
+        null_counts: arrow_array::UInt64Array,
+    },
+    /// The file lacks the column (schema evolution): all nulls.
+    Absent { rows: Vec<u64> },
 }
 
 impl FileStatistics {
-    fn of(file: &OpenedFile) -> FileStatistics {
+    fn of(file: &OpenedFile, dataset: &Schema) -> FileStatistics {
         let footer = file.reader_meta.metadata();
         let groups = footer.row_groups();
         let schema = file.reader_meta.schema();
         let parquet_schema = file.reader_meta.parquet_schema();
         let orders = footer.file_metadata().column_orders().map(|v| v.as_slice());
+        let cast =
+            |name: &str, values: ArrayRef| match file.adapter.get().and_then(|a| a.cast_of(name)) {
+                Some(to) => widen(&values, to).ok(),
+                None => Some(values),
+            };
         FileStatistics(
-            file.output_schema
+            dataset
                 .fields()
                 .iter()
                 .map(|field| {
                     let name = field.name().clone();
+                    if file.output_schema.index_of(&name).is_err() {
+                        let rows = groups.iter().map(|g| g.num_rows().max(0) as u64).collect();
+                        return (name, Some(RowGroupValues::Absent { rows }));
+                    }
                     let values = StatisticsConverter::try_new(&name, schema, parquet_schema)
                         .ok()
                         .map(|c| {
@@ -157,9 +173,9 @@ impl FileStatistics {
                                 .with_column_orders(orders)
                         })
                         .and_then(|c| {
-                            Some(RowGroupValues {
-                                mins: c.row_group_mins(groups.iter()).ok()?,
-                                maxes: c.row_group_maxes(groups.iter()).ok()?,
+                            Some(RowGroupValues::Known {
+                                mins: cast(&name, c.row_group_mins(groups.iter()).ok()?)?,
+                                maxes: cast(&name, c.row_group_maxes(groups.iter()).ok()?)?,
                                 null_counts: c.row_group_null_counts(groups.iter()).ok()?,
                             })
                         });
@@ -176,14 +192,30 @@ impl FileStatistics {
         };
         self.0
             .iter()
-            .map(|(column, values)| ColumnStatistics {
-                column: column.clone(),
-                min: values.as_ref().and_then(|v| value(&v.mins)),
-                max: values.as_ref().and_then(|v| value(&v.maxes)),
-                null_count: values.as_ref().and_then(|v| {
-                    (row_group < v.null_counts.len() && v.null_counts.is_valid(row_group))
-                        .then(|| v.null_counts.value(row_group))
-                }),
+            .map(|(column, values)| match values {
+                Some(RowGroupValues::Known {
+                    mins,
+                    maxes,
+                    null_counts,
+                }) => ColumnStatistics {
+                    column: column.clone(),
+                    min: value(mins),
+                    max: value(maxes),
+                    null_count: (row_group < null_counts.len() && null_counts.is_valid(row_group))
+                        .then(|| null_counts.value(row_group)),
+                },
+                Some(RowGroupValues::Absent { rows }) => ColumnStatistics {
+                    column: column.clone(),
+                    min: None,
+                    max: None,
+                    null_count: rows.get(row_group).copied(),
+                },
+                None => ColumnStatistics {
+                    column: column.clone(),
+                    min: None,
+                    max: None,
+                    null_count: None,
+                },
             })
             .collect()
     }
