@@ -657,6 +657,7 @@ def read_parquet(
     storage_options: Mapping[str, str] | None = None,
     int96_timestamp_unit: str = "ns",
     file_extensions: Sequence[str] | None = ("parquet", "parq", "pq"),
+    schema: Any = None,
 ) -> Dataset:
     """Open Parquet files lazily.
 
@@ -690,6 +691,17 @@ def read_parquet(
         names ending in one of these (default ``parquet``, ``parq``, ``pq``), so that a stray
         ``README`` or ``.csv`` beside the data is not read as Parquet; ``None`` reads every
         file. Files and globs named explicitly are read whatever their name.
+    schema: for files whose columns differ (a table that gained, dropped or widened columns
+        over time). ``None`` (the default): every file must have the first file's columns
+        and types. A ``pyarrow.Schema``: every file is read as it. ``"union"``: the union of
+        the files' columns, by name in order of first appearance (every footer is read when
+        the dataset opens). A column a file lacks comes out as nulls (the field must be
+        nullable); a type that differs is widened only where no value changes: integers to
+        wider integers that hold them, small integers and float32 to float64, string and
+        binary to their large or view layouts, date32 to date64, timestamps to a finer unit
+        of the same zone, decimals to more precision. Anything else raises
+        ``forebay.SchemaMismatchError`` naming the file, the column and both types.
+        ``columns`` pick among the schema's columns; a filter's columns must be in every file.
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in items]
@@ -705,6 +717,11 @@ def read_parquet(
     batch_size = integer("batch_size", batch_size, minimum=1)
     prefetch = optional_integer("prefetch", prefetch, minimum=1)
     num_threads = optional_integer("num_threads", num_threads, minimum=1)
+    union = isinstance(schema, str) and schema == "union"
+    if schema is not None and not union and not isinstance(schema, pa.Schema):
+        raise TypeError(
+            f"schema must be a pyarrow.Schema, 'union' or None, not {type(schema).__name__}"
+        )
     inner = _forebay.RsDataset(
         path_list,
         list(columns) if columns is not None else None,
@@ -716,6 +733,8 @@ def read_parquet(
         storage_options,
         int96_timestamp_unit,
         None if file_extensions is None else _extensions(file_extensions),
+        None if union else schema,
+        union,
     )
     dataset = Dataset(inner)
     dataset._read_args = functools.partial(
@@ -730,6 +749,7 @@ def read_parquet(
         storage_options=storage_options,
         int96_timestamp_unit=int96_timestamp_unit,
         file_extensions=file_extensions,
+        schema=schema,
     )
     return dataset
 

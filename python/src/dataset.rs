@@ -3,10 +3,11 @@
 //! pyarrow batches, and its export through the Arrow C stream interface.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use arrow_array::ffi_stream::FFI_ArrowArrayStream;
-use arrow_pyarrow::ToPyArrow;
-use arrow_schema::TimeUnit;
+use arrow_pyarrow::{FromPyArrow, ToPyArrow};
+use arrow_schema::{Schema, TimeUnit};
 use forebay_parquet::{
     CompareOp, DatasetSource, Literal, ParquetDataset, Predicate, ProvenancedBatch,
     RecordBatchIter, ScanStream,
@@ -113,7 +114,7 @@ pub(crate) struct RsDataset {
 #[pymethods]
 impl RsDataset {
     #[new]
-    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None))]
+    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None, schema=None, union_schema=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -127,6 +128,8 @@ impl RsDataset {
         #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
         int96_timestamp_unit: &str,
         file_extensions: Option<Vec<String>>,
+        schema: Option<Bound<'_, PyAny>>,
+        union_schema: bool,
     ) -> PyResult<Self> {
         let int96_unit = match int96_timestamp_unit {
             "s" => TimeUnit::Second,
@@ -161,6 +164,12 @@ impl RsDataset {
         }
         if let Some(d) = dictionary_columns {
             builder = builder.with_dictionary_columns(d);
+        }
+        if let Some(schema) = schema {
+            builder = builder.with_schema(Arc::new(Schema::from_pyarrow_bound(&schema)?));
+        }
+        if union_schema {
+            builder = builder.with_union_schema();
         }
         let dataset = detached(py, move || builder.build())?;
         Ok(RsDataset { dataset })
