@@ -155,10 +155,8 @@ pub(crate) fn to_py_err(err: RsParquetError) -> PyErr {
         ErrorKind::InvalidFilter => InvalidFilterError::new_err(msg),
         ErrorKind::SchemaMismatch => SchemaMismatchError::new_err(msg),
         ErrorKind::Io => StorageError::new_err(msg),
-        ErrorKind::InvalidArgument
-        | ErrorKind::RowFilter
-        | ErrorKind::TooLarge
-        | ErrorKind::MemoryRefused => ParquetError::new_err(msg),
+        // InvalidArgument, RowFilter, TooLarge, MemoryRefused, and kinds added later.
+        _ => ParquetError::new_err(msg),
     }
 }
 

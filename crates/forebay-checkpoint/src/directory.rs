@@ -35,6 +35,10 @@ impl From<DirError> for CheckpointError {
                 column: String::new(),
                 source: Box::new(source.into()),
             },
+            other => CheckpointError::Manifest {
+                path: other.path().to_string(),
+                reason: other.reason(),
+            },
         }
     }
 }

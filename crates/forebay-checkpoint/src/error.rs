@@ -6,6 +6,7 @@ pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;
 
 /// Errors from loading, probing, inserting into and writing a checkpoint index.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CheckpointError {
     /// Reading checkpoint files failed (missing path, not Parquet, corrupt, unreachable).
     #[error("reading checkpoint ids (column '{column}') from {path}: {source}")]

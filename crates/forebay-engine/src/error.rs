@@ -22,6 +22,7 @@ impl fmt::Display for BatchLabel {
 
 /// Errors of a pipeline run.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     /// Reading the input failed (the message names the file).
     #[error("stage 'read_parquet': {0}")]

@@ -38,6 +38,7 @@ use crate::store_ops::{copy_object, delete_all, object_path};
 
 /// What went wrong, and on which file or directory (a local path or a URI).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DirError {
     /// A local file system operation failed.
     #[error("{path}: {source}")]

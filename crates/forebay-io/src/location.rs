@@ -26,6 +26,7 @@ use crate::storage_options::{self, Backend};
 
 /// Why a location cannot be opened.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LocationError {
     /// The path or URI is malformed, or its store cannot be built (the message names it).
     #[error("{0}")]

@@ -23,6 +23,7 @@ static HOST_RUNTIME: OnceLock<Handle> = OnceLock::new();
 
 /// Why [`use_host_runtime`] refused the host's runtime.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HostRuntimeError {
     /// forebay's own runtime started before the call: work may already run on it.
     #[error(

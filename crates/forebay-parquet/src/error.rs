@@ -11,6 +11,7 @@ pub type Result<T, E = ParquetError> = std::result::Result<T, E>;
 
 /// Errors from resolving, opening, pruning and decoding Parquet datasets.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ParquetError {
     /// The path, URI, directory or glob matched nothing.
     #[error("{path}: not found ({reason})")]
@@ -116,6 +117,7 @@ impl From<forebay_io::location::LocationError> for ParquetError {
             forebay_io::location::LocationError::Store { uri, source } => {
                 ParquetError::from_store(uri, source)
             }
+            other => ParquetError::InvalidArgument(other.to_string()),
         }
     }
 }
@@ -224,6 +226,7 @@ impl ParquetError {
 
 /// Coarse classification of [`ParquetError`] for bindings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     NotFound,
     Corrupt,

@@ -8,6 +8,7 @@ pub type Result<T, E = SpillError> = std::result::Result<T, E>;
 
 /// Errors from writing, restoring and managing spill files.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpillError {
     /// A write, sync, create or read failed (ENOSPC, EIO, EFBIG, permissions...). Nothing
     /// was registered: a failed spill returns no locations and removes its partial file.

@@ -7,6 +7,7 @@ use crate::ObjectId;
 
 /// Errors of the object store.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("object store {path}: {context}: {source}")]
     Io {
@@ -92,6 +93,7 @@ pub enum StoreError {
 /// The broad kind of an error, for callers (and the Python bindings) that branch on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum ErrorKind {
     NotFound = 1,
     NotSealed = 2,
