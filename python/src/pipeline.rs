@@ -141,6 +141,9 @@ impl RsPipeline {
             preserve_order,
             progress,
             spill_dir: spill_dir.map(Into::into),
+            // Python's process is the run's: count its memory (Python objects, the model)
+            // against the limit.
+            process_memory: true,
             events: Some(Arc::new(move |e: &PipelineEvent| {
                 sink.0
                     .lock()

@@ -126,6 +126,37 @@ struct State {
     /// The process's memory beyond the books, counted by the source's admission (see
     /// [`crate::process_memory`]); `None`: the pool counts its own charges only.
     process: Option<ProcessMemory>,
+    /// A host engine's pool, kept holding what this pool charges (`used`), and asked for
+    /// room before the source's batches are admitted ([`MemoryPool::with_host`]).
+    host: Option<HostShare>,
+}
+
+/// This pool's share of a host's pool: one reservation, resized to follow `used`.
+struct HostShare(forebay_io::memory::MemoryReservation);
+
+impl HostShare {
+    /// Make the host's reservation hold `used` bytes (memory already allocated: whatever
+    /// the host's limit).
+    fn follow(&mut self, used: usize) {
+        let held = self.0.size();
+        if used > held {
+            self.0.grow(used - held);
+        } else {
+            self.0.shrink(held - used);
+        }
+    }
+
+    /// Whether the host's pool has room for `bytes` more than this pool holds now (asked,
+    /// not taken: the charge follows once the batch is on the books).
+    fn has_room(&mut self, bytes: usize) -> bool {
+        match self.0.try_grow(bytes) {
+            Ok(()) => {
+                self.0.shrink(bytes);
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 struct Allocation {
@@ -184,6 +215,24 @@ impl MemoryPool {
     /// [`Admission::Wait`]).
     pub fn new(limit: usize) -> MemoryPool {
         MemoryPool::with_process(limit, None)
+    }
+
+    /// This pool's charges also held in a host engine's pool (one consumer, `name`, that
+    /// grows and shrinks with [`used`](Self::used)), whose room the source's batches also
+    /// wait for: forebay and the host's own work share one budget. When nothing of this pool
+    /// could drain, a batch is admitted whatever the host says (a run always makes progress).
+    pub fn with_host(
+        self,
+        host: std::sync::Arc<dyn forebay_io::memory::MemoryPool>,
+        name: impl Into<String>,
+    ) -> MemoryPool {
+        let mut share = HostShare(forebay_io::memory::MemoryReservation::new(host, name));
+        {
+            let mut state = self.shared.lock();
+            share.follow(state.used);
+            state.host = Some(share);
+        }
+        self
     }
 
     /// A pool whose limit also covers what the process holds beyond the books (decoder
@@ -346,6 +395,10 @@ impl MemoryConsumer {
                 let books_fit = charged <= shared.limit;
                 let process_fits = charged + untracked <= shared.limit;
                 let within_batch_share = batches_held + new <= shared.limit / BATCHES_ALWAYS_GET;
+                let host_has_room = state
+                    .host
+                    .as_mut()
+                    .is_none_or(|host| host.has_room(new + headroom));
                 let trim = if draining == 0 || process_fits || !books_fit {
                     None
                 } else {
@@ -360,7 +413,8 @@ impl MemoryConsumer {
                     state = shared.lock();
                     continue;
                 }
-                if draining == 0 || process_fits || (books_fit && within_batch_share) {
+                let fits = process_fits || (books_fit && within_batch_share);
+                if draining == 0 || (fits && host_has_room) {
                     if let Some(process) = state.process.as_mut() {
                         process.admitted();
                     }
@@ -414,6 +468,7 @@ impl MemoryConsumer {
         state.used += owned;
         state.plain += plain;
         state.peak = state.peak.max(state.used);
+        follow_host(&mut state);
         let consumer = &mut state.consumers[self.index];
         consumer.held += owned;
         consumer.peak = consumer.peak.max(consumer.held);
@@ -434,6 +489,14 @@ impl MemoryConsumer {
     }
 }
 
+/// Keep a host's reservation holding what the books hold.
+fn follow_host(state: &mut State) {
+    let used = state.used;
+    if let Some(host) = state.host.as_mut() {
+        host.follow(used);
+    }
+}
+
 /// Update `peak_in_flight` (after the consumers' holdings are updated).
 fn note_peak_in_flight(state: &mut State) {
     let budgets = state.held_where(|c| c.budget);
@@ -449,6 +512,7 @@ fn charge(state: &mut State, owner: u64, creating: u64, extra: usize, owned: &mu
     }
     state.used += extra;
     state.peak = state.peak.max(state.used);
+    follow_host(state);
     if let Some(r) = state.reservations.get_mut(&owner) {
         r.owned += extra;
         let consumer = r.consumer;
@@ -556,6 +620,7 @@ impl Drop for Reservation {
         }
         state.used -= freed;
         state.plain -= r.plain;
+        follow_host(&mut state);
         drop(state);
         drop(handles);
         if freed > 0 {

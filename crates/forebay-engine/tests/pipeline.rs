@@ -672,3 +672,53 @@ fn a_worker_with_calls_in_flight_keeps_them_full_and_loses_no_row() {
         );
     }
 }
+
+/// A host engine's pool: the run's charges are held in it while they last, the source waits
+/// for its room while the run has batches that can drain, and everything is given back.
+#[test]
+fn a_run_shares_a_host_engines_memory_pool() {
+    use forebay_io::memory::{BoundedPool, MemoryPool, MemoryReservation};
+
+    let source = || Source::Batches {
+        schema: schema(),
+        batches: Box::new((0..40).map(|i| Ok::<_, UserError>(batch_of(i * 1000..(i + 1) * 1000)))),
+    };
+    let host = Arc::new(BoundedPool::new(64 << 20));
+    let out = collect(
+        Pipeline::new(source())
+            .with_memory_limit(32 << 20)
+            .with_host_memory_pool(host.clone())
+            .map(times("double", 2).with_concurrency(2))
+            .iter(IterOptions::default())
+            .unwrap(),
+    );
+    assert_eq!(values(&out).len(), 40_000);
+    assert!(
+        host.peak() >= 8_000,
+        "the run's batches were held in the host's pool"
+    );
+    assert_eq!(
+        (host.reserved(), host.consumers()),
+        (0, 0),
+        "all given back"
+    );
+
+    // The host's own work leaves almost no room: the run goes on a batch at a time (it
+    // never waits for room when nothing of it could drain), and the host's limit is only
+    // passed by what the run already holds.
+    let crowded = Arc::new(BoundedPool::new(1 << 20));
+    let mut hosts_work = MemoryReservation::new(crowded.clone(), "host query");
+    hosts_work.try_grow((1 << 20) - 100).unwrap();
+    let out = collect(
+        Pipeline::new(source())
+            .with_host_memory_pool(crowded.clone())
+            .map(times("double", 2))
+            .iter(IterOptions::default())
+            .unwrap(),
+    );
+    let mut got = values(&out);
+    got.sort_unstable();
+    assert_eq!(got, (0..40_000).map(|v| v * 2).collect::<Vec<_>>());
+    drop(hosts_work);
+    assert_eq!(crowded.reserved(), 0);
+}

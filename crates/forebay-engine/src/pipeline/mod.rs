@@ -112,6 +112,15 @@ pub struct PipelineOptions {
     /// quarter of the memory limit. Charged to the pool when the store is created.
     pub store_capacity: Option<usize>,
     pub events: Option<EventSink>,
+    /// Count the process's memory beyond the pool's books against the limit, and ask the
+    /// allocator for its free pages (`malloc_trim`) when that memory holds the source back
+    /// (see `process_memory`). For a process the run owns (forebay's Python package turns
+    /// it on); off by default, since in a host engine's process it would count the host's
+    /// memory and trim the host's heap.
+    pub process_memory: bool,
+    /// A host engine's memory pool that the run's charges are also held in, and whose room
+    /// the source waits for (see [`MemoryPool::with_host`]).
+    pub host_memory: Option<Arc<dyn forebay_io::memory::MemoryPool>>,
 }
 
 impl Default for PipelineOptions {
@@ -124,6 +133,8 @@ impl Default for PipelineOptions {
             spill_dir: None,
             store_capacity: None,
             events: None,
+            process_memory: false,
+            host_memory: None,
         }
     }
 }
@@ -137,6 +148,8 @@ impl std::fmt::Debug for PipelineOptions {
             .field("progress", &self.progress)
             .field("spill_dir", &self.spill_dir)
             .field("store_capacity", &self.store_capacity)
+            .field("process_memory", &self.process_memory)
+            .field("host_memory", &self.host_memory)
             .finish()
     }
 }
@@ -240,6 +253,21 @@ impl Pipeline {
 
     pub fn with_memory_limit(mut self, bytes: usize) -> Pipeline {
         self.options.memory_limit = bytes;
+        self
+    }
+
+    /// See [`PipelineOptions::process_memory`].
+    pub fn with_process_memory(mut self, count: bool) -> Pipeline {
+        self.options.process_memory = count;
+        self
+    }
+
+    /// See [`PipelineOptions::host_memory`].
+    pub fn with_host_memory_pool(
+        mut self,
+        pool: Arc<dyn forebay_io::memory::MemoryPool>,
+    ) -> Pipeline {
+        self.options.host_memory = Some(pool);
         self
     }
 
@@ -491,7 +519,15 @@ impl Pipeline {
                 "memory_limit must be positive".into(),
             ));
         }
-        let pool = MemoryPool::for_process(options.memory_limit);
+        let pool = if options.process_memory {
+            MemoryPool::for_process(options.memory_limit)
+        } else {
+            MemoryPool::new(options.memory_limit)
+        };
+        let pool = match &options.host_memory {
+            Some(host) => pool.with_host(host.clone(), "forebay pipeline"),
+            None => pool,
+        };
         let store_capacity = options.store_capacity.unwrap_or(options.memory_limit / 4);
         let resources = RunResources::new(
             pool,
