@@ -131,6 +131,11 @@ impl Inputs {
                 display_prefix,
                 paths,
                 ..
+            }
+            | DatasetSource::LocalStore {
+                display_prefix,
+                paths,
+                ..
             } => paths
                 .iter()
                 .map(|p| format!("{display_prefix}{}", p.trim_start_matches('/')))

@@ -77,6 +77,14 @@ pub enum DatasetSource {
         display_prefix: String,
         paths: Vec<String>,
     },
+    /// [`Store`](Self::Store) for a local file system store the caller built: its files
+    /// are read with positioned reads, as a local path's are, and their ranges are not
+    /// merged across gaps (a `dyn ObjectStore` cannot say that it is local).
+    LocalStore {
+        store: Arc<object_store::local::LocalFileSystem>,
+        display_prefix: String,
+        paths: Vec<String>,
+    },
 }
 
 impl DatasetSource {
@@ -98,6 +106,11 @@ impl std::fmt::Debug for DatasetSource {
         match self {
             DatasetSource::Uris { uris, .. } => f.debug_tuple("Uris").field(uris).finish(),
             DatasetSource::Store {
+                display_prefix,
+                paths,
+                ..
+            }
+            | DatasetSource::LocalStore {
                 display_prefix,
                 paths,
                 ..
@@ -169,13 +182,37 @@ pub(crate) async fn resolve(
                 store: store.clone(),
                 display_prefix: display_prefix.clone(),
             };
-            for p in paths {
-                let path = Path::parse(p.trim_start_matches('/')).map_err(|e| {
-                    ParquetError::InvalidArgument(format!("{p}: not a valid object path: {e}"))
-                })?;
-                files.extend(expand(&root, p, path.as_ref(), extensions, metrics).await?);
-            }
+            files.extend(expand_store_paths(&root, paths, extensions, metrics).await?);
         }
+        DatasetSource::LocalStore {
+            store,
+            display_prefix,
+            paths,
+        } => {
+            let root = StoreRoot {
+                local: Some(store.clone()),
+                store: store.clone(),
+                display_prefix: display_prefix.clone(),
+            };
+            files.extend(expand_store_paths(&root, paths, extensions, metrics).await?);
+        }
+    }
+    Ok(files)
+}
+
+/// Expand paths relative to a store's root, in order.
+async fn expand_store_paths(
+    root: &StoreRoot,
+    paths: &[String],
+    extensions: Option<&[String]>,
+    metrics: &IoMetrics,
+) -> Result<Vec<FileEntry>> {
+    let mut files = Vec::new();
+    for p in paths {
+        let path = Path::parse(p.trim_start_matches('/')).map_err(|e| {
+            ParquetError::InvalidArgument(format!("{p}: not a valid object path: {e}"))
+        })?;
+        files.extend(expand(root, p, path.as_ref(), extensions, metrics).await?);
     }
     Ok(files)
 }
@@ -393,6 +430,43 @@ mod tests {
         let ps: Vec<&str> = p.split('/').collect();
         let ts: Vec<&str> = t.split('/').collect();
         glob_match_segments(&ps, &ts)
+    }
+
+    /// A host's local store is read like a local path (positioned reads); the same store as
+    /// a plain `dyn ObjectStore` goes through object_store.
+    #[test]
+    fn a_local_store_given_by_a_host_reads_its_files_directly() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::fs::write(dir.path().join("d/a.parquet"), b"x").unwrap();
+        let store =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let resolved = |source: DatasetSource| {
+            let metrics = IoMetrics::default();
+            forebay_io::block_on(async move { resolve(&source, None, &metrics).await }).unwrap()
+        };
+        let local = resolved(DatasetSource::LocalStore {
+            store: store.clone(),
+            display_prefix: "/data/".into(),
+            paths: vec!["d/".into()],
+        });
+        assert_eq!(local[0].uri(), "/data/d/a.parquet");
+        assert_eq!(
+            local[0].local_path.as_deref(),
+            Some(
+                dir.path()
+                    .join("d/a.parquet")
+                    .canonicalize()
+                    .unwrap()
+                    .as_path()
+            )
+        );
+        let plain = resolved(DatasetSource::Store {
+            store,
+            display_prefix: "/data/".into(),
+            paths: vec!["d/".into()],
+        });
+        assert!(plain[0].local_path.is_none());
     }
 
     #[test]

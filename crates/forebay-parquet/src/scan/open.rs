@@ -215,12 +215,15 @@ impl DatasetInner {
             && self.options.use_page_index
     }
 
+    /// Gaps of at most this many bytes between two ranges are fetched with them (one
+    /// request): on an object store (each request a round trip), not for a file read with
+    /// positioned reads. Decided by how the file is read, not by how it is named.
     pub(super) fn coalesce_gap_for(&self, entry: &FileEntry) -> u64 {
         self.coalesce_gap.unwrap_or_else(|| {
-            if entry.uri.contains("://") {
-                1 << 20
-            } else {
+            if entry.local_path.is_some() {
                 0
+            } else {
+                1 << 20
             }
         })
     }
