@@ -117,6 +117,10 @@ pub enum EngineError {
     /// A configuration value is not usable.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// The blocking task an async call ran on panicked, or its runtime shut down.
+    #[error("{what}: the blocking task did not finish: {reason}")]
+    Task { what: String, reason: String },
 }
 
 impl EngineError {

@@ -388,3 +388,42 @@ fn a_host_file_on_an_object_store_is_written_to_its_slot_and_published() {
         .collect();
     assert_eq!(files, [format!("memory://host-commit/out/{final_name}")]);
 }
+
+#[test]
+fn a_host_commits_from_async_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_inputs(&tmp.path().join("in"));
+    let input = ParquetDataset::builder(DatasetSource::uris([tmp
+        .path()
+        .join("in")
+        .display()
+        .to_string()]))
+    .build()
+    .unwrap();
+    let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").display().to_string());
+    let sink = ParquetSink::new(tmp.path().join("out").display().to_string());
+    let host = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    host.block_on(async move {
+        let coordinator = Arc::new(
+            CommitCoordinator::open_async(checkpoint, sink, input)
+                .await
+                .unwrap(),
+        );
+        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let (batch, ids) = id_batch(&["p", "q"]);
+        let slot = stager.reserve("parquet").unwrap();
+        std::fs::write(slot.local_path().unwrap(), parquet_bytes(&batch)).unwrap();
+        let staged = stager.stage_written(slot, &[ids]).unwrap();
+        coordinator
+            .commit_async(Some(staged), vec![(0, 0)], vec![], None)
+            .await
+            .unwrap();
+        coordinator.finish_async().await.unwrap();
+    });
+    let mut ids = output_ids(&tmp.path().join("out"));
+    ids.sort();
+    assert_eq!(ids, ["p", "q"]);
+}

@@ -217,6 +217,14 @@ impl CommitStager {
     }
 }
 
+/// The error of an async call whose blocking task panicked or was cancelled.
+fn task_failed(what: &str, e: tokio::task::JoinError) -> EngineError {
+    EngineError::Task {
+        what: what.to_string(),
+        reason: e.to_string(),
+    }
+}
+
 /// A name part no other stager of the run picks: the process, the time, a counter.
 fn unique_suffix() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -422,6 +430,43 @@ impl CommitCoordinator {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// [`open`](Self::open) for async callers (the recovery's requests and fsyncs run on
+    /// the runtime's blocking threads).
+    pub async fn open_async(
+        checkpoint: Checkpoint,
+        sink: ParquetSink,
+        dataset: ParquetDataset,
+    ) -> Result<CommitCoordinator> {
+        tokio::task::spawn_blocking(move || CommitCoordinator::open(&checkpoint, &sink, &dataset))
+            .await
+            .unwrap_or_else(|e| Err(task_failed("opening the checkpoint", e)))
+    }
+
+    /// [`commit`](Self::commit) for async callers: one commit at a time still (a second
+    /// waits for the first), on the runtime's blocking threads.
+    pub async fn commit_async(
+        self: &std::sync::Arc<Self>,
+        staged: Option<StagedCommit>,
+        completed_units: Vec<(usize, usize)>,
+        completed_files: Vec<usize>,
+        consumed: Option<ConsumedPositions>,
+    ) -> Result<()> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            this.commit(staged, completed_units, completed_files, consumed)
+        })
+        .await
+        .unwrap_or_else(|e| Err(task_failed("committing", e)))
+    }
+
+    /// [`finish`](Self::finish) for async callers.
+    pub async fn finish_async(self: &std::sync::Arc<Self>) -> Result<()> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.finish())
+            .await
+            .unwrap_or_else(|e| Err(task_failed("finishing the checkpoint", e)))
     }
 
     /// After a successful run: fold the records into the inputs snapshot, delete leftovers
