@@ -658,6 +658,7 @@ def read_parquet(
     int96_timestamp_unit: str = "ns",
     file_extensions: Sequence[str] | None = ("parquet", "parq", "pq"),
     schema: Any = None,
+    fetch_ahead: int | None = None,
 ) -> Dataset:
     """Open Parquet files lazily.
 
@@ -674,6 +675,11 @@ def read_parquet(
     batch_size: rows per batch (filtered batches can be smaller, and so are the first row
         group's, at most 8,192 rows each: the first batch arrives sooner).
     prefetch: row groups in flight at once (bounds memory); default threads + 2.
+    fetch_ahead: on an object store, row groups whose column chunks are requested ahead of
+        their decoding, beyond ``prefetch`` (default 12; 0: none). Each request waits a
+        round trip before its first byte, so more in flight keep a slow link busy; a
+        pipeline scans with fewer when their bytes would not fit a quarter of its memory
+        cap. Applies to scans without a filter.
     num_threads: row groups decoded in parallel; default and maximum the number of cores.
     dictionary_columns: string/binary columns to return as dictionary arrays.
     storage_options: object_store options, e.g. ``{"aws_endpoint": "http://127.0.0.1:9000",
@@ -717,6 +723,7 @@ def read_parquet(
     batch_size = integer("batch_size", batch_size, minimum=1)
     prefetch = optional_integer("prefetch", prefetch, minimum=1)
     num_threads = optional_integer("num_threads", num_threads, minimum=1)
+    fetch_ahead = optional_integer("fetch_ahead", fetch_ahead, minimum=0)
     union = isinstance(schema, str) and schema == "union"
     if schema is not None and not union and not isinstance(schema, pa.Schema):
         raise TypeError(
@@ -735,6 +742,7 @@ def read_parquet(
         None if file_extensions is None else _extensions(file_extensions),
         None if union else schema,
         union,
+        fetch_ahead,
     )
     dataset = Dataset(inner)
     dataset._read_args = functools.partial(
@@ -750,6 +758,7 @@ def read_parquet(
         int96_timestamp_unit=int96_timestamp_unit,
         file_extensions=file_extensions,
         schema=schema,
+        fetch_ahead=fetch_ahead,
     )
     return dataset
 

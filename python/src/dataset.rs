@@ -114,7 +114,7 @@ pub(crate) struct RsDataset {
 #[pymethods]
 impl RsDataset {
     #[new]
-    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None, schema=None, union_schema=false))]
+    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None, schema=None, union_schema=false, fetch_ahead=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -130,6 +130,7 @@ impl RsDataset {
         file_extensions: Option<Vec<String>>,
         schema: Option<Bound<'_, PyAny>>,
         union_schema: bool,
+        fetch_ahead: Option<usize>,
     ) -> PyResult<Self> {
         let int96_unit = match int96_timestamp_unit {
             "s" => TimeUnit::Second,
@@ -170,6 +171,9 @@ impl RsDataset {
         }
         if union_schema {
             builder = builder.with_union_schema();
+        }
+        if let Some(units) = fetch_ahead {
+            builder = builder.with_fetch_ahead(units);
         }
         let dataset = detached(py, move || builder.build())?;
         Ok(RsDataset { dataset })

@@ -82,6 +82,25 @@ def test_s3_read_equals_local_and_counts_requests(s3):
     assert len(gets) == m["footer_requests"] + m["data_requests"], gets
 
 
+def test_fetch_ahead_changes_when_data_is_requested_not_what_is_read(s3):
+    options, expected, _ = s3
+    read = {
+        units: forebay.read_parquet(
+            "s3://forebay-test/data/",
+            columns=["id", "name"],
+            storage_options=options,
+            fetch_ahead=units,
+            prefetch=1,
+        )
+        for units in (0, 1, 32)
+    }
+    for units, ds in read.items():
+        assert_tables_equal(ds.to_arrow(), expected.select(["id", "name"]))
+        assert ds.metrics()["data_bytes"] > 0, units
+    with pytest.raises(ValueError, match="fetch_ahead"):
+        forebay.read_parquet("s3://forebay-test/data/", storage_options=options, fetch_ahead=-1)
+
+
 def test_s3_filter_skips_row_groups(s3):
     options, _expected, _ = s3
     ds = forebay.read_parquet(
