@@ -29,6 +29,28 @@ pub fn schema(schema: &fb_schema::Schema) -> Result<DfSchemaRef> {
     Ok(Arc::new(schema))
 }
 
+/// An array of forebay's as an array of DataFusion's (a statistics value).
+pub fn array(array: &fb_array::ArrayRef) -> Result<arrow_array::ArrayRef> {
+    let (exported, exported_schema) =
+        fb_array::ffi::to_ffi(&array.to_data()).map_err(|e| ffi_error("array export", e))?;
+    // SAFETY: as in `batch`.
+    let (imported, imported_schema) = unsafe {
+        (
+            std::mem::transmute::<fb_array::ffi::FFI_ArrowArray, arrow_array::ffi::FFI_ArrowArray>(
+                exported,
+            ),
+            std::mem::transmute::<
+                fb_schema::ffi::FFI_ArrowSchema,
+                arrow_schema::ffi::FFI_ArrowSchema,
+            >(exported_schema),
+        )
+    };
+    // SAFETY: produced by `to_ffi` just above, describing each other.
+    let data = unsafe { arrow_array::ffi::from_ffi(imported, &imported_schema) }
+        .map_err(|e| ffi_error("array import", e))?;
+    Ok(arrow_array::make_array(data))
+}
+
 /// A batch of forebay's as a batch of DataFusion's `schema` (the same columns).
 pub fn batch(batch: fb_array::RecordBatch, schema: &DfSchemaRef) -> Result<DfBatch> {
     let rows = batch.num_rows();

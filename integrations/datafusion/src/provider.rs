@@ -19,13 +19,14 @@ use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::Statistics;
+use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning,
@@ -45,15 +46,15 @@ fn forebay_error(e: forebay_parquet::ParquetError) -> DataFusionError {
 pub struct ForebayTable {
     source: DatasetSource,
     schema: SchemaRef,
-    rows: u64,
-    bytes: u64,
+    /// From the footers: exact row count, bytes, each column's bounds and nulls.
+    statistics: Statistics,
 }
 
 impl fmt::Debug for ForebayTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ForebayTable")
             .field("source", &self.source)
-            .field("rows", &self.rows)
+            .field("rows", &self.statistics.num_rows)
             .finish()
     }
 }
@@ -67,10 +68,10 @@ impl ForebayTable {
             .await
             .map_err(forebay_error)?;
         let plan = dataset.plan_async().await.map_err(forebay_error)?;
+        let schema = bridge::schema(&dataset.schema())?;
         Ok(ForebayTable {
-            schema: bridge::schema(&dataset.schema())?,
-            rows: plan.iter().map(|u| u.rows).sum(),
-            bytes: plan.iter().map(|u| u.decoded_bytes).sum(),
+            statistics: statistics_of(&plan, &schema, true)?,
+            schema,
             source,
         })
     }
@@ -105,11 +106,7 @@ impl TableProvider for ForebayTable {
     }
 
     fn statistics(&self) -> Option<Statistics> {
-        Some(
-            Statistics::new_unknown(&self.schema)
-                .with_num_rows(Precision::Exact(self.rows as usize))
-                .with_total_byte_size(Precision::Inexact(self.bytes as usize)),
-        )
+        Some(self.statistics.clone())
     }
 
     async fn scan(
@@ -162,6 +159,71 @@ impl TableProvider for ForebayTable {
             dataset, partitions, schema, predicate,
         )))
     }
+}
+
+/// What the footers say about `units` (a table's, or a scan's share): rows (exact unless
+/// `exact_rows` is false, e.g. under a filter: then an upper bound), bytes, and per column
+/// of `schema` the bounds of its values (inexact: a file's statistics may be truncated) and
+/// its nulls (exact when every row group says).
+fn statistics_of(units: &[ScanUnit], schema: &SchemaRef, exact_rows: bool) -> Result<Statistics> {
+    let rows: usize = units.iter().map(|u| u.rows_to_read as usize).sum();
+    let bytes: usize = units.iter().map(|u| u.decoded_bytes as usize).sum();
+    let mut statistics = Statistics::new_unknown(schema)
+        .with_num_rows(if exact_rows {
+            Precision::Exact(rows)
+        } else {
+            Precision::Inexact(rows)
+        })
+        .with_total_byte_size(Precision::Inexact(bytes));
+    for (position, field) in schema.fields().iter().enumerate() {
+        let mut column = ColumnStatistics::new_unknown();
+        let per_unit: Vec<_> = units
+            .iter()
+            .map(|u| u.columns.iter().find(|c| c.column == *field.name()))
+            .collect();
+        if per_unit
+            .iter()
+            .all(|c| c.is_some_and(|c| c.null_count.is_some()))
+            && exact_rows
+        {
+            let nulls = per_unit
+                .iter()
+                .flatten()
+                .filter_map(|c| c.null_count)
+                .sum::<u64>();
+            column.null_count = Precision::Exact(nulls as usize);
+        }
+        let bound = |pick: fn(
+            &forebay_parquet::ColumnStatistics,
+        ) -> Option<&forebay_parquet::arrow_array::ArrayRef>,
+                     keep_greater: bool|
+         -> Result<Precision<ScalarValue>> {
+            let mut best: Option<ScalarValue> = None;
+            for c in &per_unit {
+                let Some(value) = c.and_then(pick) else {
+                    return Ok(Precision::Absent); // a row group without a bound
+                };
+                let value = ScalarValue::try_from_array(&bridge::array(value)?, 0)?;
+                let better = match &best {
+                    None => true,
+                    Some(b) => match value.partial_cmp(b) {
+                        Some(std::cmp::Ordering::Greater) => keep_greater,
+                        Some(std::cmp::Ordering::Less) => !keep_greater,
+                        Some(std::cmp::Ordering::Equal) => false,
+                        None => return Ok(Precision::Absent),
+                    },
+                };
+                if better {
+                    best = Some(value);
+                }
+            }
+            Ok(best.map_or(Precision::Absent, Precision::Inexact))
+        };
+        column.min_value = bound(|c| c.min.as_ref(), false)?;
+        column.max_value = bound(|c| c.max.as_ref(), true)?;
+        statistics.column_statistics[position] = column;
+    }
+    Ok(statistics)
 }
 
 /// Units dealt to at most `n` partitions, each the next unit to the least loaded (by bytes
@@ -280,6 +342,20 @@ impl ExecutionPlan for ForebayScanExec {
             children,
             ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
         )
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let units: Vec<ScanUnit> = match args.partition() {
+            Some(p) => self.partitions.get(p).cloned().unwrap_or_default(),
+            None => self.partitions.concat(),
+        };
+        // Under a filter or a limit the footers only bound the rows.
+        let exact_rows = self.predicate.is_none() && self.dataset.limit().is_none();
+        Ok(Arc::new(statistics_of(&units, &self.schema, exact_rows)?))
     }
 
     fn execute(

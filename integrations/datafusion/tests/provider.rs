@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::common::stats::Precision;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion::scalar::ScalarValue;
 use forebay_datafusion::ForebayTable;
 use forebay_parquet::arrow_array::{
     ArrayRef, Date32Array, Decimal128Array, Float64Array, Int64Array, RecordBatch, StringArray,
@@ -78,6 +80,22 @@ async fn answers_agree_with_listing_table() {
         let table = ForebayTable::open(DatasetSource::uris([path.clone()]))
             .await
             .unwrap();
+        let statistics = datafusion::catalog::TableProvider::statistics(&table).unwrap();
+        assert_eq!(statistics.num_rows, Precision::Exact(15_000));
+        let id = &statistics.column_statistics[0];
+        assert_eq!(
+            id.min_value,
+            Precision::Inexact(ScalarValue::Int64(Some(0)))
+        );
+        assert_eq!(
+            id.max_value,
+            Precision::Inexact(ScalarValue::Int64(Some(14_999)))
+        );
+        let tag_nulls = (0..15_000).filter(|i| i % 11 == 0).count();
+        assert_eq!(
+            statistics.column_statistics[3].null_count,
+            Precision::Exact(tag_nulls)
+        );
         ctx.register_table("forebay", Arc::new(table)).unwrap();
         for query in [
             "select count(*) from TABLE",
