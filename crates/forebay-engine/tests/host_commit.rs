@@ -271,6 +271,14 @@ fn host_written_files_survive_fifty_kills() {
     }
 }
 
+/// The test's input files written under `root/in`, opened.
+fn inputs_in(root: &Path) -> ParquetDataset {
+    write_inputs(&root.join("in"));
+    ParquetDataset::builder(DatasetSource::uris([root.join("in").display().to_string()]))
+        .build()
+        .unwrap()
+}
+
 fn parquet_bytes(batch: &RecordBatch) -> Vec<u8> {
     let mut out = Vec::new();
     let mut w = ArrowWriter::try_new(&mut out, batch.schema(), None).unwrap();
@@ -290,14 +298,7 @@ fn id_batch(ids: &[&str]) -> (RecordBatch, ArrayRef) {
 #[test]
 fn a_host_file_is_refused_when_it_is_missing_unreadable_or_its_ids_do_not_match() {
     let tmp = tempfile::tempdir().unwrap();
-    write_inputs(&tmp.path().join("in"));
-    let input = ParquetDataset::builder(DatasetSource::uris([tmp
-        .path()
-        .join("in")
-        .display()
-        .to_string()]))
-    .build()
-    .unwrap();
+    let input = inputs_in(tmp.path());
     let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").display().to_string());
     let sink = ParquetSink::new(tmp.path().join("out").display().to_string());
     let coordinator = CommitCoordinator::open(&checkpoint, &sink, &input).unwrap();
@@ -351,14 +352,7 @@ fn a_host_file_is_refused_when_it_is_missing_unreadable_or_its_ids_do_not_match(
 fn a_host_file_on_an_object_store_is_written_to_its_slot_and_published() {
     use object_store::ObjectStoreExt;
     let tmp = tempfile::tempdir().unwrap();
-    write_inputs(&tmp.path().join("in"));
-    let input = ParquetDataset::builder(DatasetSource::uris([tmp
-        .path()
-        .join("in")
-        .display()
-        .to_string()]))
-    .build()
-    .unwrap();
+    let input = inputs_in(tmp.path());
     let checkpoint = Checkpoint::new("id", "memory://host-commit/ckpt");
     let sink = ParquetSink::new("memory://host-commit/out");
     let coordinator = CommitCoordinator::open(&checkpoint, &sink, &input).unwrap();
@@ -392,14 +386,7 @@ fn a_host_file_on_an_object_store_is_written_to_its_slot_and_published() {
 #[test]
 fn a_host_commits_from_async_code() {
     let tmp = tempfile::tempdir().unwrap();
-    write_inputs(&tmp.path().join("in"));
-    let input = ParquetDataset::builder(DatasetSource::uris([tmp
-        .path()
-        .join("in")
-        .display()
-        .to_string()]))
-    .build()
-    .unwrap();
+    let input = inputs_in(tmp.path());
     let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").display().to_string());
     let sink = ParquetSink::new(tmp.path().join("out").display().to_string());
     let host = tokio::runtime::Builder::new_current_thread()

@@ -33,7 +33,9 @@ pub fn schema(schema: &fb_schema::Schema) -> Result<DfSchemaRef> {
 pub fn array(array: &fb_array::ArrayRef) -> Result<arrow_array::ArrayRef> {
     let (exported, exported_schema) =
         fb_array::ffi::to_ffi(&array.to_data()).map_err(|e| ffi_error("array export", e))?;
-    // SAFETY: as in `batch`.
+    // SAFETY: `struct ArrowArray` and `struct ArrowSchema` of the C data interface
+    // (#[repr(C)]) on both sides, sizes checked by transmute; ownership of the buffers moves
+    // with the structs and is released once, by the importing side.
     let (imported, imported_schema) = unsafe {
         (
             std::mem::transmute::<fb_array::ffi::FFI_ArrowArray, arrow_array::ffi::FFI_ArrowArray>(
@@ -54,28 +56,12 @@ pub fn array(array: &fb_array::ArrayRef) -> Result<arrow_array::ArrayRef> {
 /// A batch of forebay's as a batch of DataFusion's `schema` (the same columns).
 pub fn batch(batch: fb_array::RecordBatch, schema: &DfSchemaRef) -> Result<DfBatch> {
     let rows = batch.num_rows();
-    let columns = fb_array::Array::into_data(fb_array::StructArray::from(batch));
-    let (array, array_schema) =
-        fb_array::ffi::to_ffi(&columns).map_err(|e| ffi_error("batch export", e))?;
-    // SAFETY: as in `schema`: `struct ArrowArray` and `struct ArrowSchema` of the C data
-    // interface on both sides (sizes checked by transmute); ownership of the buffers moves
-    // with the structs and is released once, by the importing side.
-    let (array, array_schema) = unsafe {
-        (
-            std::mem::transmute::<fb_array::ffi::FFI_ArrowArray, arrow_array::ffi::FFI_ArrowArray>(
-                array,
-            ),
-            std::mem::transmute::<
-                fb_schema::ffi::FFI_ArrowSchema,
-                arrow_schema::ffi::FFI_ArrowSchema,
-            >(array_schema),
-        )
-    };
-    // SAFETY: `array` and `array_schema` were produced by `to_ffi` just above, from valid
-    // ArrayData, and describe each other.
-    let data = unsafe { arrow_array::ffi::from_ffi(array, &array_schema) }
-        .map_err(|e| ffi_error("batch import", e))?;
-    let columns = StructArray::from(data);
+    let columns: fb_array::ArrayRef = Arc::new(fb_array::StructArray::from(batch));
+    let columns = array(&columns)?;
+    let columns = columns
+        .as_any()
+        .downcast_ref::<StructArray>()
+        .ok_or_else(|| ffi_error("batch import", "not a struct array"))?;
     if columns.len() != rows {
         return Err(ffi_error("batch import", "row count changed"));
     }

@@ -217,12 +217,18 @@ impl CommitStager {
     }
 }
 
-/// The error of an async call whose blocking task panicked or was cancelled.
-fn task_failed(what: &str, e: tokio::task::JoinError) -> EngineError {
-    EngineError::Task {
-        what: what.to_string(),
-        reason: e.to_string(),
-    }
+/// Run `work` on the runtime's blocking threads and wait for it (the async variants); a
+/// panic or a runtime shutting down is [`EngineError::Task`] saying `what` was done.
+async fn on_blocking_thread<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(EngineError::Task {
+            what: what.to_string(),
+            reason: e.to_string(),
+        })
+    })
 }
 
 /// A name part no other stager of the run picks: the process, the time, a counter.
@@ -439,9 +445,10 @@ impl CommitCoordinator {
         sink: ParquetSink,
         dataset: ParquetDataset,
     ) -> Result<CommitCoordinator> {
-        tokio::task::spawn_blocking(move || CommitCoordinator::open(&checkpoint, &sink, &dataset))
-            .await
-            .unwrap_or_else(|e| Err(task_failed("opening the checkpoint", e)))
+        on_blocking_thread("opening the checkpoint", move || {
+            CommitCoordinator::open(&checkpoint, &sink, &dataset)
+        })
+        .await
     }
 
     /// [`commit`](Self::commit) for async callers: one commit at a time still (a second
@@ -454,19 +461,16 @@ impl CommitCoordinator {
         consumed: Option<ConsumedPositions>,
     ) -> Result<()> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || {
+        on_blocking_thread("committing", move || {
             this.commit(staged, completed_units, completed_files, consumed)
         })
         .await
-        .unwrap_or_else(|e| Err(task_failed("committing", e)))
     }
 
     /// [`finish`](Self::finish) for async callers.
     pub async fn finish_async(self: &std::sync::Arc<Self>) -> Result<()> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.finish())
-            .await
-            .unwrap_or_else(|e| Err(task_failed("finishing the checkpoint", e)))
+        on_blocking_thread("finishing the checkpoint", move || this.finish()).await
     }
 
     /// After a successful run: fold the records into the inputs snapshot, delete leftovers

@@ -25,11 +25,10 @@ use arrow_array::{new_null_array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow_cast::{cast_with_options, CastOptions};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 
-use super::footer::FOOTER_CONCURRENCY;
 use super::{DatasetInner, OpenedFile};
-use crate::error::{ParquetError, Result};
+use crate::error::{column_not_found, ParquetError, Result};
 
 /// Whether every value of `from` is a value of `to` (see the module docs).
 pub(crate) fn widens(from: &DataType, to: &DataType) -> bool {
@@ -154,12 +153,8 @@ pub(super) async fn dataset_schema(inner: &Arc<DatasetInner>) -> Result<SchemaRe
         inner.open(0).await?;
         return Ok(schema);
     }
-    let opened: Vec<Arc<OpenedFile>> = futures::stream::iter(0..inner.files.len())
-        .map(|i| {
-            let inner = inner.clone();
-            async move { inner.open(i).await }
-        })
-        .buffered(FOOTER_CONCURRENCY)
+    let opened: Vec<Arc<OpenedFile>> = inner
+        .open_in_order((0..inner.files.len()).collect())
         .try_collect()
         .await?;
     let schemas: Vec<(String, SchemaRef)> = opened
@@ -187,16 +182,7 @@ fn project(schema: &SchemaRef, columns: &[String], whose: &str) -> Result<Schema
             schema
                 .field_with_name(name)
                 .cloned()
-                .map_err(|_| ParquetError::ColumnNotFound {
-                    path: whose.to_string(),
-                    column: name.clone(),
-                    available: schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })
+                .map_err(|_| column_not_found(schema, name, whose))
         })
         .collect::<Result<Vec<Field>>>()?;
     Ok(Arc::new(Schema::new(fields)))

@@ -35,19 +35,7 @@ pub(super) struct Footer {
 /// (read concurrently and cached).
 pub(super) async fn footer_rows(inner: Arc<DatasetInner>) -> Result<u64> {
     let skip = inner.options.skip.clone();
-    let wanted: Vec<usize> = (0..inner.files.len())
-        .filter(|&i| {
-            !skip
-                .as_ref()
-                .is_some_and(|s| s.0.skip_file(&inner.files[i]))
-        })
-        .collect();
-    let opened = futures::stream::iter(wanted)
-        .map(|i| {
-            let inner = inner.clone();
-            async move { inner.open(i).await }
-        })
-        .buffered(FOOTER_CONCURRENCY);
+    let opened = inner.open_in_order(inner.files_not_skipped());
     futures::pin_mut!(opened);
     let mut total = 0u64;
     while let Some(file) = opened.next().await {

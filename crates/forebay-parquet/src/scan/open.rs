@@ -5,13 +5,13 @@ use std::sync::{Arc, OnceLock};
 
 use arrow_schema::{Field, Schema};
 use bytes::Bytes;
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
 
 use super::evolve::Adapter;
-use super::footer::read_footer;
+use super::footer::{read_footer, FOOTER_CONCURRENCY};
 use super::runtime::panic_message;
 use super::schema::{
     apply_dictionary_hints, apply_int96_unit, check_map_keys_required, check_same_schema,
@@ -22,6 +22,31 @@ use crate::error::{corrupt, ParquetError, Result};
 use crate::io::{FileEntry, ObjectFileReader};
 
 impl DatasetInner {
+    /// The files a [`ScanSkip`](super::ScanSkip) leaves, by index.
+    pub(super) fn files_not_skipped(&self) -> Vec<usize> {
+        (0..self.files.len())
+            .filter(|&i| match &self.options.skip {
+                Some(s) => !s.0.skip_file(&self.files[i]),
+                None => true,
+            })
+            .collect()
+    }
+
+    /// Footers and read plans of files `indices`, in that order, `FOOTER_CONCURRENCY` read at
+    /// once (each from the cache or read now).
+    pub(super) fn open_in_order(
+        self: &Arc<Self>,
+        indices: Vec<usize>,
+    ) -> impl futures::Stream<Item = Result<Arc<OpenedFile>>> {
+        let inner = self.clone();
+        futures::stream::iter(indices)
+            .map(move |i| {
+                let inner = inner.clone();
+                async move { inner.open(i).await }
+            })
+            .buffered(FOOTER_CONCURRENCY)
+    }
+
     /// Footer and read plan of file `index`, from the cache or read now.
     pub(super) async fn open(self: &Arc<Self>, index: usize) -> Result<Arc<OpenedFile>> {
         Ok(self.open_with(index, false).await?.0)

@@ -22,7 +22,6 @@ use arrow_schema::Schema;
 
 use super::accounting::decoded_bytes_estimate;
 use super::evolve::widen;
-use super::footer::FOOTER_CONCURRENCY;
 use super::metrics::ScanMetrics;
 use super::{OpenedFile, ParquetDataset, ScanSkip, ScanStream};
 use crate::error::Result;
@@ -71,18 +70,7 @@ impl ParquetDataset {
     /// [`plan`](Self::plan) for async callers.
     pub async fn plan_async(&self) -> Result<Vec<ScanUnit>> {
         let inner = self.inner.clone();
-        let wanted: Vec<usize> = (0..inner.files.len())
-            .filter(|&i| match &inner.options.skip {
-                Some(s) => !s.0.skip_file(&inner.files[i]),
-                None => true,
-            })
-            .collect();
-        let opened = futures::stream::iter(wanted)
-            .map(|i| {
-                let inner = inner.clone();
-                async move { inner.open(i).await }
-            })
-            .buffered(FOOTER_CONCURRENCY);
+        let opened = inner.open_in_order(inner.files_not_skipped());
         futures::pin_mut!(opened);
         // Pruning counts go to a plan's own counters, not the scans'.
         let metrics = ScanMetrics::default();

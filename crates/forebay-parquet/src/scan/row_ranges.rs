@@ -28,7 +28,6 @@ use tokio::sync::{mpsc, Semaphore};
 
 use super::accounting::{decoded_bytes_estimate, Admission, Charges};
 use super::driver::{drain_in_order, forward_next, run_unit};
-use super::footer::FOOTER_CONCURRENCY;
 use super::stream::BatchResult;
 use super::{DatasetInner, ParquetDataset, ScanStream, Unit};
 use crate::error::{ParquetError, Result};
@@ -96,12 +95,7 @@ impl ParquetDataset {
 }
 
 async fn row_group_layout(inner: Arc<DatasetInner>) -> Result<Vec<FileRowGroups>> {
-    let opened = futures::stream::iter(0..inner.files.len())
-        .map(|i| {
-            let inner = inner.clone();
-            async move { inner.open(i).await }
-        })
-        .buffered(FOOTER_CONCURRENCY);
+    let opened = inner.open_in_order((0..inner.files.len()).collect());
     futures::pin_mut!(opened);
     let mut layout = Vec::with_capacity(inner.files.len());
     while let Some(file) = opened.next().await {
