@@ -366,5 +366,10 @@ class RsCommitCoordinator:
 
 @final
 class RsCommitStager:
-    def __new__(cls, spec: str) -> RsCommitStager: ...
+    def __new__(
+        cls,
+        spec: str,
+        output_options: Mapping[str, str] | None,
+        checkpoint_options: Mapping[str, str] | None,
+    ) -> RsCommitStager: ...
     def stage(self, batches: list[pa.RecordBatch]) -> str: ...

@@ -150,7 +150,9 @@ impl RsCommitCoordinator {
     }
 }
 
-/// A task's side: stage a data file and its ids, return the staged commit as JSON.
+/// A task's side: stage a data file and its ids, return the staged commit as JSON. The spec
+/// names the output and the checkpoint; the options to open their stores come apart from it
+/// (the spec never holds credentials).
 #[pyclass(module = "forebay._forebay", frozen)]
 pub(crate) struct RsCommitStager {
     inner: CommitStager,
@@ -159,9 +161,14 @@ pub(crate) struct RsCommitStager {
 #[pymethods]
 impl RsCommitStager {
     #[new]
-    fn new(py: Python<'_>, spec: &str) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        spec: &str,
+        #[pyo3(from_py_with = string_map)] output_options: HashMap<String, String>,
+        #[pyo3(from_py_with = string_map)] checkpoint_options: HashMap<String, String>,
+    ) -> PyResult<Self> {
         let spec = StagerSpec::from_json(spec).map_err(|e| engine_err(py, e))?;
-        let stager = py.detach(|| CommitStager::new(spec));
+        let stager = py.detach(|| CommitStager::new(spec, &output_options, &checkpoint_options));
         Ok(RsCommitStager {
             inner: stager.map_err(|e| engine_err(py, e))?,
         })

@@ -79,9 +79,24 @@ impl IdPartsWriter {
         num_shards: usize,
         part_name: &str,
     ) -> Result<IdPartsWriter> {
+        IdPartsWriter::in_dir(
+            open_dir(root, storage_options)?,
+            id_column,
+            num_shards,
+            part_name,
+        )
+    }
+
+    /// [`new`](Self::new) in a directory the caller opened (a host's store).
+    pub fn in_dir(
+        root: Dir,
+        id_column: &str,
+        num_shards: usize,
+        part_name: &str,
+    ) -> Result<IdPartsWriter> {
         let part_name = part_name.to_string();
         IdPartsWriter::with_names(
-            open_dir(root, storage_options)?,
+            root,
             id_column,
             None,
             shard_bits_for(num_shards)?,
@@ -100,8 +115,23 @@ impl IdPartsWriter {
         num_shards: usize,
         name: &str,
     ) -> Result<IdPartsWriter> {
-        let mut writer = IdPartsWriter::with_names(
+        IdPartsWriter::one_file_in(
             open_dir(root, storage_options)?,
+            id_column,
+            num_shards,
+            name,
+        )
+    }
+
+    /// [`one_file`](Self::one_file) in a directory the caller opened (a host's store).
+    pub fn one_file_in(
+        root: Dir,
+        id_column: &str,
+        num_shards: usize,
+        name: &str,
+    ) -> Result<IdPartsWriter> {
+        let mut writer = IdPartsWriter::with_names(
+            root,
             id_column,
             None,
             shard_bits_for(num_shards)?,

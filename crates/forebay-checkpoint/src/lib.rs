@@ -88,4 +88,4 @@ pub use index::{CheckpointIndex, DEFAULT_NUM_SHARDS, MAX_NUM_SHARDS};
 pub use layout::MANIFEST_FILE;
 pub use load::CheckpointLoader;
 pub use stream::{filter_in_parallel, FilteredBatches, SharedCheckpointIndex};
-pub use write::{manifest_num_shards, write_id_parts};
+pub use write::{manifest_num_shards, manifest_num_shards_in, write_id_parts};

@@ -74,7 +74,12 @@ impl CheckpointIndex {
     /// Make `path` a checkpoint of this index's layout: create its manifest, or check the
     /// one there (shard count, id family, id column) and remove dead writers' temp files.
     pub fn prepare(&self, path: &str, storage_options: &StorageOptions) -> Result<()> {
-        prepare_dir(open_dir(path, storage_options)?, &self.manifest()).map(drop)
+        self.prepare_in(open_dir(path, storage_options)?)
+    }
+
+    /// [`prepare`](Self::prepare) a directory the caller opened (a host's store).
+    pub fn prepare_in(&self, dir: Dir) -> Result<()> {
+        prepare_dir(dir, &self.manifest()).map(drop)
     }
 }
 
@@ -131,8 +136,12 @@ fn prepare_dir(target: Dir, wanted: &Manifest) -> Result<Dir> {
 /// The shard count the manifest at `path` declares, or `None` when `path` has no manifest
 /// (no checkpoint yet, or ids written by another writer).
 pub fn manifest_num_shards(path: &str, storage_options: &StorageOptions) -> Result<Option<usize>> {
-    let target = open_dir(path, storage_options)?;
-    Ok(read_manifest(&target)?.map(|m| m.num_shards))
+    manifest_num_shards_in(&open_dir(path, storage_options)?)
+}
+
+/// [`manifest_num_shards`] of a directory the caller opened (a host's store).
+pub fn manifest_num_shards_in(dir: &Dir) -> Result<Option<usize>> {
+    Ok(read_manifest(dir)?.map(|m| m.num_shards))
 }
 
 /// Write `ids` (of column `id_column`; the chunks of one column, e.g. the batches of one

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use forebay_engine::{Checkpoint, CommitCoordinator, CommitStager, ParquetSink};
+use forebay_io::Dir;
 use forebay_parquet::{DatasetSource, ParquetDataset};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
@@ -58,7 +59,7 @@ fn run_host_job(root: &Path) {
     let checkpoint = Checkpoint::new("id", root.join("ckpt").display().to_string());
     let sink = ParquetSink::new(root.join("out").display().to_string());
     let coordinator = CommitCoordinator::open(&checkpoint, &sink, &input).unwrap();
-    let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+    let stager = coordinator.stager().unwrap();
     let file_index: HashMap<String, usize> = coordinator
         .files()
         .into_iter()
@@ -302,7 +303,7 @@ fn a_host_file_is_refused_when_it_is_missing_unreadable_or_its_ids_do_not_match(
     let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").display().to_string());
     let sink = ParquetSink::new(tmp.path().join("out").display().to_string());
     let coordinator = CommitCoordinator::open(&checkpoint, &sink, &input).unwrap();
-    let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+    let stager = coordinator.stager().unwrap();
     let (batch, ids) = id_batch(&["a", "b", "c"]);
 
     let missing = stager.reserve("parquet").unwrap();
@@ -348,39 +349,161 @@ fn a_host_file_is_refused_when_it_is_missing_unreadable_or_its_ids_do_not_match(
     assert!(tmp.path().join("out").join(name).exists());
 }
 
+/// A store the host built (an in-memory one here: any `ObjectStore` is used as given, never
+/// opened again by URI), and its output and checkpoint prefixes as forebay directories.
+fn host_store_dirs() -> (Arc<dyn object_store::ObjectStore>, Dir, Dir) {
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let out = Dir::remote(store.clone(), "job/out", "host://job/out").unwrap();
+    let ckpt = Dir::remote(store.clone(), "job/ckpt", "host://job/ckpt").unwrap();
+    (store, out, ckpt)
+}
+
 #[test]
-fn a_host_file_on_an_object_store_is_written_to_its_slot_and_published() {
+fn a_host_file_on_a_host_store_is_written_to_its_slot_and_published() {
     use object_store::ObjectStoreExt;
     let tmp = tempfile::tempdir().unwrap();
     let input = inputs_in(tmp.path());
-    let checkpoint = Checkpoint::new("id", "memory://host-commit/ckpt");
-    let sink = ParquetSink::new("memory://host-commit/out");
+    let (store, out, ckpt) = host_store_dirs();
+    let checkpoint = Checkpoint::in_dir("id", ckpt.clone());
+    let sink = ParquetSink::in_dir(out.clone());
     let coordinator = CommitCoordinator::open(&checkpoint, &sink, &input).unwrap();
-    let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+    // A stager elsewhere cannot open the host's store by name: it is given the directories.
+    let none = Default::default();
+    let refused = CommitStager::new(coordinator.stager_spec().clone(), &none, &none)
+        .err()
+        .expect("a stager cannot reopen a host's store by name")
+        .to_string();
+    assert!(refused.contains("in_dirs"), "{refused}");
+    let swapped = CommitStager::in_dirs(coordinator.stager_spec().clone(), ckpt.clone(), out);
+    assert!(
+        swapped.is_err(),
+        "the output and checkpoint directories are checked"
+    );
+    let stager = coordinator.stager().unwrap();
     let (batch, ids) = id_batch(&["x", "y"]);
     let slot = stager.reserve("parquet").unwrap();
     assert!(slot.local_path().is_none());
-    let (store, location) = slot.object().unwrap();
+    let (slot_store, location) = slot.object().unwrap();
     let bytes = parquet_bytes(&batch);
-    forebay_io::block_on({
-        let store = store.clone();
-        async move { store.put(&location, bytes.into()).await }
-    })
-    .unwrap();
+    forebay_io::block_on(async move { slot_store.put(&location, bytes.into()).await }).unwrap();
     let final_name = slot.final_name().to_string();
     let staged = stager.stage_written(slot, &[ids]).unwrap();
     coordinator
         .commit(Some(staged), vec![], vec![], None)
         .unwrap();
-    let published = object_store::path::Path::from(format!("host-commit/out/{final_name}"));
-    let head = forebay_io::block_on(async move { store.head(&published).await });
-    assert!(head.is_ok(), "the committed file is at its final name");
+    coordinator.finish().unwrap();
+    let published = object_store::path::Path::from(format!("job/out/{final_name}"));
+    let head = forebay_io::block_on({
+        let store = store.clone();
+        async move { store.head(&published).await }
+    });
+    assert!(
+        head.is_ok(),
+        "the committed file is at its final name in the host's store"
+    );
     let files: Vec<String> = coordinator
         .committed()
         .iter()
         .map(|f| f.path.clone())
         .collect();
-    assert_eq!(files, [format!("memory://host-commit/out/{final_name}")]);
+    assert_eq!(files, [format!("host://job/out/{final_name}")]);
+    // The ids went into the host's store too: a second run finds them done.
+    let index = forebay_checkpoint::CheckpointIndex::loader_in(ckpt, "id")
+        .load()
+        .unwrap();
+    assert_eq!(index.len(), 2);
+}
+
+#[test]
+fn a_pipeline_writes_exactly_once_into_a_host_store() {
+    use forebay_engine::{Pipeline, Source};
+    let tmp = tempfile::tempdir().unwrap();
+    let (_store, out, ckpt) = host_store_dirs();
+    let input = inputs_in(tmp.path());
+    let run = |limit: Option<u64>| {
+        let mut pipeline = Pipeline::new(Source::Parquet(input.clone()));
+        if let Some(rows) = limit {
+            pipeline = pipeline.limit(rows);
+        }
+        pipeline
+            .write_parquet_checkpointed(
+                ParquetSink::in_dir(out.clone()).with_rows_per_file(ROWS),
+                Checkpoint::in_dir("id", ckpt.clone()),
+            )
+            .unwrap()
+    };
+    // A first run that stops early, then a resume: every input row once in the host's store.
+    let first = run(Some(3 * ROWS as u64));
+    assert_eq!(first.rows, 3 * ROWS as u64);
+    run(None);
+    let written = ParquetDataset::builder(DatasetSource::Store {
+        store: match &out {
+            Dir::Remote { store, .. } => store.clone(),
+            Dir::Local(_) => unreachable!(),
+        },
+        display_prefix: "host://".into(),
+        paths: vec!["job/out/".into()], // every Parquet file under it (not `_` directories)
+    })
+    .build()
+    .unwrap();
+    let mut ids = Vec::new();
+    for batch in written.scan().blocking_iter() {
+        let batch = batch.unwrap().batch;
+        let column = batch.column_by_name("id").unwrap();
+        let column = column.as_any().downcast_ref::<StringArray>().unwrap();
+        ids.extend(column.iter().map(|v| v.unwrap().to_string()));
+    }
+    ids.sort();
+    let expected: Vec<String> = (0..FILES * ROW_GROUPS * ROWS).map(id).collect();
+    assert_eq!(ids, expected, "every input row exactly once");
+}
+
+#[test]
+fn storage_options_never_travel_in_a_stager_spec() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = inputs_in(tmp.path());
+    let secret: forebay_parquet::StorageOptions = [(
+        "aws_secret_access_key".to_string(),
+        "s3cr3t-value".to_string(),
+    )]
+    .into();
+    // Local directories ignore store options, so the run opens; the spec must not hold them.
+    let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").display().to_string())
+        .with_storage_options(secret.clone());
+    let sink = ParquetSink::new(tmp.path().join("out").display().to_string())
+        .with_storage_options(secret.clone());
+    assert!(!format!("{checkpoint:?}{sink:?}").contains("s3cr3t"));
+    let coordinator = CommitCoordinator::open(&checkpoint, &sink, &input).unwrap();
+    let spec = coordinator.stager_spec();
+    assert!(!spec.to_json().contains("s3cr3t"), "{}", spec.to_json());
+    assert!(!format!("{spec:?}").contains("s3cr3t"));
+    // The stager is given the options by its caller.
+    let stager = CommitStager::new(spec.clone(), &secret, &secret).unwrap();
+    let (batch, _) = id_batch(&["s"]);
+    let staged = stager.stage(&[batch]).unwrap();
+    coordinator
+        .commit(Some(staged), vec![], vec![], None)
+        .unwrap();
+    coordinator.finish().unwrap();
+    assert_eq!(output_ids(&tmp.path().join("out")), ["s"]);
+}
+
+#[test]
+fn options_for_a_host_opened_directory_are_refused_naming_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = inputs_in(tmp.path());
+    let (_store, out, ckpt) = host_store_dirs();
+    let options: forebay_parquet::StorageOptions =
+        [("aws_region".to_string(), "eu-west-1".to_string())].into();
+    let sink = ParquetSink::in_dir(out).with_storage_options(options);
+    let err = CommitCoordinator::open(&Checkpoint::in_dir("id", ckpt), &sink, &input)
+        .err()
+        .expect("options for a host's store are an error")
+        .to_string();
+    assert!(
+        err.contains("aws_region") && err.contains("host://job/out"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -399,7 +522,7 @@ fn a_host_commits_from_async_code() {
                 .await
                 .unwrap(),
         );
-        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let stager = coordinator.stager().unwrap();
         let (batch, ids) = id_batch(&["p", "q"]);
         let slot = stager.reserve("parquet").unwrap();
         std::fs::write(slot.local_path().unwrap(), parquet_bytes(&batch)).unwrap();

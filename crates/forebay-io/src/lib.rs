@@ -42,7 +42,7 @@ pub mod storage_options;
 pub mod store_errors;
 mod store_ops;
 
-pub use dir::{Dir, DirError};
+pub use dir::{Dir, DirError, DirLocation};
 
 /// Options passed to object_store builders (`aws_endpoint`, `google_service_account`, ...);
 /// checked by `storage_options` (built with the `remote` feature) before a store is built.

@@ -121,10 +121,16 @@ def _forebay_source(ds: ray.data.Dataset) -> ForebayParquetDatasource:
     return found[0]
 
 
-def _stage_block(spec: str, table: pa.Table) -> pa.Table:
+def _stage_block(
+    spec: str,
+    output_options: dict[str, str],
+    checkpoint_options: dict[str, str],
+    table: pa.Table,
+) -> pa.Table:
     """A stage task: one block -> one staged data file (and its ids), described in a row:
     the rows it holds per input unit, their positions, and the units some of whose rows
-    share a position (rows a step multiplied)."""
+    share a position (rows a step multiplied). The spec names the output and the
+    checkpoint; the options that open their stores come apart (the spec holds none)."""
     tags = [name for name in (UNIT_COLUMN, ROW_COLUMN) if name in table.column_names]
     rows_per_unit = consumed = None
     repeated: list[int] = []
@@ -141,7 +147,8 @@ def _stage_block(spec: str, table: pa.Table) -> pa.Table:
     staged = None
     if table.num_rows:
         # The stager names a missing id column in its error.
-        staged = RsCommitStager(spec).stage(table.combine_chunks().to_batches())
+        stager = RsCommitStager(spec, output_options, checkpoint_options)
+        staged = stager.stage(table.combine_chunks().to_batches())
     return pa.table(
         {
             "staged": [staged],
@@ -311,6 +318,7 @@ def write_parquet(
             source,
             coordinator,
             checkpoint,
+            dict(storage_options or {}),
             min_rows_per_file,
             num_filter_actors,
             actors_given,
@@ -374,6 +382,7 @@ def _run(
     source: ForebayParquetDatasource,
     coordinator: RsCommitCoordinator,
     checkpoint: Checkpoint,
+    output_options: dict[str, str],
     min_rows_per_file: int | None,
     num_filter_actors: int,
     actors_given: bool,
@@ -442,7 +451,12 @@ def _run(
     tracker = UnitTracker()
     try:
         staged = ds.map_batches(
-            functools.partial(_stage_block, coordinator.stager_spec()),
+            functools.partial(
+                _stage_block,
+                coordinator.stager_spec(),
+                output_options,
+                dict(checkpoint.storage_options or {}),
+            ),
             batch_format="pyarrow",
             batch_size=min_rows_per_file,
             zero_copy_batch=True,

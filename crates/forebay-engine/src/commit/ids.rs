@@ -4,7 +4,6 @@
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use forebay_checkpoint::{CheckpointIndex, IdFamily, IdPartsWriter};
-use forebay_parquet::StorageOptions;
 
 use super::records::IdPartsRecord;
 use super::{checkpoint_err, IDS, STAGING};
@@ -15,13 +14,12 @@ use forebay_io::Dir;
 /// directory's `_forebay_staging/<commit>/` (None when there are none).
 pub(crate) fn stage_id_parts(
     state: &Dir,
-    storage_options: &StorageOptions,
     id_column: &str,
     num_shards: usize,
     commit: &str,
     ids: &[ArrayRef],
 ) -> Result<Option<IdPartsRecord>> {
-    let mut writer = id_parts_writer(state, storage_options, id_column, num_shards, commit)?;
+    let mut writer = id_parts_writer(state, id_column, num_shards, commit)?;
     for chunk in ids {
         writer.push(chunk).map_err(checkpoint_err)?;
     }
@@ -32,14 +30,12 @@ pub(crate) fn stage_id_parts(
 /// `_forebay_staging/<commit>/` by [`stage_ids`].
 pub(super) fn id_parts_writer(
     state: &Dir,
-    storage_options: &StorageOptions,
     id_column: &str,
     num_shards: usize,
     commit: &str,
 ) -> Result<IdPartsWriter> {
-    IdPartsWriter::one_file(
-        &id_staging_root(state, commit),
-        storage_options,
+    IdPartsWriter::one_file_in(
+        id_staging_dir(state, commit),
         id_column,
         num_shards,
         &id_file_name(commit),
@@ -58,8 +54,8 @@ pub(crate) fn stage_ids(ids: IdPartsWriter) -> Result<Option<IdPartsRecord>> {
 }
 
 /// Where a commit's id parts are staged: `<checkpoint>/_forebay_staging/<commit>/`.
-pub(super) fn id_staging_root(state: &Dir, commit: &str) -> String {
-    state.child(&format!("{STAGING}/{commit}")).root_uri()
+pub(super) fn id_staging_dir(state: &Dir, commit: &str) -> Dir {
+    state.child(&format!("{STAGING}/{commit}"))
 }
 
 /// Where a commit's ids are published: one file, a row group per shard.
@@ -119,14 +115,18 @@ fn wrong_id_type(id_column: &str, expected: IdFamily, got: &DataType) -> Option<
     }
 }
 
-/// The ids under `path`, or `None` when there are none yet (no Parquet files, no manifest).
+/// The ids at `path` (a directory, or a local single id file), or `None` when there are none
+/// yet (no Parquet files, no manifest).
 pub(super) fn load_ids(
-    path: &str,
-    options: &StorageOptions,
+    path: &Dir,
     id_column: &str,
     num_shards: Option<usize>,
 ) -> forebay_checkpoint::Result<Option<CheckpointIndex>> {
-    let mut loader = CheckpointIndex::loader(path, id_column).with_storage_options(options.clone());
+    let mut loader = match path {
+        // A local path may be a single file, which only the path loader reads.
+        Dir::Local(local) => CheckpointIndex::loader(local.display().to_string(), id_column),
+        Dir::Remote { .. } => CheckpointIndex::loader_in(path.clone(), id_column),
+    };
     if let Some(n) = num_shards {
         loader = loader.with_num_shards(n);
     }

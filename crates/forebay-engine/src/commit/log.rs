@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use forebay_checkpoint::{CheckpointIndex, IdFamily, IdPartsWriter, SharedCheckpointIndex};
-use forebay_parquet::{ParquetDataset, StorageOptions};
+use forebay_parquet::ParquetDataset;
 
 use super::crash::crash_point;
 use super::ids::{id_family_of, id_parts_writer, load_ids};
@@ -44,7 +44,6 @@ pub(crate) struct CommitLog {
     output: Dir,
     /// The checkpoint's state directory (forebay's files).
     state: Dir,
-    storage_options: StorageOptions,
     /// The ids each commit writes (None: a checkpoint by position writes none).
     ids: Option<IdColumn>,
     book: Arc<LineageBook>,
@@ -116,18 +115,17 @@ impl CommitLog {
             // (Opening a checkpoint without an id column checked that it resumes by position.)
             return Self::prepare_positions(checkpoint, output, dataset, book, opened);
         };
-        let options = &checkpoint.storage_options;
         // The ids done: everything under the checkpoint path (forebay's parts, and any id
         // files that were there: Ray's layout, a single file).
-        let mut index = load_ids(&checkpoint.path, options, id_column, checkpoint.num_shards)
-            .map_err(checkpoint_err)?;
+        let mut index =
+            load_ids(&opened.given, id_column, checkpoint.num_shards).map_err(checkpoint_err)?;
         if opened.single_file {
             let shards = index
                 .as_ref()
                 .map(|i| i.num_shards())
                 .or(checkpoint.num_shards);
             if let Some(more) =
-                load_ids(&opened.state_uri, options, id_column, shards).map_err(checkpoint_err)?
+                load_ids(&opened.state, id_column, shards).map_err(checkpoint_err)?
             {
                 match index.as_mut() {
                     Some(i) => i.merge(&more).map_err(checkpoint_err)?,
@@ -147,7 +145,7 @@ impl CommitLog {
             .map_err(checkpoint_err)?,
         };
         index
-            .prepare(&opened.state_uri, options)
+            .prepare_in(opened.state.clone())
             .map_err(checkpoint_err)?;
         let mut report = opened.report.clone();
         report.ids_done = index.len() as u64;
@@ -212,9 +210,8 @@ impl CommitLog {
         let (Some(id_column), Some(id_type)) = (&checkpoint.id_column, &opened.id_type) else {
             return Ok(None);
         };
-        let options = &checkpoint.storage_options;
-        let declared = forebay_checkpoint::manifest_num_shards(&opened.state_uri, options)
-            .map_err(checkpoint_err)?;
+        let declared =
+            forebay_checkpoint::manifest_num_shards_in(&opened.state).map_err(checkpoint_err)?;
         let num_shards = match (declared, checkpoint.num_shards) {
             (Some(have), Some(asked)) if have != asked => {
                 return Err(EngineError::InvalidArgument(format!(
@@ -227,7 +224,7 @@ impl CommitLog {
             (None, asked) => asked.unwrap_or(forebay_checkpoint::DEFAULT_NUM_SHARDS),
         };
         CheckpointIndex::new(id_type.clone(), id_column.clone(), num_shards)
-            .and_then(|layout| layout.prepare(&opened.state_uri, options))
+            .and_then(|layout| layout.prepare_in(opened.state.clone()))
             .map_err(checkpoint_err)?;
         Ok(Some(IdColumn {
             name: id_column.clone(),
@@ -252,7 +249,7 @@ impl CommitLog {
             return Err(EngineError::InvalidArgument(format!(
                 "the checkpoint {} is a single file; this writer needs a checkpoint directory \
                  (or URI prefix) that its readers in other processes can load",
-                checkpoint.path
+                checkpoint.path()
             )));
         }
         // (Opening a checkpoint without an id column checked that it resumes by position.)
@@ -282,7 +279,6 @@ impl CommitLog {
         CommitLog {
             output,
             state: opened.state,
-            storage_options: checkpoint.storage_options.clone(),
             ids,
             book,
             files: opened.files,
@@ -330,10 +326,6 @@ impl CommitLog {
         &self.state
     }
 
-    pub(crate) fn storage_options(&self) -> &StorageOptions {
-        &self.storage_options
-    }
-
     pub(crate) fn files(&self) -> impl Iterator<Item = &str> {
         self.files.iter().map(|(uri, _)| uri.as_str())
     }
@@ -367,15 +359,7 @@ impl CommitLog {
     pub(crate) fn id_parts_writer(&self, commit: &str) -> Result<Option<IdPartsWriter>> {
         self.ids
             .as_ref()
-            .map(|ids| {
-                id_parts_writer(
-                    &self.state,
-                    &self.storage_options,
-                    &ids.name,
-                    ids.num_shards,
-                    commit,
-                )
-            })
+            .map(|ids| id_parts_writer(&self.state, &ids.name, ids.num_shards, commit))
             .transpose()
     }
 

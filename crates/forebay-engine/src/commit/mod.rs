@@ -137,7 +137,7 @@ use forebay_parquet::StorageOptions;
 
 use crate::error::EngineError;
 use crate::lease::DEFAULT_LEASE_TTL;
-use forebay_io::DirError;
+use forebay_io::{DirError, DirLocation};
 
 pub(crate) const STAGING: &str = "_forebay_staging";
 /// The directory of the commits' id files.
@@ -160,11 +160,11 @@ pub enum OnChangedInput {
 pub struct Checkpoint {
     /// None: rows are known by input position alone, and no id is written.
     pub(crate) id_column: Option<String>,
-    pub(crate) path: String,
+    /// Where it is (its Debug shows the option keys, never their values).
+    pub(crate) location: DirLocation,
     pub(crate) num_shards: Option<usize>,
     pub(crate) delete_on_success: bool,
     pub(crate) on_changed_input: OnChangedInput,
-    pub(crate) storage_options: StorageOptions,
     pub(crate) lease_ttl: std::time::Duration,
     /// Commit records a run folds into the inputs snapshot at a time (None: the default).
     pub(crate) fold_every: Option<usize>,
@@ -176,13 +176,28 @@ impl Checkpoint {
     /// single file) counts their ids as done; forebay keeps its own state beside them (for a
     /// single file, in the directory `<file>.forebay`).
     pub fn new(id_column: impl Into<String>, path: impl Into<String>) -> Checkpoint {
+        Checkpoint::at(Some(id_column.into()), DirLocation::uri(path))
+    }
+
+    /// A checkpoint keyed by `id_column` in a directory the caller opened: a local one,
+    /// or a prefix of a store a host engine built ([`Dir::remote`](forebay_io::Dir::remote)),
+    /// used as given (forebay never sees its credentials).
+    pub fn in_dir(id_column: impl Into<String>, dir: forebay_io::Dir) -> Checkpoint {
+        Checkpoint::at(Some(id_column.into()), DirLocation::opened(dir))
+    }
+
+    /// [`by_position`](Self::by_position) in a directory the caller opened.
+    pub fn by_position_in(dir: forebay_io::Dir) -> Checkpoint {
+        Checkpoint::at(None, DirLocation::opened(dir))
+    }
+
+    fn at(id_column: Option<String>, location: DirLocation) -> Checkpoint {
         Checkpoint {
-            id_column: Some(id_column.into()),
-            path: path.into(),
+            id_column,
+            location,
             num_shards: None,
             delete_on_success: false,
             on_changed_input: OnChangedInput::Error,
-            storage_options: StorageOptions::new(),
             lease_ttl: DEFAULT_LEASE_TTL,
             fold_every: None,
         }
@@ -194,10 +209,7 @@ impl Checkpoint {
     /// again (`OnChangedInput::Reprocess`: nothing tells their done rows apart), nor can the
     /// checkpoint hold ids of another writer.
     pub fn by_position(path: impl Into<String>) -> Checkpoint {
-        Checkpoint {
-            id_column: None,
-            ..Checkpoint::new(String::new(), path)
-        }
+        Checkpoint::at(None, DirLocation::uri(path))
     }
 
     /// How long a checkpoint on an object store stays leased to a run that stopped renewing
@@ -235,9 +247,17 @@ impl Checkpoint {
         self
     }
 
+    /// Options for the checkpoint's object store (`aws_endpoint`, credentials, ...); not
+    /// for a checkpoint [`in_dir`](Self::in_dir), whose store is configured already (an
+    /// error when the run starts).
     pub fn with_storage_options(mut self, options: StorageOptions) -> Self {
-        self.storage_options = options;
+        self.location = self.location.with_options(options);
         self
+    }
+
+    /// Where the checkpoint is, as messages name it.
+    pub fn path(&self) -> &str {
+        self.location.shown()
     }
 
     /// The id column (None for a checkpoint [by position](Self::by_position)).

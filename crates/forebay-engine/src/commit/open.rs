@@ -13,8 +13,9 @@ use forebay_io::Dir;
 
 /// A checkpoint's state directory, recovered, with the inputs earlier runs finished.
 pub(super) struct OpenedState {
+    /// The checkpoint path: forebay's state, or a single id file beside it.
+    pub(super) given: Dir,
     pub(super) state: Dir,
-    pub(super) state_uri: String,
     /// The checkpoint path is a single id file; forebay's state lives in `<file>.forebay`.
     pub(super) single_file: bool,
     pub(super) run_id: String,
@@ -40,16 +41,17 @@ impl OpenedState {
         output: &Dir,
         dataset: &ParquetDataset,
     ) -> Result<Self> {
-        let options = &checkpoint.storage_options;
         // Where forebay's own files go: the path itself, or beside a single id file.
-        let given = Dir::open(&checkpoint.path, options).map_err(storage_err)?;
+        let given = checkpoint.location.open().map_err(storage_err)?;
         let single_file = matches!(&given, Dir::Local(p) if p.is_file());
-        let state_uri = if single_file {
-            format!("{}.forebay", given.root_uri())
-        } else {
-            given.root_uri()
+        let state = match &given {
+            Dir::Local(file) if single_file => {
+                let mut beside = file.clone().into_os_string();
+                beside.push(".forebay");
+                Dir::Local(beside.into())
+            }
+            _ => given.clone(),
         };
-        let state = Dir::open(&state_uri, options).map_err(storage_err)?;
         state.create().map_err(storage_err)?;
         output.create().map_err(storage_err)?;
         let run_id = run_id();
@@ -132,13 +134,7 @@ impl OpenedState {
             && (snapshot.scan_filter == scan_filter || !has_positions)
             && !foreign_ids;
         if checkpoint.id_column.is_none() {
-            check_by_position(
-                checkpoint,
-                &state,
-                &report,
-                single_file || foreign_ids,
-                positions,
-            )?;
+            check_by_position(&state, &report, single_file || foreign_ids, positions)?;
         } else if state.exists(BY_POSITION).map_err(storage_err)? {
             return Err(changed_input_error(format!(
                 "the checkpoint {} was written without an id column (by position), so it \
@@ -173,8 +169,8 @@ impl OpenedState {
             .map(|e| (e.uri().to_string(), Identity::of(e)))
             .collect();
         Ok(OpenedState {
+            given,
             state,
-            state_uri,
             single_file,
             run_id,
             lock,
@@ -196,15 +192,14 @@ pub(super) const BY_POSITION: &str = "_forebay_by_position";
 /// A checkpoint by position (no id column) resumes only by position: every reason to
 /// drop rows by id is an error here.
 fn check_by_position(
-    checkpoint: &Checkpoint,
     state: &Dir,
     report: &ResumeReport,
     holds_ids: bool,
     positions: bool,
 ) -> Result<()> {
     let shown = state.root_uri();
-    let manifest = forebay_checkpoint::manifest_num_shards(&shown, &checkpoint.storage_options)
-        .map_err(super::checkpoint_err)?;
+    let manifest =
+        forebay_checkpoint::manifest_num_shards_in(state).map_err(super::checkpoint_err)?;
     let reason = if manifest.is_some() || holds_ids {
         "it holds ids (it was written with an id column, or holds id files of another \
          writer): pass that id column"

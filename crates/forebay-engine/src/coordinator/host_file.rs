@@ -97,7 +97,6 @@ impl CommitStager {
         let ids = match &self.spec.id_column {
             Some(id_column) if rows > 0 => stage_id_parts(
                 &self.state,
-                &self.spec.state_options,
                 id_column,
                 self.spec.num_shards,
                 &slot.commit,

@@ -11,7 +11,7 @@
 //!    ├─ finished_inputs() ── JSON ─────────────►  readers skip finished files/row groups,
 //!    │                                             and the positions commits consumed
 //!    │                                             (resumes_by_position(); else by id)
-//!    └─ stager_spec() ────── JSON ─────────────►  CommitStager::new(spec)
+//!    └─ stager_spec() ────── JSON ─────────────►  CommitStager::new(spec, options)
 //!                                                  stage(batches): the data file and the
 //!                                                  id parts under _forebay_staging/
 //!  commit(staged, completed inputs,  ◄── JSON ────  StagedCommit
@@ -27,6 +27,11 @@
 //! its last rows or after it: the record is what makes a later run skip the unit unread.
 //! Likewise it tells each commit the input positions its rows hold (the `positions`
 //! module: readers tag rows with them), so that a resume drops exactly those rows.
+//!
+//! The spec names the output and the checkpoint but carries no storage options: a stager
+//! is given them by its caller ([`CommitStager::new`]), or the very directories when a host
+//! opened them itself ([`CommitStager::in_dirs`]; in the coordinator's process,
+//! [`CommitCoordinator::stager`]). Credentials never travel in the JSON.
 
 use std::sync::Mutex;
 
@@ -57,17 +62,19 @@ const STAGE: &str = "write_parquet";
 pub type ConsumedPositions = Vec<((usize, usize), Vec<(u64, u64)>)>;
 
 /// What a stager needs to know, from the coordinator (serialisable: it goes to stagers in
-/// other processes with the storage options they open the stores with, credentials
-/// included; its `Debug` shows the options' keys, never their values).
-#[derive(Clone, Serialize, Deserialize)]
+/// other processes). It holds where the output and the checkpoint are, never how their
+/// stores are opened (storage options, credentials).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StagerSpec {
     output: String,
-    output_options: StorageOptions,
     compression: String,
     row_group_rows: usize,
     /// The checkpoint's state directory.
     state: String,
-    state_options: StorageOptions,
+    /// The output or the checkpoint is a directory the host opened: stagers are given
+    /// directories ([`CommitStager::in_dirs`]), they cannot open them from `output`/`state`.
+    #[serde(default)]
+    opened_by_host: bool,
     /// None: a checkpoint by position (no ids are staged).
     id_column: Option<String>,
     /// The kind of ids the checkpoint holds (`IdFamily::name`); staged ids must be one.
@@ -75,25 +82,6 @@ pub struct StagerSpec {
     id_family: Option<String>,
     num_shards: usize,
     run_id: String,
-}
-
-impl std::fmt::Debug for StagerSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        fn keys(options: &StorageOptions) -> Vec<&str> {
-            let mut keys: Vec<&str> = options.keys().map(String::as_str).collect();
-            keys.sort_unstable();
-            keys
-        }
-        f.debug_struct("StagerSpec")
-            .field("output", &self.output)
-            .field("output_options", &keys(&self.output_options))
-            .field("state", &self.state)
-            .field("state_options", &keys(&self.state_options))
-            .field("id_column", &self.id_column)
-            .field("num_shards", &self.num_shards)
-            .field("run_id", &self.run_id)
-            .finish_non_exhaustive()
-    }
 }
 
 impl StagerSpec {
@@ -108,6 +96,16 @@ impl StagerSpec {
 
     pub fn id_column(&self) -> Option<&str> {
         self.id_column.as_deref()
+    }
+
+    /// The output directory (a path or URI; how messages name it when the host opened it).
+    pub fn output(&self) -> &str {
+        &self.output
+    }
+
+    /// The checkpoint's state directory, where the ids are staged.
+    pub fn state(&self) -> &str {
+        &self.state
     }
 }
 
@@ -146,17 +144,49 @@ pub struct CommitStager {
 }
 
 impl CommitStager {
-    pub fn new(spec: StagerSpec) -> Result<CommitStager> {
-        let mut sink = ParquetSink::new(spec.output.clone())
-            .with_storage_options(spec.output_options.clone())
+    /// A stager that opens the spec's output and checkpoint with these storage options
+    /// (the ones the coordinator's sink and checkpoint were given; empty for local
+    /// directories).
+    pub fn new(
+        spec: StagerSpec,
+        output_options: &StorageOptions,
+        checkpoint_options: &StorageOptions,
+    ) -> Result<CommitStager> {
+        if spec.opened_by_host {
+            return Err(EngineError::InvalidArgument(format!(
+                "the output {} or the checkpoint {} is a directory its host opened itself: a                  stager cannot open it by name; give it the same directories                  (CommitStager::in_dirs)",
+                spec.output, spec.state
+            )));
+        }
+        let output = Dir::open(&spec.output, output_options)
+            .map_err(|e| EngineError::write(STAGE, e.path(), e.reason()))?;
+        let state = Dir::open(&spec.state, checkpoint_options)
+            .map_err(|e| EngineError::write("checkpoint", e.path(), e.reason()))?;
+        CommitStager::in_dirs(spec, output, state)
+    }
+
+    /// A stager writing into directories its caller opened: the output and the
+    /// checkpoint's state directory the coordinator was given (`spec.output()`,
+    /// `spec.state()`; a host's store, prefixes of it).
+    pub fn in_dirs(spec: StagerSpec, output: Dir, state: Dir) -> Result<CommitStager> {
+        for (dir, named, what) in [
+            (&output, &spec.output, "output"),
+            (&state, &spec.state, "checkpoint"),
+        ] {
+            if dir.root_uri() != *named {
+                return Err(EngineError::InvalidArgument(format!(
+                    "the stager was given the {what} directory {}, and the coordinator's is                      {named}",
+                    dir.root_uri()
+                )));
+            }
+        }
+        let mut sink = ParquetSink::in_dir(output)
             .with_compression(&spec.compression)?
             .with_row_group_rows(spec.row_group_rows);
         if let Some(id_column) = &spec.id_column {
             sink = sink.with_unique_column(id_column);
         }
         let output = OutputTarget::open(sink, None)?;
-        let state = Dir::open(&spec.state, &spec.state_options)
-            .map_err(|e| EngineError::write("checkpoint", e.path(), e.reason()))?;
         Ok(CommitStager {
             spec,
             output,
@@ -190,14 +220,9 @@ impl CommitStager {
         let staged = format!("{}/{name}", crate::commit::STAGING);
         let written: WrittenFile = self.output.stage_file(&staged, batches)?;
         let ids = match &self.spec.id_column {
-            Some(id_column) => stage_id_parts(
-                &self.state,
-                &self.spec.state_options,
-                id_column,
-                self.spec.num_shards,
-                &commit,
-                &ids,
-            )?,
+            Some(id_column) => {
+                stage_id_parts(&self.state, id_column, self.spec.num_shards, &commit, &ids)?
+            }
             None => None,
         };
         Ok(StagedCommit {
@@ -268,20 +293,18 @@ impl CommitCoordinator {
     ) -> Result<CommitCoordinator> {
         crate::locations::check_write_locations(
             dataset,
-            &sink.root,
-            Some(&checkpoint.path),
+            sink.root(),
+            Some(checkpoint.path()),
             false,
         )?;
-        let output = Dir::open(&sink.root, &sink.storage_options)
-            .map_err(|e| EngineError::write(STAGE, e.path(), e.reason()))?;
+        let output = sink.open_dir()?;
         let (log, finished, report) = CommitLog::prepare_without_ids(checkpoint, output, dataset)?;
         let spec = StagerSpec {
-            output: sink.root.clone(),
-            output_options: sink.storage_options.clone(),
+            output: log.output().root_uri(),
             compression: sink.compression_name.clone(),
             row_group_rows: sink.row_group_rows,
             state: log.state().root_uri(),
-            state_options: log.storage_options().clone(),
+            opened_by_host: sink.location.is_opened() || checkpoint.location.is_opened(),
             id_column: checkpoint.id_column().map(str::to_string),
             id_family: log.ids().map(|ids| ids.family.name().to_string()),
             num_shards: log.num_shards(),
@@ -316,6 +339,16 @@ impl CommitCoordinator {
 
     pub fn stager_spec(&self) -> &StagerSpec {
         &self.spec
+    }
+
+    /// A stager in this process, on the coordinator's own directories (no store is opened
+    /// again).
+    pub fn stager(&self) -> Result<CommitStager> {
+        CommitStager::in_dirs(
+            self.spec.clone(),
+            self.log.output().clone(),
+            self.log.state().clone(),
+        )
     }
 
     /// The checkpoint's state directory (where readers load the ids done).
@@ -539,7 +572,8 @@ mod tests {
 
         // A stager in "another process": only the JSON spec crosses.
         let spec = StagerSpec::from_json(&coordinator.stager_spec().to_json()).unwrap();
-        let stager = CommitStager::new(spec).unwrap();
+        let none = StorageOptions::new();
+        let stager = CommitStager::new(spec, &none, &none).unwrap();
         let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
         let staged = stager.stage(std::slice::from_ref(&batch)).unwrap();
         assert_eq!(staged.rows(), 100);
@@ -597,7 +631,7 @@ mod tests {
         let checkpoint = Checkpoint::new("id", tmp.path().join("ckpt").to_str().unwrap());
         let sink = ParquetSink::new(tmp.path().join("out").to_str().unwrap());
         let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
-        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let stager = coordinator.stager().unwrap();
         let batch = RecordBatch::try_from_iter([(
             "other",
             Arc::new(Int64Array::from_iter_values(0..3)) as ArrayRef,
@@ -624,7 +658,7 @@ mod tests {
         let checkpoint = Checkpoint::new("id", ckpt.to_str().unwrap());
         let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
         assert!(coordinator.resumes_by_position(), "a new checkpoint");
-        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let stager = coordinator.stager().unwrap();
         let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
         // Rows 0-39 and 50-59 of row group 0, committed; then the run dies.
         let staged = stager
@@ -642,7 +676,7 @@ mod tests {
         let consumed = again.finished_inputs().consumed(&uri(&dataset), 0).cloned();
         assert_eq!(consumed.unwrap().uncovered(0, 100), vec![40..50, 60..100]);
         // A commit whose rows do not say their positions: from now on, by id.
-        let stager = CommitStager::new(again.stager_spec().clone()).unwrap();
+        let stager = again.stager().unwrap();
         let staged = stager.stage(&[batch.slice(40, 10)]).unwrap();
         again.commit(Some(staged), vec![], vec![], None).unwrap();
         drop(again);
@@ -660,7 +694,7 @@ mod tests {
         let (dataset, ckpt, sink) = job(tmp.path());
         let checkpoint = Checkpoint::by_position(ckpt.to_str().unwrap());
         let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
-        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let stager = coordinator.stager().unwrap();
         let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
         let staged = stager.stage(&[batch.slice(0, 10)]).unwrap();
         assert!(staged.ids.is_none(), "no id is staged");
@@ -693,7 +727,7 @@ mod tests {
         let (dataset, ckpt, sink) = job(tmp.path());
         let checkpoint = Checkpoint::new("id", ckpt.to_str().unwrap()).with_fold_every(4);
         let coordinator = CommitCoordinator::open(&checkpoint, &sink, &dataset).unwrap();
-        let stager = CommitStager::new(coordinator.stager_spec().clone()).unwrap();
+        let stager = coordinator.stager().unwrap();
         let batch = dataset.scan().next_blocking().unwrap().unwrap().batch;
         for i in 0..10 {
             let staged = stager.stage(&[batch.slice(i * 10, 10)]).unwrap();

@@ -343,7 +343,7 @@ impl Pipeline {
     pub fn start_write(self, sink: ParquetSink) -> Result<RunningWrite> {
         if let Source::Parquet(dataset) = &self.source {
             let deletes = sink.mode == crate::writer::WriteMode::Overwrite;
-            check_write_locations(dataset, &sink.root, None, deletes)?;
+            check_write_locations(dataset, sink.root(), None, deletes)?;
         }
         self.start_write_inner(sink, None)
     }
@@ -389,10 +389,9 @@ impl Pipeline {
                 Step::Limit(_) => {}
             }
         }
-        check_write_locations(dataset, &sink.root, Some(&checkpoint.path), false)?;
+        check_write_locations(dataset, sink.root(), Some(checkpoint.path()), false)?;
         let book = Arc::new(LineageBook::default());
-        let output = forebay_io::Dir::open(&sink.root, &sink.storage_options)
-            .map_err(|e| EngineError::write("write_parquet", e.path(), e.reason()))?;
+        let output = sink.open_dir()?;
         let prepared = CommitLog::prepare(&checkpoint, output, dataset, book.clone())?;
         let inputs = dataset.files().len();
         if inputs > 0 && prepared.report.files_done == inputs {
@@ -402,7 +401,7 @@ impl Pipeline {
                         "the checkpoint {} records every one of the {inputs} input file(s) as \
                          finished: this job is done, and this run writes nothing (delete the \
                          checkpoint directory to run it again from the start)",
-                        checkpoint.path
+                        checkpoint.path()
                     ),
                 });
             }

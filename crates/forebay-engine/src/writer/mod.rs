@@ -44,7 +44,7 @@ use crate::queue::BatchQueue;
 use crate::resources::RunResources;
 use crate::stats::{StageCounters, WriteStats, WrittenFile};
 use forebay_io::durable::{create_dir_all_durable, sync_dir};
-use forebay_io::{Dir, DirError};
+use forebay_io::{Dir, DirError, DirLocation};
 
 mod checkpointed;
 
@@ -66,8 +66,8 @@ pub enum WriteMode {
 /// Where and how to write Parquet files. Build with [`ParquetSink::new`].
 #[derive(Debug, Clone)]
 pub struct ParquetSink {
-    pub(crate) root: String,
-    pub(crate) storage_options: StorageOptions,
+    /// The output directory (its Debug shows the option keys, never their values).
+    pub(crate) location: DirLocation,
     pub(crate) compression: Compression,
     /// The name `compression` was chosen by (what another process is told).
     pub(crate) compression_name: String,
@@ -82,9 +82,25 @@ pub struct ParquetSink {
 impl ParquetSink {
     /// Write into the directory `root` (a local path or a URI: `s3://bucket/out/`).
     pub fn new(root: impl Into<String>) -> ParquetSink {
+        ParquetSink::at(DirLocation::uri(root))
+    }
+
+    /// Write into a directory the caller opened: a local one, or a prefix of a store a host
+    /// engine built ([`Dir::remote`]), used as given (forebay never sees its credentials).
+    ///
+    /// ```no_run
+    /// # fn run(store: std::sync::Arc<dyn object_store::ObjectStore>) -> forebay_engine::Result<()> {
+    /// let out = forebay_io::Dir::remote(store, "job/out", "s3://bucket/job/out").unwrap();
+    /// let sink = forebay_engine::ParquetSink::in_dir(out).with_compression("snappy")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn in_dir(dir: Dir) -> ParquetSink {
+        ParquetSink::at(DirLocation::opened(dir))
+    }
+
+    fn at(location: DirLocation) -> ParquetSink {
         ParquetSink {
-            root: root.into(),
-            storage_options: StorageOptions::new(),
+            location,
             compression: Compression::ZSTD(ZstdLevel::default()),
             compression_name: "zstd".into(),
             rows_per_file: DEFAULT_ROWS_PER_FILE,
@@ -95,9 +111,22 @@ impl ParquetSink {
         }
     }
 
+    /// Options for the output's object store (`aws_endpoint`, credentials, ...); not for
+    /// a sink [`in_dir`](Self::in_dir), whose store is configured already (an error when
+    /// the run starts).
     pub fn with_storage_options(mut self, options: StorageOptions) -> Self {
-        self.storage_options = options;
+        self.location = self.location.with_options(options);
         self
+    }
+
+    /// The output directory, as messages name it.
+    pub fn root(&self) -> &str {
+        self.location.shown()
+    }
+
+    /// Open the output directory.
+    pub(crate) fn open_dir(&self) -> Result<Dir> {
+        self.location.open().map_err(storage_err)
     }
 
     /// `"zstd"` (default), `"snappy"`, `"gzip"`, `"lz4"`, `"brotli"` or `"none"`.
@@ -189,7 +218,7 @@ impl OutputTarget {
     pub(crate) fn open(sink: ParquetSink, commits: Option<Arc<CommitLog>>) -> Result<OutputTarget> {
         let dir = match &commits {
             Some(log) => log.output().clone(),
-            None => Dir::open(&sink.root, &sink.storage_options).map_err(storage_err)?,
+            None => sink.open_dir()?,
         };
         if let Dir::Local(root) = &dir {
             fs::create_dir_all(root).map_err(|e| {
@@ -264,7 +293,7 @@ impl OutputTarget {
         match self.sink.mode {
             WriteMode::ErrorIfExists if !existing.is_empty() => Err(EngineError::write(
                 STAGE,
-                &self.sink.root,
+                self.sink.root(),
                 format!(
                     "holds {} data file(s) already (e.g. {}); use mode='append' or 'overwrite'",
                     existing.len(),

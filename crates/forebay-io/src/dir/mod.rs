@@ -37,8 +37,10 @@ use crate::location::{open_location, LocationError, StorageOptions};
 use crate::store_ops::{copy_object, delete_all, object_path};
 
 mod error;
+mod location;
 
 pub use error::{DirError, DirResult};
+pub use location::DirLocation;
 
 /// A local directory or an object-store prefix.
 #[derive(Clone)]
