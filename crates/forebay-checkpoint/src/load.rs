@@ -12,7 +12,7 @@ use forebay_parquet::{
 };
 use parquet::file::metadata::ParquetMetaData;
 
-use crate::directory::{clean_stale_temp_files, open_dir, read_manifest, top_level};
+use crate::directory::{clean_stale_temp_files, read_manifest, top_level};
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::{fingerprints_into, shard_of, FINGERPRINT_BITS};
 use crate::huge_pages::advise_huge_pages;
@@ -21,18 +21,17 @@ use crate::index::{
 };
 use crate::layout::{declared_shard, MANIFEST_FILE, NUM_SHARDS_KEY, SHARDS_KEY};
 use crate::shard::{Packed96, ShardTable};
-use forebay_io::Dir;
+use forebay_io::{Dir, DirLocation};
 
 /// Loads a [`CheckpointIndex`] from Parquet files. Build with [`CheckpointIndex::loader`].
 #[derive(Debug, Clone)]
 pub struct CheckpointLoader {
-    path: String,
+    /// The path, glob or URI (with its store's options), or a directory the caller
+    /// opened (`loader_in`). Its Debug shows option keys, never their values.
+    location: DirLocation,
     id_column: String,
     num_shards: Option<usize>,
     shards: Option<Vec<usize>>,
-    storage_options: StorageOptions,
-    /// The directory when the caller opened it (`loader_in`), else opened from `path`.
-    dir: Option<Dir>,
     threads: usize,
 }
 
@@ -41,12 +40,10 @@ impl CheckpointIndex {
     /// by forebay, a directory, a glob, a file or a URI).
     pub fn loader(path: impl Into<String>, id_column: impl Into<String>) -> CheckpointLoader {
         CheckpointLoader {
-            path: path.into(),
+            location: DirLocation::uri(path),
             id_column: id_column.into(),
             num_shards: None,
             shards: None,
-            storage_options: StorageOptions::new(),
-            dir: None,
             threads: default_threads(),
         }
     }
@@ -55,8 +52,8 @@ impl CheckpointIndex {
     /// opened: a local one, or a prefix of a store it built ([`Dir::remote`]). Unlike
     /// [`loader`](Self::loader), `dir` must be a directory (or prefix), not a file or glob.
     pub fn loader_in(dir: Dir, id_column: impl Into<String>) -> CheckpointLoader {
-        let mut loader = Self::loader(dir.root_uri(), id_column);
-        loader.dir = Some(dir);
+        let mut loader = Self::loader(String::new(), id_column);
+        loader.location = DirLocation::opened(dir);
         loader
     }
 }
@@ -78,7 +75,7 @@ impl CheckpointLoader {
 
     /// Options for the object store (`aws_endpoint`, credentials, ...).
     pub fn with_storage_options(mut self, options: StorageOptions) -> Self {
-        self.storage_options = options;
+        self.location = self.location.with_options(options);
         self
     }
 
@@ -100,7 +97,7 @@ impl CheckpointLoader {
                 available,
             },
             source => CheckpointError::Read {
-                path: self.path.clone(),
+                path: self.location.shown().to_string(),
                 column: self.id_column.clone(),
                 source: Box::new(source),
             },
@@ -121,7 +118,7 @@ impl CheckpointLoader {
     /// # Ok(()) }
     /// ```
     pub async fn load_async(self) -> Result<CheckpointIndex> {
-        let what = format!("loading checkpoint ids from {}", self.path);
+        let what = format!("loading checkpoint ids from {}", self.location.shown());
         tokio::task::spawn_blocking(move || self.load())
             .await
             .unwrap_or_else(|e| Err(CheckpointError::task(what, e)))
@@ -134,7 +131,7 @@ impl CheckpointLoader {
                 store,
                 prefix,
                 shown,
-            } if self.dir.is_some() => {
+            } if self.location.is_opened() => {
                 // A store the caller built is read as given (DatasetSource::Store), its
                 // objects shown as `shown` names them.
                 let prefix = prefix.as_ref();
@@ -162,19 +159,19 @@ impl CheckpointLoader {
                 }
             }
             _ => {
-                let base = self.path.trim_end_matches('/');
+                let base = self.location.shown().trim_end_matches('/');
                 DatasetSource::Uris {
                     uris: relatives
                         .into_iter()
                         .map(|r| {
                             if r.is_empty() {
-                                self.path.clone()
+                                self.location.shown().to_string()
                             } else {
                                 format!("{base}/{r}")
                             }
                         })
                         .collect(),
-                    storage_options: self.storage_options.clone(),
+                    storage_options: self.location.options().clone(),
                 }
             }
         }
@@ -182,10 +179,7 @@ impl CheckpointLoader {
 
     /// Read the files and build the index.
     pub fn load(self) -> Result<CheckpointIndex> {
-        let target = match &self.dir {
-            Some(dir) => dir.clone(),
-            None => open_dir(&self.path, &self.storage_options)?,
-        };
+        let target = self.location.open()?;
         if let Dir::Local(dir) = &target {
             if dir.is_dir() {
                 clean_stale_temp_files(dir);
@@ -273,7 +267,7 @@ impl CheckpointLoader {
             .files()
             .first()
             .map(|f| f.uri().to_string())
-            .unwrap_or_else(|| self.path.clone());
+            .unwrap_or_else(|| self.location.shown().to_string());
         let id_type = id_value_type(field.data_type(), &shown_files, &self.id_column)?;
         let mut index = empty_index(id_type.clone())?;
         if let Some(m) = &manifest {
@@ -514,6 +508,18 @@ fn release_freed_memory() {
 #[cfg(test)]
 mod tests {
     use std::fs;
+
+    #[test]
+    fn a_loader_never_shows_its_storage_option_values() {
+        let loader = CheckpointIndex::loader("s3://bucket/ckpt", "id").with_storage_options(
+            [("aws_secret_access_key".to_string(), "s3cr3t".to_string())].into(),
+        );
+        let shown = format!("{loader:?}");
+        assert!(
+            shown.contains("aws_secret_access_key") && !shown.contains("s3cr3t"),
+            "{shown}"
+        );
+    }
 
     use arrow_array::ArrayRef;
 
