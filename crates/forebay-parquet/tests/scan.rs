@@ -124,6 +124,75 @@ proptest! {
     }
 }
 
+/// A filter that keeps most rows: after the first row groups measured it, the others are
+/// decoded whole and filtered afterwards (`scan::selectivity`), with the same rows out as
+/// the RowFilter (a filter column the scan does not return is decoded too, then dropped); a
+/// selective filter stays on the RowFilter.
+#[test]
+fn a_filter_keeping_most_rows_decodes_whole_then_filters_with_the_same_rows() {
+    let data = table(6000, 7);
+    let store = store_with(&[write(&data, 250), write(&data, 250)]);
+    let scan = |filter: &Predicate, columns: &[&str]| {
+        let ds = ParquetDataset::builder(source(store.clone()))
+            .with_columns(columns.iter().copied())
+            .with_filter(filter.clone())
+            .with_batch_size(97)
+            .build()
+            .unwrap();
+        let batches = read_all(&ds);
+        (concat(&batches, batches[0].schema()), ds.metrics())
+    };
+    // val >= 50: ~86 % of rows (nulls and small values dropped).
+    let most = Predicate::compare("val", forebay_parquet::CompareOp::GtEq, 50i64);
+    let (got, metrics) = scan(&most, &["name", "val", "id"]);
+    // The reference: both files' rows, filtered row by row.
+    let vals = data
+        .column(1)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    let keep: BooleanArray = vals
+        .iter()
+        .map(|v| Some(v.is_some_and(|v| v >= 50)))
+        .collect();
+    let one = filter_record_batch(&data, &keep).unwrap();
+    let expected = concat(&[one.clone(), one], data.schema());
+    let expected_rows = expected.num_rows();
+    assert_eq!(got.num_rows(), expected_rows);
+    assert_eq!(got.columns().len(), 3);
+    let expected: Vec<ArrayRef> = ["name", "val", "id"]
+        .iter()
+        .map(|c| expected.column_by_name(c).unwrap().clone())
+        .collect();
+    for (g, e) in got.columns().iter().zip(&expected) {
+        let e = arrow_cast::cast(e, g.data_type()).unwrap();
+        assert_eq!(g.as_ref(), e.as_ref());
+    }
+    let total = metrics.row_groups_total;
+    assert!(
+        metrics.row_groups_filtered_after_decoding > total / 2
+            && metrics.row_groups_filtered_after_decoding < total,
+        "the first row groups measure the filter, most of the rest are decoded whole: {metrics:?}"
+    );
+    // A selective filter (~4 %) and a filter on a column the scan does not return.
+    let (_, selective) = scan(&Predicate::lt("val", 40), &["name", "val"]);
+    assert_eq!(selective.row_groups_filtered_after_decoding, 0);
+    let (not_returned, metrics) = scan(&most, &["id", "name"]);
+    assert!(
+        metrics.row_groups_filtered_after_decoding > 0,
+        "{metrics:?}"
+    );
+    assert_eq!(not_returned.num_columns(), 2);
+    for (g, e) in not_returned
+        .columns()
+        .iter()
+        .zip([&expected[2], &expected[0]])
+    {
+        let e = arrow_cast::cast(e, g.data_type()).unwrap();
+        assert_eq!(g.as_ref(), e.as_ref());
+    }
+}
+
 #[test]
 fn selective_filter_skips_row_groups_and_keeps_order() {
     let parts: Vec<Vec<u8>> = (0..3).map(|k| write(&table(2000, k), 500)).collect();
@@ -431,15 +500,19 @@ fn small_remote_files_are_read_with_one_request_each() {
     assert_eq!(ds.metrics().io.footer_requests, 4);
 
     // Under a filter, footers come first and the data of what survives is fetched by
-    // range: each file's first row group, its filter column, then the other columns.
+    // range: each file's first row group, its filter column, then the other columns; or
+    // all its columns at once when it is decoded whole because the filter was measured to
+    // keep most rows (80 % here; `scan::selectivity`), which depends on which row groups
+    // finished first.
     let filtered = ParquetDataset::builder(source(store))
         .with_filter(Predicate::lt("id", 400))
         .build()
         .unwrap();
     let rows: usize = read_all(&filtered).iter().map(|b| b.num_rows()).sum();
     assert_eq!(rows, 4 * 400);
-    let io = filtered.metrics().io;
-    assert_eq!(io.data_requests, 4 * 2, "{io:?}");
+    let metrics = filtered.metrics();
+    let whole = metrics.row_groups_filtered_after_decoding;
+    assert_eq!(metrics.io.data_requests, 4 * 2 - whole, "{metrics:?}");
 }
 
 /// On an object store the scan requests the column chunks of the row groups after those

@@ -122,6 +122,9 @@ impl ParquetDatasetBuilder {
     }
 
     /// Keep only rows matching `filter`; row groups and pages that cannot match are skipped.
+    /// The rows of the others are filtered in the decoder while the filter is selective,
+    /// and after decoding the row group whole once it has been measured to keep most rows
+    /// (see `row_groups_filtered_after_decoding` in [`ParquetDataset::metrics`]).
     pub fn with_filter(mut self, filter: Predicate) -> Self {
         self.filter = Some(filter);
         self
@@ -360,6 +363,7 @@ impl ParquetDatasetBuilder {
             opened: Mutex::new(HashMap::new()),
             schema: OnceLock::new(),
             page_buffers: Arc::default(),
+            filter_selectivity: Default::default(),
             options: self,
         });
         if inner.options.evolves() {

@@ -17,9 +17,10 @@ use parquet::arrow::parquet_to_arrow_field_levels;
 use parquet::arrow::ProjectionMask;
 use tokio::sync::{mpsc, Semaphore};
 
+use super::selectivity::keep_matching;
 use super::stream::BatchResult;
 use super::stream::{BatchProvenance, ProvenancedBatch};
-use super::{DatasetInner, FlatColumn, OpenedFile, Unit};
+use super::{DatasetInner, FlatColumn, OpenedFile, Unit, WholeDecode};
 use crate::error::{corrupt, ParquetError, Result};
 use crate::flat::{self, FlatDecoder};
 use crate::io::ObjectFileReader;
@@ -125,8 +126,29 @@ pub(super) async fn decode_unit(
     }
     let rows_are_consecutive =
         unit.selection.is_none() && file.filter.is_none() && row_filter.is_none();
-    let mut decoding = if rows_are_consecutive {
-        match WholeRowGroup::open(&inner, &file, &reader, rg, batch_rows, &path).await {
+    // A filter that keeps most rows: decode the row group whole, then filter (`selectivity`).
+    let filter_after_decoding = match (&file.filter, &file.filtered_whole) {
+        (Some((_, bound)), Some(filtered))
+            if unit.selection.is_none()
+                && row_filter.is_none()
+                && inner.filter_selectivity.decode_whole() =>
+        {
+            inner
+                .scan_metrics
+                .row_groups_filtered_after_decoding
+                .fetch_add(1, Ordering::Relaxed);
+            Some((bound, filtered))
+        }
+        _ => None,
+    };
+    // Every row of the unit goes through the filter: what it kept is measured.
+    let measures_filter = file.filter.is_some() && unit.selection.is_none() && row_filter.is_none();
+    let whole_decode = match filter_after_decoding {
+        Some((_, filtered)) => Some(&filtered.decode),
+        None => rows_are_consecutive.then_some(&file.whole),
+    };
+    let mut decoding = if let Some(plan) = whole_decode {
+        match WholeRowGroup::open(&inner, &file, plan, &reader, rg, batch_rows, &path).await {
             Ok(whole) => Decoding::Whole(whole),
             Err(e) => {
                 let _ = tx.send(Err(e)).await;
@@ -171,6 +193,8 @@ pub(super) async fn decode_unit(
     };
     let mut next_row = unit.first_row;
     let mut batch_index = 0;
+    // Rows decoded whole (before a filter after decoding), rows handed on.
+    let (mut decoded_whole, mut kept) = (0u64, 0u64);
     loop {
         let next = {
             let _permit = permits.acquire().await.expect("semaphore is never closed");
@@ -179,7 +203,18 @@ pub(super) async fn decode_unit(
                     r.map(|b| (b.num_rows(), b.columns().to_vec()))
                         .map_err(|e| ParquetError::from_decode(&path, Some(rg), e))
                 }),
-                Decoding::Whole(whole) => whole.next(file.decoded_columns, &path, rg),
+                Decoding::Whole(whole) => {
+                    let next = whole.next(&path, rg);
+                    if let Some(Ok((rows, _))) = &next {
+                        decoded_whole += *rows as u64;
+                    }
+                    match (next, filter_after_decoding) {
+                        (Some(Ok((_, columns))), Some((bound, filtered))) => {
+                            Some(keep_matching(filtered, columns, bound, &path, rg))
+                        }
+                        (next, _) => next,
+                    }
+                }
             }
         };
         let columns = match next {
@@ -195,15 +230,19 @@ pub(super) async fn decode_unit(
                     let _ = tx.send(item).await;
                     return;
                 }
-                // Without filtering every row of the row group must come out; a shortfall
+                // Decoded whole, every row of the row group must come out; a shortfall
                 // means the decoder could not make sense of the data (never silently drop).
-                let decoded = next_row - unit.first_row;
-                if rows_are_consecutive && decoded != declared_rows {
+                if matches!(decoding, Decoding::Whole(_)) && decoded_whole != declared_rows {
                     let reason = format!(
-                        "decoded {decoded} rows but the row group declares {declared_rows}"
+                        "decoded {decoded_whole} rows but the row group declares {declared_rows}"
                     );
                     let _ = tx.send(Err(corrupt(&path, Some(rg), reason))).await;
-                } else if let Decoding::Whole(whole) = &mut decoding {
+                    return;
+                }
+                if measures_filter {
+                    inner.filter_selectivity.record(declared_rows, kept);
+                }
+                if let Decoding::Whole(whole) = &mut decoding {
                     if let Err(e) = whole.own.finish(&path, rg) {
                         let _ = tx.send(Err(e)).await;
                     }
@@ -217,6 +256,7 @@ pub(super) async fn decode_unit(
             Some(Ok(columns)) => columns,
         };
         let (rows, columns) = columns;
+        kept += rows as u64;
         if rows == 0 {
             continue;
         }
@@ -254,10 +294,12 @@ enum Decoding {
     Whole(WholeRowGroup),
 }
 
-/// A row group read whole: its selected column chunks fetched in one request, the flat
-/// flat required ones decoded by forebay's own decoders (`flat`), the others by the
-/// parquet crate over pages from `pages` (Snappy pages into recycled buffers).
+/// A row group read whole: the column chunks of its plan ([`WholeDecode`]) fetched in one
+/// request, the flat required ones decoded by forebay's own decoders (`flat`), the others
+/// by the parquet crate over pages from `pages` (Snappy pages into recycled buffers).
 struct WholeRowGroup {
+    /// Columns in a decoded batch.
+    decoded_columns: usize,
     /// The parquet crate's part of each batch; `None` when every column is forebay's.
     theirs: Option<ParquetRecordBatchReader>,
     own: OwnDecoders,
@@ -271,6 +313,7 @@ impl WholeRowGroup {
     async fn open(
         inner: &DatasetInner,
         file: &OpenedFile,
+        plan: &WholeDecode,
         reader: &ObjectFileReader,
         rg: usize,
         batch_rows: usize,
@@ -282,6 +325,7 @@ impl WholeRowGroup {
         if group.num_rows() <= 0 {
             // Nothing to decode (and an empty row group's chunks may not even parse).
             return Ok(Self {
+                decoded_columns: plan.schema.fields().len(),
                 theirs: None,
                 own: OwnDecoders { chunks: Vec::new() },
                 rows_left: 0,
@@ -289,7 +333,7 @@ impl WholeRowGroup {
             });
         }
         let leaves: Vec<usize> = (0..parquet_schema.num_columns())
-            .filter(|&leaf| file.projection.leaf_included(leaf))
+            .filter(|&leaf| plan.projection.leaf_included(leaf))
             .collect();
         let ranges: Vec<std::ops::Range<u64>> = leaves
             .iter()
@@ -309,7 +353,7 @@ impl WholeRowGroup {
         }
         let rows = usize::try_from(group.num_rows().max(0)).unwrap_or(usize::MAX);
 
-        let own_columns: Vec<&FlatColumn> = file
+        let own_columns: Vec<&FlatColumn> = plan
             .flat_columns
             .iter()
             .filter(|c| flat::chunk_is_supported(group.column(c.leaf)))
@@ -357,6 +401,7 @@ impl WholeRowGroup {
             Some(reader)
         };
         Ok(Self {
+            decoded_columns: plan.schema.fields().len(),
             theirs,
             own,
             rows_left: rows,
@@ -365,12 +410,7 @@ impl WholeRowGroup {
     }
 
     /// The next batch's rows and columns (in decoded order), or `None` after the last.
-    fn next(
-        &mut self,
-        decoded_columns: usize,
-        path: &str,
-        rg: usize,
-    ) -> Option<Result<(usize, Vec<ArrayRef>)>> {
+    fn next(&mut self, path: &str, rg: usize) -> Option<Result<(usize, Vec<ArrayRef>)>> {
         let batch = match &mut self.theirs {
             Some(reader) => match reader.next()? {
                 Ok(batch) => batch,
@@ -386,7 +426,7 @@ impl WholeRowGroup {
             }
         };
         self.rows_left = self.rows_left.saturating_sub(batch.num_rows());
-        Some(self.own.splice(batch, decoded_columns, path, rg))
+        Some(self.own.splice(batch, self.decoded_columns, path, rg))
     }
 }
 

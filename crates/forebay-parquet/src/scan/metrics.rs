@@ -14,6 +14,7 @@ pub(super) struct ScanMetrics {
     pub(super) files_skipped: AtomicU64,
     pub(super) row_groups_skipped: AtomicU64,
     pub(super) flat_decoder_chunks: AtomicU64,
+    pub(super) row_groups_filtered_after_decoding: AtomicU64,
 }
 
 /// A point-in-time copy of a dataset's pruning and I/O counters.
@@ -30,5 +31,8 @@ pub struct ScanMetricsSnapshot {
     /// Column chunks decoded by forebay's own flat-column decoders (see
     /// [`ParquetDatasetBuilder::with_flat_decoder`](super::ParquetDatasetBuilder::with_flat_decoder)) rather than the parquet crate.
     pub flat_decoder_chunks: u64,
+    /// Row groups a filter kept most rows of, decoded whole and then filtered (see
+    /// [`ParquetDatasetBuilder::with_filter`](super::ParquetDatasetBuilder::with_filter)).
+    pub row_groups_filtered_after_decoding: u64,
     pub io: IoMetricsSnapshot,
 }

@@ -30,6 +30,7 @@
 //! | `driver`  | units in flight under `prefetch`, their batches forwarded in order         |
 //! | `accounting` | what a scan charges to a host's memory pool, unit by unit               |
 //! | `decode`  | one unit decoded: forebay's flat decoders, the parquet crate for the rest  |
+//! | `selectivity` | a filtered unit decoded whole then filtered, or through a RowFilter    |
 //! | `stream`  | what the caller holds: [`ScanStream`] of [`ProvenancedBatch`]es            |
 //! | `runtime` | the tokio runtime all of it runs on, and [`block_on`]                      |
 //! | `metrics` | counters of what was read and pruned                                       |
@@ -50,6 +51,7 @@ mod prune;
 mod row_ranges;
 mod runtime;
 mod schema;
+mod selectivity;
 mod stream;
 
 pub use builder::{AllSkips, ParquetDatasetBuilder, ScanSkip};
@@ -138,6 +140,8 @@ struct DatasetInner {
     schema: OnceLock<SchemaRef>,
     /// Decompression buffers recycled from page to page (see `pages`).
     page_buffers: Arc<PageBuffers>,
+    /// What the filter kept of the rows it saw (see `selectivity`).
+    filter_selectivity: selectivity::FilterSelectivity,
 }
 
 /// Everything needed to read one file's row groups, derived once from its footer.
@@ -154,14 +158,35 @@ struct OpenedFile {
     /// once the dataset's schema is known.
     adapter: OnceLock<evolve::Adapter>,
     filter: Option<(ProjectionMask, BoundPredicate)>,
+    /// A row group read whole (every row, no filter in the decoder).
+    whole: WholeDecode,
+    /// With a filter: a row group read whole and then filtered (see `selectivity`).
+    filtered_whole: Option<FilteredWhole>,
+}
+
+/// How a row group read whole is decoded.
+#[derive(Clone)]
+struct WholeDecode {
+    /// The leaves read.
+    projection: ProjectionMask,
+    /// The decoded batch: one column per root read, in file order.
+    schema: SchemaRef,
     /// Columns of the decoded batch that forebay's own decoders may read (see `flat`); the
     /// parquet crate decodes the rest.
     flat_columns: Vec<FlatColumn>,
-    /// Columns in a decoded batch: one per selected root, in file order.
-    decoded_columns: usize,
+}
+
+/// How a row group is decoded whole and then filtered: with the filter's columns the scan
+/// does not return, dropped after filtering.
+struct FilteredWhole {
+    decode: WholeDecode,
+    /// The decoded columns the scan returns (positions in `decode`'s batch, in the plain
+    /// decoded order); None: all of them.
+    returned: Option<Vec<usize>>,
 }
 
 /// A column of a file that forebay's own decoder may read.
+#[derive(Clone)]
 struct FlatColumn {
     /// Its position in the decoded batch.
     position: usize,
@@ -271,6 +296,7 @@ impl ParquetDataset {
                 opened: Mutex::new(opened),
                 schema,
                 page_buffers: inner.page_buffers.clone(),
+                filter_selectivity: Default::default(),
             }),
         }
     }
@@ -305,6 +331,9 @@ impl ParquetDataset {
             files_skipped: m.files_skipped.load(Ordering::Relaxed),
             row_groups_skipped: m.row_groups_skipped.load(Ordering::Relaxed),
             flat_decoder_chunks: m.flat_decoder_chunks.load(Ordering::Relaxed),
+            row_groups_filtered_after_decoding: m
+                .row_groups_filtered_after_decoding
+                .load(Ordering::Relaxed),
             io: self.inner.io.snapshot(),
         }
     }

@@ -17,7 +17,7 @@ use super::schema::{
     apply_dictionary_hints, apply_int96_unit, check_map_keys_required, check_same_schema,
     flat_columns, resolve_projection,
 };
-use super::{DatasetInner, OpenedFile};
+use super::{DatasetInner, FilteredWhole, OpenedFile, WholeDecode};
 use crate::error::{corrupt, ParquetError, Result};
 use crate::io::{FileEntry, ObjectFileReader};
 
@@ -143,16 +143,8 @@ impl DatasetInner {
             .iter()
             .map(|r| selected_roots.binary_search(r).expect("root is selected"))
             .collect();
-        let decoded_schema = ParquetRecordBatchStreamBuilder::new_with_metadata(
-            ObjectFileReader::new(entry.clone(), self.io.clone(), 0),
-            reader_meta.clone(),
-        )
-        .with_projection(projection.clone())
-        .with_row_groups(vec![])
-        .build()
-        .map_err(|e| corrupt(&path, None, e))?
-        .schema()
-        .clone();
+        let whole = self.whole_decode(&entry, &reader_meta, projection.clone(), &selected_roots)?;
+        let decoded_schema = whole.schema.clone();
         let output_schema = Arc::new(Schema::new(
             reorder
                 .iter()
@@ -167,14 +159,8 @@ impl DatasetInner {
             Some(first) => check_same_schema(first, &output_schema, &path, &self.files[0].uri)?,
             None => {}
         }
-        let flat_columns = if self.options.flat_decoder {
-            flat_columns(parquet_schema, &selected_roots, &decoded_schema)
-        } else {
-            Vec::new()
-        };
-
-        let filter = match &self.options.filter {
-            None => None,
+        let (filter, filtered_whole) = match &self.options.filter {
+            None => (None, None),
             Some(predicate) => {
                 let bound = predicate.bind(&hinted, &path)?;
                 let roots: Vec<usize> = bound
@@ -182,8 +168,10 @@ impl DatasetInner {
                     .iter()
                     .map(|c| hinted.index_of(c).expect("bind checked the column"))
                     .collect();
+                let filtered_whole =
+                    self.filtered_whole(&entry, &reader_meta, &whole, &selected_roots, &roots)?;
                 let mask = ProjectionMask::roots(parquet_schema, roots);
-                Some((mask, bound))
+                (Some((mask, bound)), Some(filtered_whole))
             }
         };
         let opened = OpenedFile {
@@ -195,10 +183,80 @@ impl DatasetInner {
             output_schema,
             adapter,
             filter,
-            flat_columns,
-            decoded_columns: selected_roots.len(),
+            whole,
+            filtered_whole,
         };
         Ok((opened, footer.whole_file))
+    }
+
+    /// How a row group of the file read whole is decoded: the leaves of `projection`, one
+    /// column per root of `roots` (sorted), forebay's decoders for the flat ones.
+    fn whole_decode(
+        &self,
+        entry: &FileEntry,
+        reader_meta: &ArrowReaderMetadata,
+        projection: ProjectionMask,
+        roots: &[usize],
+    ) -> Result<WholeDecode> {
+        let schema = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            ObjectFileReader::new(entry.clone(), self.io.clone(), 0),
+            reader_meta.clone(),
+        )
+        .with_projection(projection.clone())
+        .with_row_groups(vec![])
+        .build()
+        .map_err(|e| corrupt(&entry.uri, None, e))?
+        .schema()
+        .clone();
+        let flat_columns = if self.options.flat_decoder {
+            flat_columns(reader_meta.parquet_schema(), roots, &schema)
+        } else {
+            Vec::new()
+        };
+        Ok(WholeDecode {
+            projection,
+            schema,
+            flat_columns,
+        })
+    }
+
+    /// How a row group is decoded whole and then filtered (see `selectivity`): `whole` with
+    /// the filter's columns (`filter_roots`) it does not select, dropped after filtering.
+    fn filtered_whole(
+        &self,
+        entry: &FileEntry,
+        reader_meta: &ArrowReaderMetadata,
+        whole: &WholeDecode,
+        selected_roots: &[usize],
+        filter_roots: &[usize],
+    ) -> Result<FilteredWhole> {
+        let missing: Vec<usize> = filter_roots
+            .iter()
+            .copied()
+            .filter(|r| selected_roots.binary_search(r).is_err())
+            .collect();
+        if missing.is_empty() {
+            return Ok(FilteredWhole {
+                decode: whole.clone(),
+                returned: None,
+            });
+        }
+        let mut roots: Vec<usize> = selected_roots.iter().chain(&missing).copied().collect();
+        roots.sort_unstable();
+        roots.dedup();
+        let mut projection = whole.projection.clone();
+        projection.union(&ProjectionMask::roots(
+            reader_meta.parquet_schema(),
+            missing,
+        ));
+        let returned = selected_roots
+            .iter()
+            .map(|r| roots.binary_search(r).expect("selected roots are decoded"))
+            .collect();
+        Ok(FilteredWhole {
+            decode: self.whole_decode(entry, reader_meta, projection, &roots)?,
+            returned: Some(returned),
+        })
     }
 
     /// With schema evolution: the columns this file has of those the dataset reads (the
