@@ -281,7 +281,7 @@ impl Lease {
         });
         let beating = shared.clone();
         let heartbeat = std::thread::Builder::new()
-            .name("forebay-lease".into())
+            .name(forebay_io::threads::thread_name("lease"))
             .spawn(move || beating.heartbeat(ttl / 3))
             .map_err(|e| busy(shared.shown.clone(), format!("lease heartbeat: {e}")))?;
         Ok(Lease {

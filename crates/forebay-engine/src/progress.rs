@@ -29,7 +29,7 @@ impl Progress {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_in = stop.clone();
         let thread = std::thread::Builder::new()
-            .name("forebay-progress".into())
+            .name(forebay_io::threads::thread_name("progress"))
             .spawn(move || {
                 let target = ProgressDrawTarget::stderr_with_hz(4);
                 if target.is_hidden() {

@@ -41,6 +41,7 @@ pub mod runtime;
 pub mod storage_options;
 pub mod store_errors;
 mod store_ops;
+pub mod threads;
 
 pub use dir::{Dir, DirError, DirLocation};
 

@@ -69,13 +69,15 @@ pub fn own_runtime_started() -> bool {
     OWN_RUNTIME.get().is_some()
 }
 
-/// forebay's own pool: one worker per core, threads named `forebay-io`, started on first
-/// use. Prefer [`handle`], which honours a host runtime.
+/// forebay's own pool: one worker per core (or as set by
+/// [`set_own_runtime_threads`](crate::threads::set_own_runtime_threads)), threads named
+/// `forebay-io` (see [`threads`](crate::threads)), started on first use. Prefer [`handle`],
+/// which honours a host runtime.
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     OWN_RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(default_threads())
-            .thread_name("forebay-io")
+            .worker_threads(crate::threads::own_runtime_threads())
+            .thread_name(crate::threads::thread_name("io"))
             .enable_all()
             .build()
             .expect("cannot start the forebay I/O runtime (out of threads?)")

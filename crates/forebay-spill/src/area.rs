@@ -345,7 +345,7 @@ impl SpillArea {
                 let rx = rx.clone();
                 let shared = shared.clone();
                 std::thread::Builder::new()
-                    .name(format!("forebay-spill-{i}"))
+                    .name(forebay_io::threads::thread_name(&format!("spill-{i}")))
                     .spawn(move || {
                         for job in rx {
                             let result =

@@ -82,7 +82,7 @@ impl Server {
             let stop = stop.clone();
             let connections = connections.clone();
             std::thread::Builder::new()
-                .name("forebay-store-accept".into())
+                .name(forebay_io::threads::thread_name("store-accept"))
                 .spawn(move || accept_loop(listener, core, stop, connections))
                 .map_err(|source| StoreError::Io {
                     path: socket_path.to_path_buf(),
@@ -144,7 +144,9 @@ fn accept_loop(
         let core = core.clone();
         let registry = connections.clone();
         let spawned = std::thread::Builder::new()
-            .name(format!("forebay-store-conn-{conn}"))
+            .name(forebay_io::threads::thread_name(&format!(
+                "store-conn-{conn}"
+            )))
             .spawn(move || {
                 serve_connection(&core, conn, stream);
                 registry

@@ -39,7 +39,7 @@ impl Run {
         let resources = self.resources.clone();
         let label = name.to_string();
         let handle = std::thread::Builder::new()
-            .name(format!("forebay-{name}"))
+            .name(forebay_io::threads::thread_name(name))
             .spawn(
                 move || match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
                     Ok(Ok(())) => {}

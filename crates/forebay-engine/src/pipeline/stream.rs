@@ -116,6 +116,6 @@ impl Iterator for BatchStream {
 /// spawn drops the closure, and `value` with it).
 pub(super) fn free_in_background<T: Send + 'static>(value: T) {
     let _ = std::thread::Builder::new()
-        .name("forebay-free".into())
+        .name(forebay_io::threads::thread_name("free"))
         .spawn(move || drop(value));
 }

@@ -429,7 +429,10 @@ pub(crate) fn spawn_stage(
     let r = running.clone();
     threads.push(
         std::thread::Builder::new()
-            .name(format!("forebay-{}-dispatch", r.stage.name))
+            .name(forebay_io::threads::thread_name(&format!(
+                "{}-dispatch",
+                r.stage.name
+            )))
             .spawn(move || {
                 if let Err(e) = dispatch(&r, task_tx) {
                     r.resources.fail(e);
@@ -442,7 +445,10 @@ pub(crate) fn spawn_stage(
         let rx = task_rx.clone();
         threads.push(
             std::thread::Builder::new()
-                .name(format!("forebay-{}-{index}", r.stage.name))
+                .name(forebay_io::threads::thread_name(&format!(
+                    "{}-{index}",
+                    r.stage.name
+                )))
                 .spawn(move || {
                     if let Err(e) = work(&r, index, rx) {
                         r.resources.fail(e);
@@ -540,7 +546,10 @@ fn work(r: &Running, index: usize, tasks: crossbeam_channel::Receiver<Task>) -> 
             let (handoff, prepared_tasks) = crossbeam_channel::bounded::<Task>(0);
             std::thread::scope(|scope| {
                 let fetcher = std::thread::Builder::new()
-                    .name(format!("forebay-{}-{index}-next", r.stage.name))
+                    .name(forebay_io::threads::thread_name(&format!(
+                        "{}-{index}-next",
+                        r.stage.name
+                    )))
                     .spawn_scoped(scope, || {
                         fetch_ahead(r, tasks, preparer, handoff, &worker_done)
                     });

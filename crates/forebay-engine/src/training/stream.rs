@@ -128,7 +128,7 @@ impl EpochStream {
             let holder = pool.consumer("training stream (shuffle windows)");
             let cancel = cancel.clone();
             std::thread::Builder::new()
-                .name("forebay-training-read".into())
+                .name(forebay_io::threads::thread_name("training-read"))
                 .spawn(move || read_windows(dataset, order, needed, holder, cancel, tx))
                 .map_err(|e| {
                     EngineError::InvalidArgument(format!("could not start a thread: {e}"))

@@ -204,7 +204,7 @@ impl Drop for Shared {
         // handle may go away in one of our own tasks): do it on a thread of its own then.
         if tokio::runtime::Handle::try_current().is_ok() {
             let _ = std::thread::Builder::new()
-                .name("forebay-remote-spill-stop".into())
+                .name(forebay_io::threads::thread_name("remote-spill-stop"))
                 .spawn(wait_and_stop);
         } else {
             wait_and_stop();
@@ -338,7 +338,7 @@ impl RemoteSpillTarget {
         })?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.io_threads.max(1))
-            .thread_name("forebay-remote-spill")
+            .thread_name(forebay_io::threads::thread_name("remote-spill"))
             .enable_all()
             .build()
             .map_err(|e| SpillError::Io {
