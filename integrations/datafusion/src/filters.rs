@@ -1,6 +1,7 @@
 //! DataFusion filter expressions that forebay's reader evaluates ([`Predicate`]): a column
-//! compared with a literal, IN lists, BETWEEN, IS (NOT) NULL, and AND / OR of those.
-//! Anything else stays with DataFusion.
+//! compared with a literal, IN lists, BETWEEN, IS (NOT) NULL, and AND / OR / NOT of those
+//! (NOT of no IN list: forebay's IN, pyarrow's, is false for a null value where SQL's is
+//! null, so their negations differ on nulls). Anything else stays with DataFusion.
 
 use datafusion::logical_expr::{Between, BinaryExpr, Expr, Operator};
 use datafusion::scalar::ScalarValue;
@@ -32,7 +33,20 @@ pub fn to_predicate(expr: &Expr) -> Option<Predicate> {
             let values = list.list.iter().map(literal).collect::<Option<Vec<_>>>()?;
             Some(Predicate::is_in(column_name(&list.expr)?, values))
         }
+        Expr::Not(inner) if !holds_in_list(inner) => Some(!to_predicate(inner)?),
         _ => None,
+    }
+}
+
+/// Whether an IN list is part of `expr`.
+fn holds_in_list(expr: &Expr) -> bool {
+    match expr {
+        Expr::InList(_) => true,
+        Expr::BinaryExpr(BinaryExpr { left, right, .. }) => {
+            holds_in_list(left) || holds_in_list(right)
+        }
+        Expr::Not(inner) => holds_in_list(inner),
+        _ => false,
     }
 }
 
@@ -86,6 +100,7 @@ pub fn exact_for(expr: &Expr, schema: &arrow_schema::Schema) -> bool {
         }) => same(expr, low) && same(expr, high),
         Expr::IsNull(inner) | Expr::IsNotNull(inner) => column_type(inner).is_some(),
         Expr::InList(list) => list.list.iter().all(|v| same(&list.expr, v)),
+        Expr::Not(inner) => !holds_in_list(inner) && exact_for(inner, schema),
         _ => false,
     }
 }

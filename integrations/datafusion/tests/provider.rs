@@ -104,6 +104,13 @@ async fn answers_agree_with_listing_table() {
             "select count(*) from TABLE where day < date '1992-01-01' or tag = 't3'",
             "select count(*), count(tag) from TABLE where tag is null or tag in ('t1', 't2')",
             "select count(*) from TABLE where tag <> 't5'",
+            // NOT: three-valued both sides (a null tag stays out); NOT of an IN list is not
+            // pushed (IN on a null is false in forebay, null in SQL).
+            "select count(*) from TABLE where not (tag = 't5' or id < 100)",
+            "select count(*) from TABLE where not (price between 10.00 and 20.50)",
+            "select count(*) from TABLE where price not between 10.00 and 20.50",
+            "select count(*) from TABLE where not (tag in ('t1', 't2'))",
+            "select count(*) from TABLE where tag not in ('t1', 't2')",
             // Floats: NaN is ordered differently; DataFusion re-checks (Inexact).
             "select count(*), sum(score) from TABLE where score > 2.0",
             "select count(*) from TABLE where score = 'NaN'::double or score is null",

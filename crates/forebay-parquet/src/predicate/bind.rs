@@ -63,6 +63,7 @@ impl Predicate {
                     Node::Or(bound)
                 }
             }
+            Predicate::Not(inner) => Node::Not(Box::new(inner.bind(schema, path)?.root)),
         };
         Ok(BoundPredicate { root: node })
     }
@@ -191,6 +192,7 @@ pub(super) enum Node {
     },
     And(Vec<Node>),
     Or(Vec<Node>),
+    Not(Box<Node>),
 }
 
 impl BoundPredicate {
@@ -207,6 +209,7 @@ impl BoundPredicate {
                     }
                 }
                 Node::And(c) | Node::Or(c) => c.iter().for_each(|n| walk(n, out)),
+                Node::Not(inner) => walk(inner, out),
             }
         }
         walk(&self.root, &mut out);

@@ -183,5 +183,7 @@ pub(super) fn eval_node(
             }
             Ok(acc)
         }
+        // Null stays null (three-valued), as under pyarrow's `~`.
+        Node::Not(inner) => boolean::not(&eval_node(inner, batch)?),
     }
 }

@@ -182,6 +182,18 @@ pub enum Predicate {
     },
     And(Vec<Predicate>),
     Or(Vec<Predicate>),
+    /// Rows the inner predicate rejects: three-valued, as pyarrow's `~` and SQL's `NOT` (a
+    /// row whose inner result is null stays null, and is not kept). Statistics prune nothing
+    /// under a `Not`.
+    Not(Box<Predicate>),
+}
+
+/// `!predicate`: [`Predicate::Not`].
+impl std::ops::Not for Predicate {
+    type Output = Predicate;
+    fn not(self) -> Predicate {
+        Predicate::Not(Box::new(self))
+    }
 }
 
 /// The predicate as text: columns quoted, literals exact (`"x" > Int(5)`), terms in the
@@ -226,6 +238,7 @@ impl std::fmt::Display for Predicate {
             }
             Predicate::And(terms) => join(f, terms, "and"),
             Predicate::Or(terms) => join(f, terms, "or"),
+            Predicate::Not(inner) => write!(f, "not ({inner})"),
         }
     }
 }
@@ -292,6 +305,7 @@ impl Predicate {
             Predicate::And(children) | Predicate::Or(children) => {
                 children.iter().for_each(|c| c.collect_columns(out))
             }
+            Predicate::Not(inner) => inner.collect_columns(out),
         }
     }
 }

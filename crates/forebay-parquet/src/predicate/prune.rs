@@ -268,5 +268,7 @@ pub(super) fn prune_node(
             }
             acc
         }
+        // "The inner predicate may match" says nothing of the rows it rejects.
+        Node::Not(_) => keep_all(),
     }
 }

@@ -148,3 +148,44 @@ fn pruning_uses_bounds_and_null_counts() {
         .unwrap();
     assert_eq!(bound.may_match(3, &mut { stats }), vec![true, true, true]);
 }
+
+/// NOT is three-valued, as pyarrow's `~`: a null inner result stays null (dropped), a NaN
+/// that the inner comparison rejected is kept; statistics prune nothing under it.
+#[test]
+fn not_keeps_what_the_inner_predicate_rejects_and_nulls_stay_dropped() {
+    assert_eq!(
+        eval(!Predicate::gt("i", 2)),
+        vec![true, false, false, false]
+    );
+    assert_eq!(
+        eval(!Predicate::gt("f", 0.5)),
+        vec![false, true, false, false]
+    );
+    assert_eq!(
+        eval(!(Predicate::gt("i", 2).and(Predicate::eq("s", "b")))),
+        vec![true, false, false, true]
+    );
+    assert_eq!(eval(!!Predicate::gt("i", 2)), eval(Predicate::gt("i", 2)));
+    assert_eq!(
+        (!Predicate::gt("x", 5)).to_string(),
+        r#"not ("x" > Int(5))"#
+    );
+    assert_eq!(
+        (!Predicate::gt("x", 5).and(Predicate::gt("y", 1))).columns(),
+        ["x", "y"]
+    );
+    let b = batch();
+    let stats = |_: &str| {
+        Some(ContainerStats {
+            mins: Arc::new(Int32Array::from(vec![Some(0), Some(10)])) as ArrayRef,
+            maxes: Arc::new(Int32Array::from(vec![Some(5), Some(20)])) as ArrayRef,
+            null_counts: UInt64Array::from(vec![Some(0), Some(0)]),
+            row_counts: Some(UInt64Array::from(vec![10, 10])),
+            min_exact: None,
+            max_exact: None,
+            slots_per_container: None,
+        })
+    };
+    let bound = (!Predicate::gt("i", 7)).bind(&b.schema(), "t").unwrap();
+    assert_eq!(bound.may_match(2, &mut { stats }), vec![true, true]);
+}
