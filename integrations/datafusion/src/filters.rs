@@ -1,5 +1,5 @@
 //! DataFusion filter expressions that forebay's reader evaluates ([`Predicate`]): a column
-//! compared with a literal, IN lists, BETWEEN, IS (NOT) NULL, and AND / OR / NOT of those
+//! compared with a literal or with a column of its type, IN lists, BETWEEN, IS (NOT) NULL, and AND / OR / NOT of those
 //! (NOT of no IN list: forebay's IN, pyarrow's, is false for a null value where SQL's is
 //! null, so their negations differ on nulls). Anything else stays with DataFusion.
 
@@ -88,7 +88,11 @@ pub fn exact_for(expr: &Expr, schema: &arrow_schema::Schema) -> bool {
     };
     let same = |column: &Expr, value: &Expr| match (column_type(column), literal_type(value)) {
         (Some(c), Some(l)) => comparable(&c) && c == l,
-        _ => false,
+        _ => match (column_type(column), column_type(value)) {
+            // Two columns of one type.
+            (Some(l), Some(r)) => comparable(&l) && l == r,
+            _ => false,
+        },
     };
     match expr {
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => match op {
@@ -118,6 +122,9 @@ fn comparison(left: &Expr, op: Operator, right: &Expr) -> Option<Predicate> {
             _ => return None,
         })
     };
+    if let (Some(left), Some(right)) = (column_name(left), column_name(right)) {
+        return Some(Predicate::compare_columns(left, op_of(op)?, right));
+    }
     if let (Some(column), Some(value)) = (column_name(left), literal(right)) {
         return Some(Predicate::compare(column, op_of(op)?, value));
     }

@@ -39,6 +39,26 @@ impl Predicate {
                     negated: *negated,
                 }
             }
+            Predicate::CompareColumns { left, op, right } => {
+                let (left_type, _) = column_type(schema, left, path)?;
+                let (right_type, _) = column_type(schema, right, path)?;
+                let compare_type = value_type(&left_type);
+                if compare_type != value_type(&right_type) {
+                    return Err(ParquetError::InvalidFilter {
+                        column: left.clone(),
+                        reason: format!(
+                            "compared with column '{right}', whose type {right_type} is not \
+                             {left_type}: cast one of them first"
+                        ),
+                    });
+                }
+                Node::CompareColumns {
+                    left: left.clone(),
+                    op: *op,
+                    right: right.clone(),
+                    compare_type: compare_type.clone(),
+                }
+            }
             Predicate::IsNull { column, negated } => {
                 column_type(schema, column, path)?;
                 Node::IsNull {
@@ -190,6 +210,13 @@ pub(super) enum Node {
         column: String,
         negated: bool,
     },
+    CompareColumns {
+        left: String,
+        op: CompareOp,
+        right: String,
+        /// Both columns' value type.
+        compare_type: DataType,
+    },
     And(Vec<Node>),
     Or(Vec<Node>),
     Not(Box<Node>),
@@ -206,6 +233,13 @@ impl BoundPredicate {
                 | Node::IsNull { column, .. } => {
                     if !out.contains(column) {
                         out.push(column.clone())
+                    }
+                }
+                Node::CompareColumns { left, right, .. } => {
+                    for column in [left, right] {
+                        if !out.contains(column) {
+                            out.push(column.clone())
+                        }
                     }
                 }
                 Node::And(c) | Node::Or(c) => c.iter().for_each(|n| walk(n, out)),

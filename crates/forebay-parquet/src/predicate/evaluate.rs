@@ -131,6 +131,38 @@ fn compare(
     }
 }
 
+/// `left op right` row by row: nulls stay null, NaN on either side compares as IEEE says
+/// (only `!=` holds), as a comparison with a value does.
+fn compare_columns(
+    left: &ArrayRef,
+    op: CompareOp,
+    right: &ArrayRef,
+    compare_type: &DataType,
+) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
+    let left = to_compare_type(left, compare_type)?;
+    let right = to_compare_type(right, compare_type)?;
+    let result = match op {
+        CompareOp::Eq => cmp::eq(&left, &right)?,
+        CompareOp::NotEq => cmp::neq(&left, &right)?,
+        CompareOp::Lt => cmp::lt(&left, &right)?,
+        CompareOp::LtEq => cmp::lt_eq(&left, &right)?,
+        CompareOp::Gt => cmp::gt(&left, &right)?,
+        CompareOp::GtEq => cmp::gt_eq(&left, &right)?,
+    };
+    // arrow-rs orders floats totally (NaN greatest, NaN == NaN); pyarrow follows IEEE.
+    let nan = match (nan_mask(&left), nan_mask(&right)) {
+        (Some(l), Some(r)) => boolean::or(&null_as_false(&l), &null_as_false(&r))?,
+        _ => return Ok(result),
+    };
+    if nan.true_count() == 0 {
+        Ok(result)
+    } else if op == CompareOp::NotEq {
+        boolean::or(&result, &nan)
+    } else {
+        boolean::and(&result, &boolean::not(&nan)?)
+    }
+}
+
 pub(super) fn eval_node(
     node: &Node,
     batch: &RecordBatch,
@@ -183,6 +215,17 @@ pub(super) fn eval_node(
             }
             Ok(acc)
         }
+        Node::CompareColumns {
+            left,
+            op,
+            right,
+            compare_type,
+        } => compare_columns(
+            column(batch, left)?,
+            *op,
+            column(batch, right)?,
+            compare_type,
+        ),
         // Null stays null (three-valued), as under pyarrow's `~`.
         Node::Not(inner) => boolean::not(&eval_node(inner, batch)?),
     }

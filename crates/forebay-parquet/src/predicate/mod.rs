@@ -149,6 +149,18 @@ pub enum CompareOp {
 }
 
 impl CompareOp {
+    /// How the operator is written in a predicate's text.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            CompareOp::Eq => "==",
+            CompareOp::NotEq => "!=",
+            CompareOp::Lt => "<",
+            CompareOp::LtEq => "<=",
+            CompareOp::Gt => ">",
+            CompareOp::GtEq => ">=",
+        }
+    }
+
     /// Parse the pyarrow-style spelling: `=`, `==`, `!=`, `<`, `<=`, `>`, `>=`.
     pub fn parse(op: &str) -> Option<Self> {
         Some(match op {
@@ -182,6 +194,14 @@ pub enum Predicate {
     },
     And(Vec<Predicate>),
     Or(Vec<Predicate>),
+    /// Two columns of a row compared (`left op right`): of the same type (a dictionary's
+    /// value type counts), with the null and NaN rules of a comparison with a value. Statistics
+    /// prune nothing by it.
+    CompareColumns {
+        left: String,
+        op: CompareOp,
+        right: String,
+    },
     /// Rows the inner predicate rejects: three-valued, as pyarrow's `~` and SQL's `NOT` (a
     /// row whose inner result is null stays null, and is not kept). Statistics prune nothing
     /// under a `Not`.
@@ -214,15 +234,10 @@ impl std::fmt::Display for Predicate {
         };
         match self {
             Predicate::Compare { column, op, value } => {
-                let op = match op {
-                    CompareOp::Eq => "==",
-                    CompareOp::NotEq => "!=",
-                    CompareOp::Lt => "<",
-                    CompareOp::LtEq => "<=",
-                    CompareOp::Gt => ">",
-                    CompareOp::GtEq => ">=",
-                };
-                write!(f, "{column:?} {op} {value:?}")
+                write!(f, "{column:?} {} {value:?}", op.symbol())
+            }
+            Predicate::CompareColumns { left, op, right } => {
+                write!(f, "{left:?} {} column {right:?}", op.symbol())
             }
             Predicate::In {
                 column,
@@ -279,6 +294,18 @@ impl Predicate {
             negated: true,
         }
     }
+    /// `left op right`, two columns of each row compared ([`Predicate::CompareColumns`]).
+    pub fn compare_columns(
+        left: impl Into<String>,
+        op: CompareOp,
+        right: impl Into<String>,
+    ) -> Self {
+        Predicate::CompareColumns {
+            left: left.into(),
+            op,
+            right: right.into(),
+        }
+    }
     pub fn and(self, other: Predicate) -> Self {
         Predicate::And(vec![self, other])
     }
@@ -300,6 +327,13 @@ impl Predicate {
             | Predicate::IsNull { column, .. } => {
                 if !out.contains(column) {
                     out.push(column.clone());
+                }
+            }
+            Predicate::CompareColumns { left, right, .. } => {
+                for column in [left, right] {
+                    if !out.contains(column) {
+                        out.push(column.clone());
+                    }
                 }
             }
             Predicate::And(children) | Predicate::Or(children) => {

@@ -270,5 +270,7 @@ pub(super) fn prune_node(
         }
         // "The inner predicate may match" says nothing of the rows it rejects.
         Node::Not(_) => keep_all(),
+        // Bounds of two columns say little of their rows' pairs.
+        Node::CompareColumns { .. } => keep_all(),
     }
 }

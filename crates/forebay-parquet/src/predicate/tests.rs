@@ -189,3 +189,93 @@ fn not_keeps_what_the_inner_predicate_rejects_and_nulls_stay_dropped() {
     let bound = (!Predicate::gt("i", 7)).bind(&b.schema(), "t").unwrap();
     assert_eq!(bound.may_match(2, &mut { stats }), vec![true, true]);
 }
+
+/// Two columns of a row compared: nulls drop, NaN on either side compares as IEEE says,
+/// columns of different types are refused naming both, statistics prune nothing.
+#[test]
+fn columns_compared_with_each_other_follow_the_rules_of_values() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int32, true),
+        Field::new("b", DataType::Int32, true),
+        Field::new("x", DataType::Float64, true),
+        Field::new("y", DataType::Float64, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int32Array::from(vec![Some(1), Some(5), None, Some(3)])),
+            Arc::new(Int32Array::from(vec![Some(2), Some(5), Some(1), Some(1)])),
+            Arc::new(Float64Array::from(vec![
+                Some(1.0),
+                Some(f64::NAN),
+                Some(f64::NAN),
+                None,
+            ])),
+            Arc::new(Float64Array::from(vec![
+                Some(2.0),
+                Some(f64::NAN),
+                Some(1.0),
+                Some(1.0),
+            ])),
+        ],
+    )
+    .unwrap();
+    let eval = |p: Predicate| -> Vec<bool> {
+        let bound = p.bind(&schema, "t").unwrap();
+        bound
+            .evaluate(&batch)
+            .unwrap()
+            .iter()
+            .map(|v| v.unwrap())
+            .collect()
+    };
+    let cols = |l: &str, op, r: &str| Predicate::compare_columns(l, op, r);
+    assert_eq!(
+        eval(cols("a", CompareOp::Lt, "b")),
+        [true, false, false, false]
+    );
+    assert_eq!(
+        eval(cols("a", CompareOp::GtEq, "b")),
+        [false, true, false, true]
+    );
+    assert_eq!(
+        eval(cols("x", CompareOp::Lt, "y")),
+        [true, false, false, false]
+    );
+    assert_eq!(
+        eval(cols("x", CompareOp::Eq, "y")),
+        [false, false, false, false]
+    );
+    assert_eq!(
+        eval(cols("x", CompareOp::NotEq, "y")),
+        [true, true, true, false]
+    );
+    assert_eq!(
+        cols("a", CompareOp::Lt, "b").to_string(),
+        r#""a" < column "b""#
+    );
+    let err = cols("a", CompareOp::Lt, "x")
+        .bind(&schema, "f.parquet")
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("'a'") && err.to_string().contains("'x'"),
+        "{err}"
+    );
+    let err = cols("a", CompareOp::Lt, "nope")
+        .bind(&schema, "f.parquet")
+        .unwrap_err();
+    assert!(matches!(err, ParquetError::ColumnNotFound { .. }));
+    let stats = |_: &str| {
+        Some(ContainerStats {
+            mins: Arc::new(Int32Array::from(vec![Some(0)])) as ArrayRef,
+            maxes: Arc::new(Int32Array::from(vec![Some(5)])) as ArrayRef,
+            null_counts: UInt64Array::from(vec![Some(0)]),
+            row_counts: Some(UInt64Array::from(vec![10])),
+            min_exact: None,
+            max_exact: None,
+            slots_per_container: None,
+        })
+    };
+    let bound = cols("a", CompareOp::Lt, "b").bind(&schema, "t").unwrap();
+    assert_eq!(bound.may_match(1, &mut { stats }), vec![true]);
+}
