@@ -16,6 +16,8 @@
 
 use std::sync::OnceLock;
 
+pub use crate::threads::default_threads;
+
 use tokio::runtime::{Handle, RuntimeFlavor};
 
 static OWN_RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -82,14 +84,6 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
             .build()
             .expect("cannot start the forebay I/O runtime (out of threads?)")
     })
-}
-
-/// Threads of the pool (and a scan's default decoding threads): one per core.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        .max(1)
 }
 
 /// Run `fut` on forebay's runtime ([`handle`]) and wait for it from any thread.

@@ -58,5 +58,13 @@ pub fn set_own_runtime_threads(threads: usize) -> Result<(), OwnRuntimeThreadsEr
 /// The workers forebay's own runtime starts with: the count set, else one per core. Once
 /// read (the runtime starting reads it) it no longer changes.
 pub(crate) fn own_runtime_threads() -> usize {
-    *OWN_RUNTIME_THREADS.get_or_init(crate::runtime::default_threads)
+    *OWN_RUNTIME_THREADS.get_or_init(default_threads)
+}
+
+/// Threads of the pool (and a scan's default decoding threads): one per core.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(1)
 }
