@@ -12,11 +12,14 @@
 //!
 //! The proof, for issue 40, that a host engine can plan with forebay's reader: statistics
 //! (row count), filter and projection pushdown visible in `EXPLAIN`, one partition per
-//! share of the row groups. `examples/tpch.rs` answers TPC-H Q1 and Q6 through it and
+//! share of the row groups; the scan's memory charged to the session's pool
+//! ([`SessionMemoryPool`]). `examples/tpch.rs` answers TPC-H Q1 and Q6 through it and
 //! through DataFusion's own `ListingTable`, checks they agree and times both.
 
 pub mod bridge;
 pub mod filters;
+pub mod memory;
 pub mod provider;
 
+pub use memory::SessionMemoryPool;
 pub use provider::{ForebayScanExec, ForebayTable};

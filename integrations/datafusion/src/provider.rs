@@ -14,6 +14,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::memory::SessionMemoryPool;
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
@@ -135,7 +136,10 @@ impl TableProvider for ForebayTable {
             .reduce(Predicate::and);
         let partitions_wanted = state.config().target_partitions().max(1);
         let mut builder = ParquetDataset::builder(self.source.clone())
-            .with_batch_size(state.config().batch_size());
+            .with_batch_size(state.config().batch_size())
+            .with_memory_pool(Arc::new(SessionMemoryPool::new(
+                state.runtime_env().memory_pool.clone(),
+            )));
         // No column (COUNT(*)): read the narrowest one; the batches are cut to no columns.
         let read_columns = if columns.is_empty() {
             vec![self.schema.field(0).name().clone()]
