@@ -75,12 +75,16 @@ pub enum EngineError {
     #[error("stage '{stage}': worker process: {reason}")]
     Worker { stage: String, reason: String },
 
-    /// Writing output failed (the message names the file).
+    /// Writing output failed (the message names the file). `source`: the storage error
+    /// underneath, when there is one (a [`forebay_io::DirError`], whose own source is the
+    /// I/O or object-store error).
     #[error("stage '{stage}': {path}: {reason}")]
     Write {
         stage: String,
         path: String,
         reason: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
 
     /// Something that must be held in memory cannot fit under the memory limit.
@@ -178,6 +182,42 @@ impl EngineError {
             stage: stage.to_string(),
             path: path.into(),
             reason: reason.to_string(),
+            source: None,
         }
+    }
+
+    /// A storage operation of `stage` failed: [`Write`](Self::Write) naming the file, with
+    /// the storage error as its source.
+    pub(crate) fn storage(stage: &str, error: forebay_io::DirError) -> Self {
+        EngineError::Write {
+            stage: stage.to_string(),
+            path: error.path().to_string(),
+            reason: error.reason(),
+            source: Some(Box::new(error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A storage failure keeps its chain: the engine's error names the file and stage, its
+    /// source is the directory error, whose source is the I/O error.
+    #[test]
+    fn a_storage_error_keeps_its_source_chain() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        // A directory inside a regular file cannot be created.
+        let dir = forebay_io::Dir::open(
+            &file.path().join("out").display().to_string(),
+            &Default::default(),
+        )
+        .unwrap();
+        let err = EngineError::storage("write_parquet", dir.create().unwrap_err());
+        assert!(err.to_string().contains("write_parquet"), "{err}");
+        let dir_error = std::error::Error::source(&err).expect("the storage error");
+        assert!(dir_error.downcast_ref::<forebay_io::DirError>().is_some());
+        let io = dir_error.source().expect("the I/O error");
+        assert!(io.downcast_ref::<std::io::Error>().is_some(), "{io:?}");
     }
 }

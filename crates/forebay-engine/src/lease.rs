@@ -85,6 +85,7 @@ fn busy(path: String, reason: String) -> EngineError {
         stage: "checkpoint".into(),
         path,
         reason,
+        source: None,
     }
 }
 

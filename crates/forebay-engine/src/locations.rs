@@ -204,6 +204,7 @@ pub(crate) fn check_write_locations(
             stage: "write_parquet".into(),
             path: path.to_string(),
             reason,
+            source: None,
         })
     };
     let (out, _) = Place::of(output);

@@ -281,11 +281,7 @@ pub struct ResumeReport {
 }
 
 fn storage_err(e: DirError) -> EngineError {
-    EngineError::Write {
-        stage: "checkpoint".into(),
-        path: e.path().to_string(),
-        reason: e.reason(),
-    }
+    EngineError::storage("checkpoint", e)
 }
 
 fn corrupt(path: String, reason: impl std::fmt::Display) -> EngineError {

@@ -247,5 +247,6 @@ fn neither_published_nor_staged(dir: &Dir, final_name: &str, commit: &str) -> En
             "commit {commit} recorded this file, but it is neither published nor staged (deleted \
              by hand?); restore it, or delete the checkpoint to start over"
         ),
+        source: None,
     }
 }

@@ -24,7 +24,7 @@ impl CommitStager {
         output
             .child(crate::commit::STAGING)
             .create()
-            .map_err(|e| EngineError::write(STAGE, e.path(), e.reason()))?;
+            .map_err(|e| EngineError::storage(STAGE, e))?;
         Ok(StagingSlot {
             staged: format!("{}/{final_name}", crate::commit::STAGING),
             final_name,

@@ -158,10 +158,10 @@ impl CommitStager {
                 spec.output, spec.state
             )));
         }
-        let output = Dir::open(&spec.output, output_options)
-            .map_err(|e| EngineError::write(STAGE, e.path(), e.reason()))?;
+        let output =
+            Dir::open(&spec.output, output_options).map_err(|e| EngineError::storage(STAGE, e))?;
         let state = Dir::open(&spec.state, checkpoint_options)
-            .map_err(|e| EngineError::write("checkpoint", e.path(), e.reason()))?;
+            .map_err(|e| EngineError::storage("checkpoint", e))?;
         CommitStager::in_dirs(spec, output, state)
     }
 

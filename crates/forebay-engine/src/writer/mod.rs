@@ -209,7 +209,7 @@ pub(crate) struct OutputTarget {
 }
 
 fn storage_err(e: DirError) -> EngineError {
-    EngineError::write(STAGE, e.path(), e.reason())
+    EngineError::storage(STAGE, e)
 }
 
 impl OutputTarget {
