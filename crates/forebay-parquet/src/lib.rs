@@ -80,7 +80,7 @@ pub use {arrow_array, arrow_schema, object_store, parquet};
 pub use error::{ErrorKind, ParquetError, Result};
 pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
 pub use predicate::{CompareOp, Literal, Predicate};
-pub use row_filter::{RowFilterError, RowGroupDecision, ScanRowFilter};
+pub use row_filter::{ArrowPredicates, RowFilterError, RowGroupDecision, ScanRowFilter};
 pub use scan::{
     block_on, runtime, AllSkips, BatchProvenance, BlockingScan, ColumnStatistics, FileRowGroups,
     ParquetDataset, ParquetDatasetBuilder, ProvenancedBatch, RecordBatchIter, RowRange,

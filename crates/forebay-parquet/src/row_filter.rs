@@ -15,6 +15,9 @@
 //! statistics); a [`ScanRowFilter`] is code the scan only calls, for tests no statistics can
 //! answer: the engine's resume drops rows whose id a checkpoint index already holds. Rows it
 //! drops cost the decoding of its own columns alone, never of the rest of the row.
+//! [`ArrowPredicates`] are a host engine's own filters as the parquet crate's predicates
+//! (arrow-rs `ArrowPredicate`s, built per file as DataFusion builds its row filters), run in
+//! the same place.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -73,6 +76,55 @@ pub trait ScanRowFilter: Send + Sync {
     }
 }
 
+/// A host's row filters as the parquet crate's predicates, made for each row group a scan
+/// decodes (a predicate's `ProjectionMask` indexes one file's leaves). They run after the
+/// scan's [`Predicate`](crate::Predicate) and [`ScanRowFilter`], in the order given, each on
+/// the rows the ones before kept; the scan only calls them (no pruning). Install with
+/// [`ParquetDatasetBuilder::with_arrow_predicates`](crate::ParquetDatasetBuilder::with_arrow_predicates).
+///
+/// ```
+/// use forebay_parquet::parquet::arrow::arrow_reader::{ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata};
+/// use forebay_parquet::parquet::arrow::ProjectionMask;
+/// use forebay_parquet::{ArrowPredicates, RowFilterError};
+///
+/// /// Rows whose `score` is above 0.5, as a host would build the predicate itself.
+/// struct ScoreAbove;
+///
+/// impl ArrowPredicates for ScoreAbove {
+///     fn columns(&self) -> &[String] {
+///         static COLUMNS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+///         COLUMNS.get_or_init(|| vec!["score".into()])
+///     }
+///     fn predicates(
+///         &self,
+///         file: &ArrowReaderMetadata,
+///         _path: &str,
+///         _row_group: usize,
+///     ) -> Result<Vec<Box<dyn ArrowPredicate>>, RowFilterError> {
+///         let root = file.schema().index_of("score")?;
+///         let mask = ProjectionMask::roots(file.parquet_schema(), [root]);
+///         Ok(vec![Box::new(ArrowPredicateFn::new(mask, |batch| {
+///             let score = batch.column(0);
+///             let half = forebay_parquet::arrow_array::Float64Array::new_scalar(0.5);
+///             arrow_ord::cmp::gt(score, &half)
+///         }))])
+///     }
+/// }
+/// ```
+pub trait ArrowPredicates: Send + Sync {
+    /// The top-level columns the predicates read (a row count under them reads these).
+    fn columns(&self) -> &[String];
+
+    /// The predicates for row group `row_group` of the file at `path`, whose footer and
+    /// schema (as the scan decodes it) are `file`.
+    fn predicates(
+        &self,
+        file: &ArrowReaderMetadata,
+        path: &str,
+        row_group: usize,
+    ) -> std::result::Result<Vec<Box<dyn ArrowPredicate>>, RowFilterError>;
+}
+
 /// What [`ScanRowFilter::decide_by_values`] decided for a row group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowGroupDecision {
@@ -84,13 +136,20 @@ pub enum RowGroupDecision {
     RowByRow,
 }
 
-/// A [`ScanRowFilter`] in the builder (which derives `Debug`).
-#[derive(Clone)]
-pub(crate) struct RowFilterHook(pub(crate) Arc<dyn ScanRowFilter>);
+/// The caller's row filters in the builder (which derives `Debug`): a [`ScanRowFilter`],
+/// [`ArrowPredicates`], or both.
+#[derive(Clone, Default)]
+pub(crate) struct RowFilterHook {
+    pub(crate) rows: Option<Arc<dyn ScanRowFilter>>,
+    pub(crate) arrow: Option<Arc<dyn ArrowPredicates>>,
+}
 
 impl std::fmt::Debug for RowFilterHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ScanRowFilter({:?})", self.0.columns())
+        f.debug_struct("RowFilterHook")
+            .field("rows", &self.rows.as_ref().map(|r| r.columns().to_vec()))
+            .field("arrow", &self.arrow.as_ref().map(|a| a.columns().to_vec()))
+            .finish()
     }
 }
 
@@ -116,10 +175,14 @@ impl RowFilterHook {
         row_group: usize,
         rows: u64,
     ) -> Result<Option<DictionaryDecision>> {
-        let [column] = self.0.columns() else {
+        // A decision covers the whole hook: not with a host's predicates, which decide nothing.
+        let (Some(filter), None) = (&self.rows, &self.arrow) else {
             return Ok(None);
         };
-        if !self.0.decides_by_values() {
+        let [column] = filter.columns() else {
+            return Ok(None);
+        };
+        if !filter.decides_by_values() {
             return Ok(None);
         }
         let Ok(field) = reader_meta.schema().field_with_name(column) else {
@@ -136,7 +199,7 @@ impl RowFilterHook {
         let decision = match values {
             None => RowGroupDecision::RowByRow,
             Some(values) => {
-                self.0
+                filter
                     .decide_by_values(&values, rows)
                     .map_err(|e| ParquetError::RowFilter {
                         path: path.to_string(),
@@ -152,16 +215,50 @@ impl RowFilterHook {
         }))
     }
 
-    /// The parquet crate's predicate running this filter on one row group of `path`.
-    pub(crate) fn predicate(
+    /// Every top-level column the filters read.
+    pub(crate) fn columns(&self) -> Vec<String> {
+        let rows = self.rows.iter().flat_map(|r| r.columns().iter());
+        let arrow = self.arrow.iter().flat_map(|a| a.columns().iter());
+        let mut columns: Vec<String> = rows.chain(arrow).cloned().collect();
+        columns.sort_unstable();
+        columns.dedup();
+        columns
+    }
+
+    /// The parquet crate's predicates running the filters on one row group of `path`: the
+    /// [`ScanRowFilter`]'s, then the host's [`ArrowPredicates`].
+    pub(crate) fn predicates(
         &self,
+        reader_meta: &ArrowReaderMetadata,
+        path: &str,
+        row_group: usize,
+    ) -> Result<Vec<Box<dyn ArrowPredicate>>> {
+        let mut predicates = Vec::new();
+        if let Some(filter) = &self.rows {
+            predicates.push(Self::rows_predicate(filter, reader_meta, path, row_group)?);
+        }
+        if let Some(host) = &self.arrow {
+            let made = host.predicates(reader_meta, path, row_group).map_err(|e| {
+                ParquetError::RowFilter {
+                    path: path.to_string(),
+                    row_group,
+                    reason: format!("building the host's predicates: {e}"),
+                }
+            })?;
+            predicates.extend(made);
+        }
+        Ok(predicates)
+    }
+
+    /// The parquet crate's predicate running `filter` on one row group of `path`.
+    fn rows_predicate(
+        filter: &Arc<dyn ScanRowFilter>,
         reader_meta: &ArrowReaderMetadata,
         path: &str,
         row_group: usize,
     ) -> Result<Box<dyn ArrowPredicate>> {
         let schema = reader_meta.schema();
-        let roots = self
-            .0
+        let roots = filter
             .columns()
             .iter()
             .map(|column| {
@@ -171,7 +268,7 @@ impl RowFilterHook {
             })
             .collect::<Result<Vec<usize>>>()?;
         let mask = ProjectionMask::roots(reader_meta.parquet_schema(), roots);
-        let filter = self.0.clone();
+        let filter = filter.clone();
         let path = path.to_string();
         Ok(Box::new(ArrowPredicateFn::new(mask, move |batch| {
             filter.keep(&batch).map_err(|e| {

@@ -665,3 +665,80 @@ fn row_ranges_outside_the_file_or_under_a_filter_are_refused() {
         .unwrap();
     assert!(first_error(vec![range(0, 0, 0..5)], &filtered).contains("with a filter"));
 }
+
+/// A host's own predicates (arrow-rs `ArrowPredicate`s, made per row group) drop rows while
+/// decoding, after the scan's `Predicate`; row counts honour them; a predicate that cannot be
+/// built fails the scan naming the file and row group.
+#[test]
+fn a_hosts_arrow_predicates_filter_rows_after_the_predicate() {
+    use forebay_parquet::parquet::arrow::arrow_reader::{
+        ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata,
+    };
+    use forebay_parquet::parquet::arrow::ProjectionMask;
+    use forebay_parquet::{ArrowPredicates, RowFilterError};
+
+    /// Rows whose id is even, or (broken) a column the file lacks.
+    struct EvenIds {
+        columns: Vec<String>,
+        made: std::sync::atomic::AtomicUsize,
+    }
+    impl ArrowPredicates for EvenIds {
+        fn columns(&self) -> &[String] {
+            &self.columns
+        }
+        fn predicates(
+            &self,
+            file: &ArrowReaderMetadata,
+            _path: &str,
+            _row_group: usize,
+        ) -> Result<Vec<Box<dyn ArrowPredicate>>, RowFilterError> {
+            self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let root = file.schema().index_of(&self.columns[0])?;
+            let mask = ProjectionMask::roots(file.parquet_schema(), [root]);
+            Ok(vec![Box::new(ArrowPredicateFn::new(mask, |batch| {
+                let ids = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap();
+                Ok(ids.iter().map(|v| v.map(|v| v % 2 == 0)).collect())
+            }))])
+        }
+    }
+    let data = table(2000, 3);
+    let store = store_with(&[write(&data, 500)]);
+    let even = Arc::new(EvenIds {
+        columns: vec!["id".into()],
+        made: Default::default(),
+    });
+    let ds = ParquetDataset::builder(source(store.clone()))
+        .with_filter(Predicate::lt("id", 1000))
+        .with_arrow_predicates(even.clone())
+        .build()
+        .unwrap();
+    let got = concat(&read_all(&ds), data.schema());
+    let ids = got.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+    let expected: Vec<i64> = (0..1000).filter(|i| i % 2 == 0).collect();
+    assert_eq!(ids.values().to_vec(), expected);
+    assert_eq!(
+        even.made.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "made for the two row groups the filter keeps"
+    );
+    assert_eq!(ds.count_rows().unwrap(), 500);
+
+    let broken = ParquetDataset::builder(source(store))
+        .with_arrow_predicates(Arc::new(EvenIds {
+            columns: vec!["nope".into()],
+            made: Default::default(),
+        }))
+        .build()
+        .unwrap();
+    let (rows, err) = rows_until_error(&broken);
+    let err = err.expect("the predicate cannot be built");
+    assert_eq!(rows, 0);
+    assert!(
+        err.contains("mem://t/part-0.parquet") && err.contains("row group 0"),
+        "{err}"
+    );
+}

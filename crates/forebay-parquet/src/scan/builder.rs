@@ -12,7 +12,7 @@ use super::{DatasetInner, ParquetDataset};
 use crate::error::{ParquetError, Result};
 use crate::io::{FileEntry, IoMetrics};
 use crate::predicate::Predicate;
-use crate::row_filter::{RowFilterHook, ScanRowFilter};
+use crate::row_filter::{ArrowPredicates, RowFilterHook, ScanRowFilter};
 use crate::source::{resolve, DatasetSource};
 use forebay_io::block_on_in;
 use forebay_io::memory::MemoryPool;
@@ -191,7 +191,19 @@ impl ParquetDatasetBuilder {
     /// Drop rows by the caller's own test while decoding (see [`ScanRowFilter`]): the other
     /// columns are decoded only for the rows it keeps. Applied after [`Self::with_filter`].
     pub fn with_row_filter(mut self, filter: Arc<dyn ScanRowFilter>) -> Self {
-        self.row_filter = Some(RowFilterHook(filter));
+        self.row_filter
+            .get_or_insert_with(RowFilterHook::default)
+            .rows = Some(filter);
+        self
+    }
+
+    /// Drop rows by a host's own predicates while decoding (see [`ArrowPredicates`]): the
+    /// parquet crate's `ArrowPredicate`s, made per row group. Applied after
+    /// [`Self::with_filter`] and [`Self::with_row_filter`].
+    pub fn with_arrow_predicates(mut self, predicates: Arc<dyn ArrowPredicates>) -> Self {
+        self.row_filter
+            .get_or_insert_with(RowFilterHook::default)
+            .arrow = Some(predicates);
         self
     }
 

@@ -172,8 +172,8 @@ pub(super) async fn decode_unit(
             predicates.push(Box::new(predicate));
         }
         if let Some(hook) = row_filter {
-            match hook.predicate(&file.reader_meta, &path, rg) {
-                Ok(predicate) => predicates.push(predicate),
+            match hook.predicates(&file.reader_meta, &path, rg) {
+                Ok(made) => predicates.extend(made),
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
                     return;

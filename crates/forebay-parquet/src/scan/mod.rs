@@ -270,7 +270,10 @@ impl ParquetDataset {
     /// decoding (see [`ScanRowFilter`]). Its metrics start from zero.
     pub fn with_row_filter(&self, filter: Arc<dyn ScanRowFilter>) -> ParquetDataset {
         let mut options = self.inner.options.clone();
-        options.row_filter = Some(RowFilterHook(filter));
+        options
+            .row_filter
+            .get_or_insert_with(RowFilterHook::default)
+            .rows = Some(filter);
         self.with_options(options)
     }
 
@@ -462,7 +465,7 @@ impl ParquetDataset {
             .as_ref()
             .map_or_else(Vec::new, |f| f.columns());
         if let Some(f) = &options.row_filter {
-            columns.extend(f.0.columns().iter().cloned());
+            columns.extend(f.columns());
         }
         columns.sort();
         columns.dedup();
