@@ -21,12 +21,16 @@ pub enum ParquetError {
     #[error("{path}: not a Parquet file ({reason})")]
     NotParquet { path: String, reason: String },
 
-    /// The file is Parquet but its metadata or pages are corrupt or truncated.
+    /// The file is Parquet but its metadata or pages are corrupt or truncated. `source`:
+    /// the decoder's own error, when it raised one (a `parquet::errors::ParquetError`, an
+    /// `ArrowError`, an `std::io::Error`).
     #[error("{path}: corrupt or truncated Parquet data{}: {reason}", location_suffix(*row_group))]
     Corrupt {
         path: String,
         row_group: Option<usize>,
         reason: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
 
     /// A requested (or filtered) column does not exist in the file's schema.
@@ -155,6 +159,7 @@ impl ParquetError {
                 path,
                 row_group: None,
                 reason: err.to_string(),
+                source: Some(Box::new(err)),
             },
             _ => ParquetError::Io {
                 path,
@@ -200,11 +205,7 @@ impl ParquetError {
             }
             other => other,
         };
-        ParquetError::Corrupt {
-            path: path.to_string(),
-            row_group,
-            reason: err.to_string(),
-        }
+        corrupt_from(path, row_group, err)
     }
 
     /// The short name of the kind, used by the Python layer to pick an exception class.
@@ -262,6 +263,21 @@ pub(crate) fn corrupt(
         path: path.to_string(),
         row_group,
         reason: err.to_string(),
+        source: None,
+    }
+}
+
+/// A [`ParquetError::Corrupt`] of `path` (and row group) raised by `err`, kept as its source.
+pub(crate) fn corrupt_from<E: std::error::Error + Send + Sync + 'static>(
+    path: &str,
+    row_group: Option<usize>,
+    err: E,
+) -> ParquetError {
+    ParquetError::Corrupt {
+        path: path.to_string(),
+        row_group,
+        reason: err.to_string(),
+        source: Some(Box::new(err)),
     }
 }
 
@@ -311,9 +327,15 @@ mod tests {
         let err = ParquetError::from_decode("p", None, via_arrow);
         assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
         let other = parquet::errors::ParquetError::General("bad page".into());
-        assert_eq!(
-            ParquetError::from_decode("p", None, other).kind(),
-            ErrorKind::Corrupt
+        let corrupt = ParquetError::from_decode("p", None, other);
+        assert_eq!(corrupt.kind(), ErrorKind::Corrupt);
+        // The decoder's own error stays reachable as the source.
+        let source = std::error::Error::source(&corrupt).expect("the decoder's error");
+        assert!(
+            source
+                .downcast_ref::<parquet::errors::ParquetError>()
+                .is_some(),
+            "{source:?}"
         );
     }
 }

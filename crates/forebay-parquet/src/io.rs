@@ -240,6 +240,7 @@ impl ObjectFileReader {
                     "metadata points at bytes {}..{} but the file has only {} bytes (truncated?)",
                     range.start, range.end, self.file.size
                 ),
+                source: None,
             });
         }
         let within = self

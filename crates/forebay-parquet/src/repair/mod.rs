@@ -148,6 +148,7 @@ pub(crate) async fn measure_short_chunks(
             path: path.to_string(),
             row_group: None,
             reason,
+            source: None,
         })?;
     Ok(builder.set_row_groups(row_groups).build())
 }

@@ -21,7 +21,7 @@ use super::selectivity::keep_matching;
 use super::stream::BatchResult;
 use super::stream::{BatchProvenance, ProvenancedBatch};
 use super::{DatasetInner, FlatColumn, OpenedFile, Unit, WholeDecode};
-use crate::error::{corrupt, ParquetError, Result};
+use crate::error::{corrupt, corrupt_from, ParquetError, Result};
 use crate::flat::{self, FlatDecoder};
 use crate::io::ObjectFileReader;
 use crate::pages::FetchedRowGroup;
@@ -186,7 +186,7 @@ pub(super) async fn decode_unit(
         match builder.build() {
             Ok(stream) => Decoding::Filtered(stream),
             Err(e) => {
-                let _ = tx.send(Err(corrupt(&path, Some(rg), e))).await;
+                let _ = tx.send(Err(corrupt_from(&path, Some(rg), e))).await;
                 return;
             }
         }
@@ -263,7 +263,7 @@ pub(super) async fn decode_unit(
         let columns = file.reorder.iter().map(|&i| columns[i].clone()).collect();
         let batch = match RecordBatch::try_new(file.output_schema.clone(), columns) {
             Ok(b) => file.finish_batch(b, rg),
-            Err(e) => Err(corrupt(&path, Some(rg), e)),
+            Err(e) => Err(corrupt_from(&path, Some(rg), e)),
         };
         let batch = match batch {
             Ok(b) => b,
@@ -387,7 +387,7 @@ impl WholeRowGroup {
                 mask,
                 Some(file.reader_meta.schema().fields()),
             )
-            .map_err(|e| corrupt(path, Some(rg), e))?;
+            .map_err(|e| corrupt_from(path, Some(rg), e))?;
             let row_group = FetchedRowGroup {
                 metadata,
                 row_group: rg,
@@ -397,7 +397,7 @@ impl WholeRowGroup {
             let reader = ParquetRecordBatchReader::try_new_with_row_groups(
                 &levels, &row_group, batch_rows, None,
             )
-            .map_err(|e| corrupt(path, Some(rg), e))?;
+            .map_err(|e| corrupt_from(path, Some(rg), e))?;
             Some(reader)
         };
         Ok(Self {
@@ -414,7 +414,7 @@ impl WholeRowGroup {
         let batch = match &mut self.theirs {
             Some(reader) => match reader.next()? {
                 Ok(batch) => batch,
-                Err(e) => return Some(Err(corrupt(path, Some(rg), e))),
+                Err(e) => return Some(Err(corrupt_from(path, Some(rg), e))),
             },
             None if self.rows_left == 0 => return None,
             // Every column is forebay's: a batch of rows without columns for `splice`.

@@ -388,6 +388,7 @@ pub(super) async fn run_unit(
                 path: path.to_string(),
                 row_group: Some(rg),
                 reason: format!("decoding failed: {}", panic_message(&panic)),
+                source: None,
             }))
             .await;
     }

@@ -283,7 +283,7 @@ impl Adapter {
             columns,
             &RecordBatchOptions::new().with_row_count(Some(rows)),
         )
-        .map_err(|e| crate::error::corrupt(&self.path, Some(row_group), e))
+        .map_err(|e| crate::error::corrupt_from(&self.path, Some(row_group), e))
     }
 }
 

@@ -112,10 +112,16 @@ pub(super) async fn read_footer(
             Some(m) => m,
             None => {
                 return Err(match ParquetError::from_decode(&path, None, first_err) {
-                    ParquetError::Corrupt { path, reason, .. } => ParquetError::Corrupt {
+                    ParquetError::Corrupt {
+                        path,
+                        reason,
+                        source,
+                        ..
+                    } => ParquetError::Corrupt {
                         path,
                         row_group: None,
                         reason: format!("cannot read the footer: {reason}"),
+                        source,
                     },
                     other => other,
                 })
@@ -126,6 +132,7 @@ pub(super) async fn read_footer(
         path: path.clone(),
         row_group: None,
         reason,
+        source: None,
     })?;
     let metadata = repair::measure_short_chunks(metadata, &fetch.reader, entry.size, &path).await?;
     Ok(Footer {

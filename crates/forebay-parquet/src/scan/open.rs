@@ -18,7 +18,7 @@ use super::schema::{
     flat_columns, resolve_projection,
 };
 use super::{DatasetInner, FilteredWhole, OpenedFile, WholeDecode};
-use crate::error::{corrupt, ParquetError, Result};
+use crate::error::{corrupt_from, ParquetError, Result};
 use crate::io::{FileEntry, ObjectFileReader};
 
 impl DatasetInner {
@@ -89,6 +89,7 @@ impl DatasetInner {
                         "the Parquet footer could not be decoded: {}",
                         panic_message(&panic)
                     ),
+                    source: None,
                 })
             }
         };
@@ -110,7 +111,7 @@ impl DatasetInner {
         let metadata = footer.metadata;
         let file_schema = {
             let plain = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
-                .map_err(|e| corrupt(&path, None, e))?;
+                .map_err(|e| corrupt_from(&path, None, e))?;
             plain.schema().clone()
         };
         check_map_keys_required(metadata.file_metadata().schema(), &path)?;
@@ -120,7 +121,7 @@ impl DatasetInner {
             metadata.clone(),
             ArrowReaderOptions::new().with_schema(hinted.clone()),
         )
-        .map_err(|e| corrupt(&path, None, e))?;
+        .map_err(|e| corrupt_from(&path, None, e))?;
         let parquet_schema = reader_meta.parquet_schema();
 
         // Files that may differ (`evolve`) read the dataset's columns they have.
@@ -205,7 +206,7 @@ impl DatasetInner {
         .with_projection(projection.clone())
         .with_row_groups(vec![])
         .build()
-        .map_err(|e| corrupt(&entry.uri, None, e))?
+        .map_err(|e| corrupt_from(&entry.uri, None, e))?
         .schema()
         .clone();
         let flat_columns = if self.options.flat_decoder {

@@ -118,6 +118,7 @@ pub(super) fn check_map_keys_required(ty: &parquet::schema::types::Type, path: &
                             "invalid schema: keys of map column '{}' must be required",
                             info.name()
                         ),
+                        source: None,
                     });
                 }
             }

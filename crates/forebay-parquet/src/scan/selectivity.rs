@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arrow_array::{ArrayRef, RecordBatch};
 
 use super::FilteredWhole;
-use crate::error::{corrupt, Result};
+use crate::error::{corrupt, corrupt_from, Result};
 use crate::predicate::BoundPredicate;
 
 /// Decode filtered row groups whole once the filter has kept at least this fraction of the
@@ -61,7 +61,7 @@ pub(super) fn keep_matching(
     row_group: usize,
 ) -> Result<(usize, Vec<ArrayRef>)> {
     let batch = RecordBatch::try_new(decoded.decode.schema.clone(), columns)
-        .map_err(|e| corrupt(path, Some(row_group), e))?;
+        .map_err(|e| corrupt_from(path, Some(row_group), e))?;
     let keep = filter
         .evaluate(&batch)
         .map_err(|e| corrupt(path, Some(row_group), format!("evaluating the filter: {e}")))?;
@@ -69,7 +69,7 @@ pub(super) fn keep_matching(
         batch
     } else {
         arrow_select::filter::filter_record_batch(&batch, &keep)
-            .map_err(|e| corrupt(path, Some(row_group), e))?
+            .map_err(|e| corrupt_from(path, Some(row_group), e))?
     };
     let returned = match &decoded.returned {
         None => kept.columns().to_vec(),
