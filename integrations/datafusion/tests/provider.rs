@@ -146,14 +146,11 @@ async fn answers_agree_with_listing_table() {
                 assert_eq!(listing, forebay, "{query} ({partitions} partitions)");
             }
         }
-        let plan = ctx
-            .sql("explain select sum(price) from forebay where id < 100 and tag = 't1'")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let plan = pretty_format_batches(&plan).unwrap().to_string();
+        let plan = explain(
+            &ctx,
+            "select sum(price) from forebay where id < 100 and tag = 't1'",
+        )
+        .await;
         assert!(
             plan.contains("ForebayScanExec") && plan.contains("predicate="),
             "{plan}"
@@ -162,17 +159,22 @@ async fn answers_agree_with_listing_table() {
             !plan.contains("FilterExec"),
             "exact filters are not checked again: {plan}"
         );
-        let plan = ctx
-            .sql("explain select count(*) from forebay where id < other")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        let plan = pretty_format_batches(&plan).unwrap().to_string();
+        let plan = explain(&ctx, "select count(*) from forebay where id < other").await;
         assert!(
             plan.contains("predicate=CompareColumns") && !plan.contains("FilterExec"),
             "two columns of one type are compared by forebay: {plan}"
         );
     }
+}
+
+/// The plan DataFusion shows for `query`, as text.
+async fn explain(ctx: &SessionContext, query: &str) -> String {
+    let plan = ctx
+        .sql(&format!("explain {query}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    pretty_format_batches(&plan).unwrap().to_string()
 }
