@@ -8,6 +8,8 @@ every ship date over every row group. Scenarios, each engine producing Arrow dat
 polars DataFrame) for the selected rows:
   (a) 2 of 16 columns   (b) all 16 columns
   (c) l_shipdate >= 1998-09-01 (about 1.5% of rows), on the raw and on the clustered copy
+  (d) TPC-H Q1's columns under its filter l_shipdate <= 1998-09-02 (keeps ~98% of rows; the
+      filter column is not returned)
 Engines run interleaved (A B C D, A B C D, ...); medians of --rounds runs; ratios are
 engine time / forebay time (> 1 means forebay is faster). Then the peak memory of
 streaming all 16 columns, each engine in a fresh subprocess: rise of system used memory
@@ -31,6 +33,17 @@ from measure import SystemMemorySampler, peak_rss_mb, tpch_lineitem
 
 COLUMNS_2 = ["l_orderkey", "l_extendedprice"]
 CUTOFF = dt.date(1998, 9, 1)
+# Scenario filters: (operator, date) on l_shipdate.
+LATE = (">=", CUTOFF)
+Q1 = ("<=", dt.date(1998, 9, 2))
+Q1_COLUMNS = [
+    "l_returnflag",
+    "l_linestatus",
+    "l_quantity",
+    "l_extendedprice",
+    "l_discount",
+    "l_tax",
+]
 
 
 def generate(data_dir: Path, sf: float) -> tuple[Path, Path]:
@@ -61,11 +74,11 @@ def parquet_files(directory: Path) -> list[str]:
 # ---------------------------------------------------------------- engines
 
 
-def run_forebay(files, columns, with_filter):
+def run_forebay(files, columns, flt):
     import forebay
 
     ds = forebay.read_parquet(
-        files, columns=columns, filter=[("l_shipdate", ">=", CUTOFF)] if with_filter else None
+        files, columns=columns, filter=[("l_shipdate", flt[0], flt[1])] if flt else None
     )
     rows = 0
     for batch in ds:
@@ -73,7 +86,13 @@ def run_forebay(files, columns, with_filter):
     return rows, ds.metrics()
 
 
-def run_pyarrow(files, columns, with_filter):
+def compare(left, op, right):
+    import operator
+
+    return {">=": operator.ge, "<=": operator.le}[op](left, right)
+
+
+def run_pyarrow(files, columns, flt):
     import pyarrow as pa
     import pyarrow.dataset as pds
 
@@ -83,30 +102,30 @@ def run_pyarrow(files, columns, with_filter):
         [f.with_type(pa.string()) if f.type == pa.string_view() else f for f in d.schema]
     )
     d = pds.dataset(files, format="parquet", schema=schema)
-    flt = pds.field("l_shipdate") >= CUTOFF if with_filter else None
+    expr = compare(pds.field("l_shipdate"), *flt) if flt else None
     rows = 0
-    for batch in d.to_batches(columns=columns, filter=flt):
+    for batch in d.to_batches(columns=columns, filter=expr):
         rows += batch.num_rows
     return rows, None
 
 
-def run_polars(files, columns, with_filter):
+def run_polars(files, columns, flt):
     import polars as pl
 
     q = pl.scan_parquet(files)
-    if with_filter:
-        q = q.filter(pl.col("l_shipdate") >= CUTOFF)
+    if flt:
+        q = q.filter(compare(pl.col("l_shipdate"), *flt))
     if columns:
         q = q.select(columns)
     return q.collect().height, None
 
 
-def run_duckdb(files, columns, with_filter):
+def run_duckdb(files, columns, flt):
     import duckdb
 
     con = duckdb.connect()
     cols = ", ".join(columns) if columns else "*"
-    where = f" WHERE l_shipdate >= DATE '{CUTOFF}'" if with_filter else ""
+    where = f" WHERE l_shipdate {flt[0]} DATE '{flt[1]}'" if flt else ""
     listing = "[" + ", ".join(f"'{f}'" for f in files) + "]"
     reader = con.sql(f"SELECT {cols} FROM read_parquet({listing}){where}").to_arrow_reader(65536)
     rows = 0
@@ -123,14 +142,14 @@ ENGINES = {
 }
 
 
-def bench_scenario(name, files, columns, with_filter, rounds):
+def bench_scenario(name, files, columns, flt, rounds):
     times = {e: [] for e in ENGINES}
     rows = {}
     metrics = None
     for _ in range(rounds):
         for engine, fn in ENGINES.items():
             start = time.perf_counter()
-            n, m = fn(files, columns, with_filter)
+            n, m = fn(files, columns, flt)
             times[engine].append(time.perf_counter() - start)
             rows.setdefault(engine, n)
             assert rows[engine] == n
@@ -158,7 +177,7 @@ def bench_scenario(name, files, columns, with_filter, rounds):
 
 def memory_probe(engine: str, files: list[str]) -> dict:
     with SystemMemorySampler() as sampler:
-        ENGINES[engine](files, None, False)
+        ENGINES[engine](files, None, None)
     return {"engine": engine, "system_rise_mb": sampler.rise_mb, "max_rss_mb": peak_rss_mb()}
 
 
@@ -171,6 +190,11 @@ def main() -> int:
     ap.add_argument("--files", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write results here")
     ap.add_argument("--memory-only", action="store_true", help="only the memory probes")
+    ap.add_argument(
+        "--scenarios",
+        default="a,b,c,d,m",
+        help="which scenarios to time (letters, comma-separated; m: the memory probes)",
+    )
     args = ap.parse_args()
     if args.memory_probe:
         print(json.dumps(memory_probe(args.memory_probe, args.files)))
@@ -190,38 +214,27 @@ def main() -> int:
         f"forebay {forebay.__version__}, pyarrow {pyarrow.__version__}, polars {polars.__version__}, "
         f"duckdb {duckdb.__version__}; medians of {args.rounds}"
     )
+    wanted = set(args.scenarios.split(","))
+    scenarios = [
+        ("a", "(a) 2 of 16 columns", raw_files, COLUMNS_2, None),
+        ("b", "(b) all 16 columns", raw_files, None, None),
+        ("c", "(c) all columns, l_shipdate >= 1998-09-01, raw layout", raw_files, None, LATE),
+        ("c", "(c') same filter, clustered by l_shipdate", clustered_files, None, LATE),
+        ("c", "(c'') unfiltered scan of the clustered copy", clustered_files, None, None),
+        ("d", "(d) Q1's 6 columns, l_shipdate <= 1998-09-02 (~98%)", raw_files, Q1_COLUMNS, Q1),
+    ]
     results = (
         []
         if args.memory_only
         else [
-            bench_scenario("(a) 2 of 16 columns", raw_files, COLUMNS_2, False, args.rounds),
-            bench_scenario("(b) all 16 columns", raw_files, None, False, args.rounds),
-            bench_scenario(
-                "(c) all columns, l_shipdate >= 1998-09-01, raw layout",
-                raw_files,
-                None,
-                True,
-                args.rounds,
-            ),
-            bench_scenario(
-                "(c') same filter, clustered by l_shipdate",
-                clustered_files,
-                None,
-                True,
-                args.rounds,
-            ),
-            bench_scenario(
-                "(c'') unfiltered scan of the clustered copy",
-                clustered_files,
-                None,
-                False,
-                args.rounds,
-            ),
+            bench_scenario(name, files, columns, flt, args.rounds)
+            for letter, name, files, columns, flt in scenarios
+            if letter in wanted
         ]
     )
     if results:
         report(results, args.rounds)
-    memory = measure_memory(raw_files)
+    memory = measure_memory(raw_files) if args.memory_only or "m" in wanted else []
     if args.json:
         Path(args.json).write_text(
             json.dumps({"results": results, "memory": memory}, indent=1, default=str)
