@@ -141,8 +141,6 @@ pub(super) async fn decode_unit(
         }
         _ => None,
     };
-    // Every row of the unit goes through the filter: what it kept is measured.
-    let measures_filter = file.filter.is_some() && unit.selection.is_none() && row_filter.is_none();
     let whole_decode = match filter_after_decoding {
         Some((_, filtered)) => Some(&filtered.decode),
         None => rows_are_consecutive.then_some(&file.whole),
@@ -167,8 +165,12 @@ pub(super) async fn decode_unit(
         let mut predicates: Vec<Box<dyn ArrowPredicate>> = Vec::new();
         if let Some((mask, bound)) = &file.filter {
             let bound = bound.clone();
-            let predicate =
-                ArrowPredicateFn::new(mask.clone(), move |batch| bound.evaluate(&batch));
+            let measured = inner.filter_selectivity.clone();
+            let predicate = ArrowPredicateFn::new(mask.clone(), move |batch| {
+                let keep = bound.evaluate(&batch)?;
+                measured.record(batch.num_rows() as u64, keep.true_count() as u64);
+                Ok(keep)
+            });
             predicates.push(Box::new(predicate));
         }
         if let Some(hook) = row_filter {
@@ -193,8 +195,8 @@ pub(super) async fn decode_unit(
     };
     let mut next_row = unit.first_row;
     let mut batch_index = 0;
-    // Rows decoded whole (before a filter after decoding), rows handed on.
-    let (mut decoded_whole, mut kept) = (0u64, 0u64);
+    // Rows decoded whole (before a filter after decoding).
+    let mut decoded_whole = 0u64;
     loop {
         let next = {
             let _permit = permits.acquire().await.expect("semaphore is never closed");
@@ -209,9 +211,14 @@ pub(super) async fn decode_unit(
                         decoded_whole += *rows as u64;
                     }
                     match (next, filter_after_decoding) {
-                        (Some(Ok((_, columns))), Some((bound, filtered))) => {
-                            Some(keep_matching(filtered, columns, bound, &path, rg))
-                        }
+                        (Some(Ok((_, columns))), Some((bound, filtered))) => Some(keep_matching(
+                            filtered,
+                            columns,
+                            bound,
+                            &inner.filter_selectivity,
+                            &path,
+                            rg,
+                        )),
                         (next, _) => next,
                     }
                 }
@@ -239,9 +246,6 @@ pub(super) async fn decode_unit(
                     let _ = tx.send(Err(corrupt(&path, Some(rg), reason))).await;
                     return;
                 }
-                if measures_filter {
-                    inner.filter_selectivity.record(declared_rows, kept);
-                }
                 if let Decoding::Whole(whole) = &mut decoding {
                     if let Err(e) = whole.own.finish(&path, rg) {
                         let _ = tx.send(Err(e)).await;
@@ -256,7 +260,6 @@ pub(super) async fn decode_unit(
             Some(Ok(columns)) => columns,
         };
         let (rows, columns) = columns;
-        kept += rows as u64;
         if rows == 0 {
             continue;
         }

@@ -141,7 +141,7 @@ struct DatasetInner {
     /// Decompression buffers recycled from page to page (see `pages`).
     page_buffers: Arc<PageBuffers>,
     /// What the filter kept of the rows it saw (see `selectivity`).
-    filter_selectivity: selectivity::FilterSelectivity,
+    filter_selectivity: Arc<selectivity::FilterSelectivity>,
 }
 
 /// Everything needed to read one file's row groups, derived once from its footer.

@@ -12,10 +12,11 @@
 //! decoding every value with forebay's decoders and copying the kept ones. Filter columns
 //! the scan does not return are decoded with the others and dropped after filtering
 //! (`FilteredWhole`). Which case a scan
-//! is in is measured, not guessed from statistics: every filtered row group adds its rows
-//! in and out to the dataset's counters, the first ones go through the RowFilter, and later
-//! ones are decoded whole while the filter has kept at least [`WHOLE_WHEN_KEPT`] of the rows
-//! (a dataset sorted so that later row groups are filtered harder switches back).
+//! is in is measured, not guessed from statistics: every batch the filter evaluates (in the
+//! RowFilter, or after decoding whole) adds its rows in and kept to the dataset's counters,
+//! so the row groups that start before anything is measured go through the RowFilter, and
+//! later ones are decoded whole while the filter has kept at least [`WHOLE_WHEN_KEPT`] of the
+//! rows (a dataset sorted so that later row groups are filtered harder switches back).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,7 +45,7 @@ impl FilterSelectivity {
         rows_in > 0 && kept as f64 >= WHOLE_WHEN_KEPT * rows_in as f64
     }
 
-    /// A filtered row group of `rows_in` rows kept `kept` of them.
+    /// The filter kept `kept` of `rows_in` rows it evaluated.
     pub(super) fn record(&self, rows_in: u64, kept: u64) {
         self.rows_in.fetch_add(rows_in, Ordering::Relaxed);
         self.rows_kept.fetch_add(kept, Ordering::Relaxed);
@@ -57,6 +58,7 @@ pub(super) fn keep_matching(
     decoded: &FilteredWhole,
     columns: Vec<ArrayRef>,
     filter: &BoundPredicate,
+    measured: &FilterSelectivity,
     path: &str,
     row_group: usize,
 ) -> Result<(usize, Vec<ArrayRef>)> {
@@ -65,6 +67,7 @@ pub(super) fn keep_matching(
     let keep = filter
         .evaluate(&batch)
         .map_err(|e| corrupt(path, Some(row_group), format!("evaluating the filter: {e}")))?;
+    measured.record(batch.num_rows() as u64, keep.true_count() as u64);
     let kept = if keep.true_count() == batch.num_rows() {
         batch
     } else {
