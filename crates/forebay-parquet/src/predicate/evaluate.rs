@@ -4,7 +4,7 @@
 use arrow_arith::boolean;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float16Type, Float32Type, Float64Type};
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, Scalar};
+use arrow_array::{Array, ArrayRef, BooleanArray, Datum, RecordBatch, Scalar};
 use arrow_buffer::BooleanBufferBuilder;
 use arrow_ord::cmp;
 use arrow_schema::DataType;
@@ -109,25 +109,42 @@ fn compare(
             values.nulls().cloned(),
         ));
     }
-    let scalar = Scalar::new(operand.value.clone());
-    let result = match op {
-        CompareOp::Eq => cmp::eq(&values, &scalar)?,
-        CompareOp::NotEq => cmp::neq(&values, &scalar)?,
-        CompareOp::Lt => cmp::lt(&values, &scalar)?,
-        CompareOp::LtEq => cmp::lt_eq(&values, &scalar)?,
-        CompareOp::Gt => cmp::gt(&values, &scalar)?,
-        CompareOp::GtEq => cmp::gt_eq(&values, &scalar)?,
-    };
-    // arrow-rs orders floats totally (NaN greatest, NaN == NaN); pyarrow follows IEEE.
+    let result = ordered(&values, op, &Scalar::new(operand.value.clone()))?;
     match nan_mask(&values) {
-        Some(nan) if nan.true_count() > 0 => {
-            if op == CompareOp::NotEq {
-                boolean::or(&result, &nan)
-            } else {
-                boolean::and(&result, &boolean::not(&nan)?)
-            }
-        }
-        _ => Ok(result),
+        Some(nan) => with_ieee_nan(result, op, &nan),
+        None => Ok(result),
+    }
+}
+
+/// `left op right` with arrow's kernels.
+fn ordered(
+    left: &dyn Datum,
+    op: CompareOp,
+    right: &dyn Datum,
+) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
+    match op {
+        CompareOp::Eq => cmp::eq(left, right),
+        CompareOp::NotEq => cmp::neq(left, right),
+        CompareOp::Lt => cmp::lt(left, right),
+        CompareOp::LtEq => cmp::lt_eq(left, right),
+        CompareOp::Gt => cmp::gt(left, right),
+        CompareOp::GtEq => cmp::gt_eq(left, right),
+    }
+}
+
+/// arrow-rs orders floats totally (NaN greatest, NaN == NaN); pyarrow follows IEEE: where
+/// `nan` is set (a NaN took part), only `!=` holds.
+fn with_ieee_nan(
+    result: BooleanArray,
+    op: CompareOp,
+    nan: &BooleanArray,
+) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
+    if nan.true_count() == 0 {
+        Ok(result)
+    } else if op == CompareOp::NotEq {
+        boolean::or(&result, nan)
+    } else {
+        boolean::and(&result, &boolean::not(nan)?)
     }
 }
 
@@ -141,25 +158,13 @@ fn compare_columns(
 ) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
     let left = to_compare_type(left, compare_type)?;
     let right = to_compare_type(right, compare_type)?;
-    let result = match op {
-        CompareOp::Eq => cmp::eq(&left, &right)?,
-        CompareOp::NotEq => cmp::neq(&left, &right)?,
-        CompareOp::Lt => cmp::lt(&left, &right)?,
-        CompareOp::LtEq => cmp::lt_eq(&left, &right)?,
-        CompareOp::Gt => cmp::gt(&left, &right)?,
-        CompareOp::GtEq => cmp::gt_eq(&left, &right)?,
-    };
-    // arrow-rs orders floats totally (NaN greatest, NaN == NaN); pyarrow follows IEEE.
-    let nan = match (nan_mask(&left), nan_mask(&right)) {
-        (Some(l), Some(r)) => boolean::or(&null_as_false(&l), &null_as_false(&r))?,
-        _ => return Ok(result),
-    };
-    if nan.true_count() == 0 {
-        Ok(result)
-    } else if op == CompareOp::NotEq {
-        boolean::or(&result, &nan)
-    } else {
-        boolean::and(&result, &boolean::not(&nan)?)
+    let result = ordered(&left, op, &right)?;
+    match (nan_mask(&left), nan_mask(&right)) {
+        (Some(l), Some(r)) => {
+            let nan = boolean::or(&null_as_false(&l), &null_as_false(&r))?;
+            with_ieee_nan(result, op, &nan)
+        }
+        _ => Ok(result),
     }
 }
 
