@@ -122,20 +122,28 @@ fn wrong_types_are_rejected_with_column_name() {
     assert!(matches!(err, ParquetError::ColumnNotFound { .. }));
 }
 
+/// Statistics of Int32 containers of 10 rows each: `Some((min, max))` with no nulls, or
+/// `None` for a container whose statistics are unknown.
+fn int_stats(containers: &[Option<(i32, i32)>]) -> ContainerStats {
+    ContainerStats {
+        mins: Arc::new(Int32Array::from_iter(
+            containers.iter().map(|c| c.map(|b| b.0)),
+        )) as ArrayRef,
+        maxes: Arc::new(Int32Array::from_iter(
+            containers.iter().map(|c| c.map(|b| b.1)),
+        )) as ArrayRef,
+        null_counts: UInt64Array::from_iter(containers.iter().map(|c| c.map(|_| 0))),
+        row_counts: Some(UInt64Array::from(vec![10; containers.len()])),
+        min_exact: None,
+        max_exact: None,
+        slots_per_container: None,
+    }
+}
+
 #[test]
 fn pruning_uses_bounds_and_null_counts() {
     let b = batch();
-    let stats = |_: &str| {
-        Some(ContainerStats {
-            mins: Arc::new(Int32Array::from(vec![Some(0), Some(10), None])) as ArrayRef,
-            maxes: Arc::new(Int32Array::from(vec![Some(5), Some(20), None])) as ArrayRef,
-            null_counts: UInt64Array::from(vec![Some(0), Some(0), None]),
-            row_counts: Some(UInt64Array::from(vec![10, 10, 10])),
-            min_exact: None,
-            max_exact: None,
-            slots_per_container: None,
-        })
-    };
+    let stats = |_: &str| Some(int_stats(&[Some((0, 5)), Some((10, 20)), None]));
     let bound = Predicate::gt("i", 7).bind(&b.schema(), "t").unwrap();
     assert_eq!(bound.may_match(3, &mut { stats }), vec![false, true, true]);
     let bound = Predicate::eq("i", 5).bind(&b.schema(), "t").unwrap();
@@ -175,17 +183,7 @@ fn not_keeps_what_the_inner_predicate_rejects_and_nulls_stay_dropped() {
         ["x", "y"]
     );
     let b = batch();
-    let stats = |_: &str| {
-        Some(ContainerStats {
-            mins: Arc::new(Int32Array::from(vec![Some(0), Some(10)])) as ArrayRef,
-            maxes: Arc::new(Int32Array::from(vec![Some(5), Some(20)])) as ArrayRef,
-            null_counts: UInt64Array::from(vec![Some(0), Some(0)]),
-            row_counts: Some(UInt64Array::from(vec![10, 10])),
-            min_exact: None,
-            max_exact: None,
-            slots_per_container: None,
-        })
-    };
+    let stats = |_: &str| Some(int_stats(&[Some((0, 5)), Some((10, 20))]));
     let bound = (!Predicate::gt("i", 7)).bind(&b.schema(), "t").unwrap();
     assert_eq!(bound.may_match(2, &mut { stats }), vec![true, true]);
 }
@@ -265,17 +263,7 @@ fn columns_compared_with_each_other_follow_the_rules_of_values() {
         .bind(&schema, "f.parquet")
         .unwrap_err();
     assert!(matches!(err, ParquetError::ColumnNotFound { .. }));
-    let stats = |_: &str| {
-        Some(ContainerStats {
-            mins: Arc::new(Int32Array::from(vec![Some(0)])) as ArrayRef,
-            maxes: Arc::new(Int32Array::from(vec![Some(5)])) as ArrayRef,
-            null_counts: UInt64Array::from(vec![Some(0)]),
-            row_counts: Some(UInt64Array::from(vec![10])),
-            min_exact: None,
-            max_exact: None,
-            slots_per_container: None,
-        })
-    };
+    let stats = |_: &str| Some(int_stats(&[Some((0, 5))]));
     let bound = cols("a", CompareOp::Lt, "b").bind(&schema, "t").unwrap();
     assert_eq!(bound.may_match(1, &mut { stats }), vec![true]);
 }
