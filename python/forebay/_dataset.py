@@ -675,9 +675,10 @@ def read_parquet(
     batch_size: rows per batch (filtered batches can be smaller, and so are the first row
         group's, at most 8,192 rows each: the first batch arrives sooner).
     prefetch: row groups in flight at once (bounds memory); default threads + 2.
-    fetch_ahead: on an object store, row groups whose column chunks are requested ahead of
-        their decoding, beyond ``prefetch`` (default 12; 0: none). Each request waits a
-        round trip before its first byte, so more in flight keep a slow link busy; a
+    fetch_ahead: on an object store, the most row groups whose column chunks are requested
+        ahead of their decoding, beyond ``prefetch`` (default 32; 0: none). Each request
+        waits a round trip before its first byte, so more in flight keep a slow link busy;
+        how many are is measured (8 at first, deeper whenever decoding waits for data). A
         pipeline scans with fewer when their bytes would not fit a quarter of its memory
         cap. Applies to scans without a filter.
     num_threads: row groups decoded in parallel; default and maximum the number of cores.

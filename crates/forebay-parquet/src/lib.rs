@@ -78,7 +78,10 @@ mod test_files;
 pub use {arrow_array, arrow_schema, object_store, parquet};
 
 pub use error::{ErrorKind, ParquetError, Result};
-pub use io::{coalesce_ranges, FileEntry, IoMetricsSnapshot};
+pub use io::{
+    coalesce_ranges, plan_requests, FileEntry, IoMetricsSnapshot, LinkEstimate, RangePolicy,
+    MIN_PART_BYTES,
+};
 pub use predicate::{CompareOp, Literal, Predicate};
 pub use row_filter::{ArrowPredicates, RowFilterError, RowGroupDecision, ScanRowFilter};
 pub use scan::{

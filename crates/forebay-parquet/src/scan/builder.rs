@@ -144,10 +144,12 @@ impl ParquetDatasetBuilder {
         self
     }
 
-    /// Row groups whose column chunks are requested ahead of their decoding when they are
-    /// on an object store, beyond the `prefetch` ones decoding (default 12; 0: none). Each
-    /// request waits a round trip before its first byte: more in flight keep a slow link
-    /// busy. Applies to scans without a filter or row filter; counted in
+    /// The most row groups whose column chunks are requested ahead of their decoding when
+    /// they are on an object store, beyond the `prefetch` ones decoding (default 32; 0:
+    /// none). Each request waits a round trip before its first byte: more in flight keep a
+    /// slow link busy. How many are is measured: a scan starts 8 ahead and goes deeper
+    /// whenever decoding waits for data, shallower while data waits for decoding. Applies
+    /// to scans without a filter or row filter; the most is counted in
     /// [`ParquetDataset::scan_window_bytes`].
     pub fn with_fetch_ahead(mut self, units: usize) -> Self {
         self.fetch_ahead = Some(units);
@@ -207,8 +209,12 @@ impl ParquetDatasetBuilder {
         self
     }
 
-    /// Merge column-chunk reads separated by at most this many bytes into one request.
-    /// Default: 0 for local files (only selected bytes are read), 1 MiB for remote stores.
+    /// Merge column-chunk reads separated by at most this many bytes into one request, and
+    /// never split one. Default: 0 for local files (only selected bytes are read); on object
+    /// stores, requests planned against the link's measured round trip and bandwidth (a gap
+    /// is fetched only while the bytes it wastes stay within 1/8 of the bytes selected and
+    /// cost less time than a request; long column chunks are fetched as parts at once: see
+    /// [`plan_requests`](crate::plan_requests)).
     pub fn with_coalesce_gap(mut self, bytes: u64) -> Self {
         self.coalesce_gap = Some(bytes);
         self

@@ -82,7 +82,7 @@ pub(super) async fn decode_unit(
     let mut reader = ObjectFileReader::new(
         file.entry.clone(),
         inner.io.clone(),
-        inner.coalesce_gap_for(&file.entry),
+        inner.range_policy_for(&file.entry),
     )
     .with_metadata(file.reader_meta.metadata().clone())
     .with_fetched(fetched);

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::accounting::{Admission, Charges};
 use super::decode::decode_unit;
-use super::fetch_ahead::fetch_unit;
+use super::fetch_ahead::{fetch_unit, FetchDepth};
 use super::footer::FOOTER_CONCURRENCY;
 use super::runtime::panic_message;
 use super::stream::BatchResult;
@@ -67,7 +67,8 @@ enum Opened {
 }
 
 /// The scan driver: opens files ahead, keeps up to `prefetch` units decoding and, on object
-/// stores, up to `fetch_ahead` more fetching their data, and forwards their batches in order.
+/// stores, more fetching their data (as many as decoding needs, at most `fetch_ahead`: see
+/// `FetchDepth`), and forwards their batches in order.
 pub(super) async fn drive(
     inner: Arc<DatasetInner>,
     out: mpsc::Sender<BatchResult>,
@@ -141,6 +142,7 @@ pub(super) async fn drive(
     let mut failed: Option<ParquetError> = None;
     let mut charges = Charges::new(&inner);
     let mut wanted = RowsWanted::new(&inner);
+    let mut depth = FetchDepth::new(fetch_ahead);
     loop {
         // Top up: launch units until `prefetch` are in flight, there are no more, the
         // units launched hold the rows a limit wants, or the host's pool wants units in
@@ -182,6 +184,9 @@ pub(super) async fn drive(
                 };
                 charges.started(charged);
                 wanted.launched(&pending);
+                if let Some(fetching) = &pending.fetching {
+                    depth.unit_started(fetching.is_finished());
+                }
                 let (tx, rx) = mpsc::channel(2);
                 tokio::spawn(run_unit(
                     inner.clone(),
@@ -221,7 +226,7 @@ pub(super) async fn drive(
                 if !pending.needs_fetch() {
                     continue;
                 }
-                if ahead >= inner.fetch_ahead_for(&pending.file, fetch_ahead) {
+                if ahead >= inner.fetch_ahead_for(&pending.file, depth.now()) {
                     break;
                 }
                 match charges.admit(&pending.file, &pending.unit, false) {
@@ -234,7 +239,7 @@ pub(super) async fn drive(
                 }
                 ahead += 1;
             }
-            let room = pending_units.iter().all(|p| !p.needs_fetch()) && ahead < fetch_ahead;
+            let room = pending_units.iter().all(|p| !p.needs_fetch()) && ahead < depth.now();
             if files_done || !room {
                 break;
             }

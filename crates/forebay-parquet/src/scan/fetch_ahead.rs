@@ -12,6 +12,14 @@
 //!                     bytes fetched ahead    bytes waiting
 //! ```
 //!
+//! How far ahead is measured, not fixed ([`FetchDepth`]): the scan starts
+//! [`INITIAL_FETCH_AHEAD`] units ahead and doubles that (up to `fetch_ahead`, the most the
+//! caller's memory allows) whenever a unit's turn to decode comes before its data arrived,
+//! i.e. whenever the link, not the cores, made decoding wait. After
+//! [`SHRINK_AFTER_IN_TIME`] units in a row whose data was waiting for them, it holds one
+//! unit less. So a slow link gets enough requests in flight for its round trip and
+//! bandwidth, and a fast one (or slow decoding) no more bytes waiting than decoding needs.
+//!
 //! Only where every byte fetched is read: remote files, scans without a filter or a row
 //! filter (either may drop a row group after its footer or dictionary, and its data would
 //! have been fetched for nothing). The bytes waiting are counted in the scan's window
@@ -25,11 +33,58 @@ use std::sync::Arc;
 use super::decode::check_chunk_sizes;
 use super::{DatasetInner, OpenedFile, Unit};
 use crate::error::Result;
-use crate::io::{coalesce_ranges, FetchedRanges, ObjectFileReader};
+use crate::io::{plan_requests, FetchedRanges, ObjectFileReader};
 
-/// Units fetched ahead of decoding on object stores by default: with `prefetch` (4 on 2
-/// cores) ~16 requests in flight, what polars keeps (BENCHMARKS.md, session 31: 21-23).
-pub(super) const REMOTE_FETCH_AHEAD: usize = 12;
+/// The most units fetched ahead of decoding on object stores by default (how many are is
+/// measured: [`FetchDepth`]). At ~1-4 MB a row group that is up to ~32-128 MB waiting,
+/// which a memory cap narrows (`ParquetDataset::scan_fetching_ahead`).
+pub(super) const REMOTE_FETCH_AHEAD: usize = 32;
+
+/// Units fetched ahead when a scan starts.
+pub const INITIAL_FETCH_AHEAD: usize = 8;
+
+/// Units in a row whose data was there before their decoding started, after which the scan
+/// fetches one unit less ahead.
+pub const SHRINK_AFTER_IN_TIME: usize = 16;
+
+/// How many units a scan fetches ahead of decoding now, from whether units' data arrived
+/// before their turn to decode (see the module's text).
+#[derive(Debug, Clone)]
+pub(super) struct FetchDepth {
+    most: usize,
+    now: usize,
+    in_time_in_a_row: usize,
+}
+
+impl FetchDepth {
+    /// At most `most` units ahead (0: none).
+    pub(super) fn new(most: usize) -> Self {
+        FetchDepth {
+            most,
+            now: most.min(INITIAL_FETCH_AHEAD),
+            in_time_in_a_row: 0,
+        }
+    }
+
+    /// Units to fetch ahead now.
+    pub(super) fn now(&self) -> usize {
+        self.now
+    }
+
+    /// A unit fetched ahead starts decoding; `arrived` says whether its data was there.
+    pub(super) fn unit_started(&mut self, arrived: bool) {
+        if arrived {
+            self.in_time_in_a_row += 1;
+            if self.in_time_in_a_row >= SHRINK_AFTER_IN_TIME {
+                self.in_time_in_a_row = 0;
+                self.now = self.now.saturating_sub(1).max(1).min(self.most);
+            }
+        } else {
+            self.in_time_in_a_row = 0;
+            self.now = (self.now * 2).max(1).min(self.most);
+        }
+    }
+}
 
 impl DatasetInner {
     /// Units of `file` a scan fetching `units` ahead fetches ahead of their decoding (0:
@@ -44,7 +99,7 @@ impl DatasetInner {
     }
 }
 
-/// Request the selected column chunks of `unit` (coalesced as its decoder would), now; not
+/// Request the selected column chunks of `unit` (planned as its decoder would), now; not
 /// those of a unit its decoding will refuse as too large (nothing of it is ever fetched).
 pub(super) fn fetch_unit(
     inner: &Arc<DatasetInner>,
@@ -63,11 +118,49 @@ pub(super) fn fetch_unit(
             start..start + len
         })
         .collect();
-    let merged = coalesce_ranges(&ranges, inner.coalesce_gap_for(&file.entry));
-    let reader = ObjectFileReader::new(file.entry.clone(), inner.io.clone(), 0);
+    let policy = inner.range_policy_for(&file.entry);
+    let merged = plan_requests(&ranges, policy, &inner.io.link);
+    let reader = ObjectFileReader::new(file.entry.clone(), inner.io.clone(), policy);
     Some(tokio::spawn(async move {
         let fetched =
             futures::future::try_join_all(merged.iter().map(|r| reader.fetch(r.clone()))).await?;
         Ok(merged.into_iter().zip(fetched).collect())
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_depth_doubles_when_decoding_waits_and_shrinks_when_data_waits() {
+        let mut depth = FetchDepth::new(32);
+        assert_eq!(depth.now(), INITIAL_FETCH_AHEAD);
+        depth.unit_started(false);
+        assert_eq!(depth.now(), 16);
+        depth.unit_started(false);
+        depth.unit_started(false);
+        assert_eq!(depth.now(), 32, "never past the most the caller allows");
+        for _ in 0..SHRINK_AFTER_IN_TIME - 1 {
+            depth.unit_started(true);
+        }
+        assert_eq!(depth.now(), 32);
+        depth.unit_started(true);
+        assert_eq!(depth.now(), 31);
+        // A late unit resets the count of units in time.
+        for _ in 0..SHRINK_AFTER_IN_TIME - 1 {
+            depth.unit_started(true);
+        }
+        depth.unit_started(false);
+        assert_eq!(depth.now(), 32);
+        for _ in 0..SHRINK_AFTER_IN_TIME * 40 {
+            depth.unit_started(true);
+        }
+        assert_eq!(depth.now(), 1, "at least one unit ahead");
+        // A caller allowing none gets none; fewer than the initial, that few.
+        let mut none = FetchDepth::new(0);
+        none.unit_started(false);
+        assert_eq!(none.now(), 0);
+        assert_eq!(FetchDepth::new(3).now(), 3);
+    }
 }

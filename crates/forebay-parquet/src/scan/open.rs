@@ -19,7 +19,7 @@ use super::schema::{
 };
 use super::{DatasetInner, FilteredWhole, OpenedFile, WholeDecode};
 use crate::error::{corrupt_from, ParquetError, Result};
-use crate::io::{FileEntry, ObjectFileReader};
+use crate::io::{FileEntry, ObjectFileReader, RangePolicy};
 
 impl DatasetInner {
     /// The files a [`ScanSkip`](super::ScanSkip) leaves, by index.
@@ -200,7 +200,7 @@ impl DatasetInner {
         roots: &[usize],
     ) -> Result<WholeDecode> {
         let schema = ParquetRecordBatchStreamBuilder::new_with_metadata(
-            ObjectFileReader::new(entry.clone(), self.io.clone(), 0),
+            ObjectFileReader::new(entry.clone(), self.io.clone(), RangePolicy::MergeGapsUpTo(0)),
             reader_meta.clone(),
         )
         .with_projection(projection.clone())
@@ -299,16 +299,15 @@ impl DatasetInner {
             && self.options.use_page_index
     }
 
-    /// Gaps of at most this many bytes between two ranges are fetched with them (one
-    /// request): on an object store (each request a round trip), not for a file read with
-    /// positioned reads. Decided by how the file is read, not by how it is named.
-    pub(super) fn coalesce_gap_for(&self, entry: &FileEntry) -> u64 {
-        self.coalesce_gap.unwrap_or_else(|| {
-            if entry.local_path.is_some() {
-                0
-            } else {
-                1 << 20
-            }
-        })
+    /// How the ranges of `entry` a decoder asks for become requests: the builder's fixed
+    /// gap when it set one, only the bytes asked for when the file is read with positioned
+    /// reads, else planned against the link (`io::request_plan`). Decided by how the file is
+    /// read, not by how it is named.
+    pub(super) fn range_policy_for(&self, entry: &FileEntry) -> RangePolicy {
+        match (self.coalesce_gap, &entry.local_path) {
+            (Some(gap), _) => RangePolicy::MergeGapsUpTo(gap),
+            (None, Some(_)) => RangePolicy::MergeGapsUpTo(0),
+            (None, None) => RangePolicy::Planned,
+        }
     }
 }

@@ -6,9 +6,10 @@
 //!
 //! * it counts requests and bytes into [`IoMetrics`] (footer reads separately), so tests and
 //!   users can see that each footer is read once and that column chunks are coalesced;
-//! * it coalesces the column-chunk ranges the decoder asks for with an explicit gap policy
-//!   ([`coalesce_ranges`]): ranges closer than `coalesce_gap` bytes become one request, so with
-//!   a gap of 0 only the selected column chunks' bytes are ever fetched;
+//! * it turns the column-chunk ranges the decoder asks for into requests by a
+//!   [`RangePolicy`]: on object stores a gap is fetched only where its bytes cost less than a
+//!   request at the link's measured round trip and bandwidth, and a long chunk is fetched as
+//!   parts at once (`request_plan`); a local file gets only the bytes asked for;
 //! * it hands out metadata from the dataset's cache instead of re-reading the footer.
 //!
 //! Column chunks of local files bypass object_store (see `local.rs`); everything else, and
@@ -29,9 +30,19 @@ use parquet::file::reader::{ChunkReader, Length};
 
 use crate::error::ParquetError;
 
-/// Counters of the requests a dataset made. Shared by every file of a dataset.
+mod request_plan;
+
+pub use request_plan::{
+    coalesce_ranges, plan_requests, split_for_parallel, LinkEstimate, RangePolicy,
+    ALWAYS_MERGE_GAP, MIN_PART_BYTES, WASTED_BYTES_SHARE,
+};
+
+/// Counters of the requests a dataset made, and what their responses measured of the link.
+/// Shared by every file of a dataset.
 #[derive(Debug, Default)]
 pub struct IoMetrics {
+    /// The round trip and bandwidth measured from every GET (`request_plan`).
+    pub(crate) link: LinkEstimate,
     requests: AtomicU64,
     bytes: AtomicU64,
     footer_requests: AtomicU64,
@@ -133,23 +144,6 @@ pub(crate) enum ReadPurpose {
     Data,
 }
 
-/// Merge sorted-or-unsorted byte ranges into requests: two ranges whose gap is at most
-/// `max_gap` bytes are fetched as one. Returns the merged ranges sorted by start.
-pub fn coalesce_ranges(ranges: &[Range<u64>], max_gap: u64) -> Vec<Range<u64>> {
-    let mut sorted: Vec<Range<u64>> = ranges.iter().filter(|r| r.start < r.end).cloned().collect();
-    sorted.sort_by_key(|r| r.start);
-    let mut merged: Vec<Range<u64>> = Vec::with_capacity(sorted.len());
-    for range in sorted {
-        match merged.last_mut() {
-            Some(last) if range.start <= last.end.saturating_add(max_gap) => {
-                last.end = last.end.max(range.end);
-            }
-            _ => merged.push(range),
-        }
-    }
-    merged
-}
-
 /// Byte ranges of a file already fetched, each with its bytes.
 pub(crate) type FetchedRanges = Vec<(Range<u64>, Bytes)>;
 
@@ -158,7 +152,8 @@ pub(crate) type FetchedRanges = Vec<(Range<u64>, Bytes)>;
 pub(crate) struct ObjectFileReader {
     file: FileEntry,
     metrics: Arc<IoMetrics>,
-    coalesce_gap: u64,
+    /// How the ranges a decoder asks for become requests.
+    ranges: RangePolicy,
     purpose: ReadPurpose,
     /// Metadata from the dataset cache; `get_metadata` never reads the footer again.
     metadata: Option<Arc<ParquetMetaData>>,
@@ -173,11 +168,11 @@ pub(crate) struct ObjectFileReader {
 }
 
 impl ObjectFileReader {
-    pub(crate) fn new(file: FileEntry, metrics: Arc<IoMetrics>, coalesce_gap: u64) -> Self {
+    pub(crate) fn new(file: FileEntry, metrics: Arc<IoMetrics>, ranges: RangePolicy) -> Self {
         Self {
             file,
             metrics,
-            coalesce_gap,
+            ranges,
             purpose: ReadPurpose::Data,
             metadata: None,
             prefetched: None,
@@ -189,7 +184,7 @@ impl ObjectFileReader {
         Self {
             file,
             metrics,
-            coalesce_gap: 0,
+            ranges: RangePolicy::MergeGapsUpTo(0),
             purpose: ReadPurpose::Footer,
             metadata: None,
             prefetched: None,
@@ -243,29 +238,52 @@ impl ObjectFileReader {
                 source: None,
             });
         }
-        let within = self
+        if let Some(bytes) = self.already_fetched(&range) {
+            return Ok(bytes);
+        }
+        if let (Some(path), ReadPurpose::Data) = (&self.file.local_path, self.purpose) {
+            let len = range.end - range.start;
+            let bytes = crate::local::read_range(path.clone(), range)
+                .await
+                .map_err(|e| ParquetError::from_local_io(self.file.uri.to_string(), e))?;
+            self.metrics.record_get(self.purpose, len);
+            return Ok(bytes);
+        }
+        let parts = split_for_parallel(&range, self.ranges, &self.metrics.link);
+        if parts.len() == 1 {
+            return self.get_from_store(range).await;
+        }
+        let fetched =
+            futures::future::try_join_all(parts.into_iter().map(|p| self.get_from_store(p)))
+                .await?;
+        let mut whole = bytes::BytesMut::with_capacity((range.end - range.start) as usize);
+        for part in fetched {
+            whole.extend_from_slice(&part);
+        }
+        Ok(whole.freeze())
+    }
+
+    /// The bytes of `range` when it lies inside a range fetched already.
+    fn already_fetched(&self, range: &Range<u64>) -> Option<Bytes> {
+        let (have, bytes) = self
             .fetched
             .iter()
-            .find(|(have, _)| have.start <= range.start && range.end <= have.end);
-        if let Some((have, bytes)) = within {
-            let from = (range.start - have.start) as usize;
-            return Ok(bytes.slice(from..from + (range.end - range.start) as usize));
-        }
+            .find(|(have, _)| have.start <= range.start && range.end <= have.end)?;
+        let from = (range.start - have.start) as usize;
+        Some(bytes.slice(from..from + (range.end - range.start) as usize))
+    }
+
+    /// One GET of `range`, counted and timed (the time measures the link).
+    async fn get_from_store(&self, range: Range<u64>) -> Result<Bytes, ParquetError> {
         let len = range.end - range.start;
-        let uri = || self.file.uri.to_string();
-        let bytes = match &self.file.local_path {
-            Some(path) if self.purpose == ReadPurpose::Data => {
-                crate::local::read_range(path.clone(), range)
-                    .await
-                    .map_err(|e| ParquetError::from_local_io(uri(), e))?
-            }
-            _ => self
-                .file
-                .store
-                .get_range(&self.file.location, range)
-                .await
-                .map_err(|e| ParquetError::from_store(uri(), e))?,
-        };
+        let started = std::time::Instant::now();
+        let bytes = self
+            .file
+            .store
+            .get_range(&self.file.location, range)
+            .await
+            .map_err(|e| ParquetError::from_store(self.file.uri.to_string(), e))?;
+        self.metrics.link.record(len, started.elapsed());
         self.metrics.record_get(self.purpose, len);
         Ok(bytes)
     }
@@ -285,32 +303,44 @@ impl AsyncFileReader for ObjectFileReader {
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         async move {
-            let (served, to_fetch): (Vec<Option<Bytes>>, Vec<Range<u64>>) =
+            // Each range: a prefix served from the prefetched dictionary page, the rest from
+            // ranges fetched ahead, else from the requests planned for what is left.
+            let (served, rests): (Vec<Option<Bytes>>, Vec<Range<u64>>) =
                 ranges.iter().map(|r| self.split_prefetched(r)).unzip();
-            let merged = coalesce_ranges(&to_fetch, self.coalesce_gap);
+            let rests_fetched: Vec<Option<Bytes>> =
+                rests.iter().map(|r| self.already_fetched(r)).collect();
+            let to_fetch: Vec<Range<u64>> = rests
+                .iter()
+                .zip(&rests_fetched)
+                .filter(|(_, have)| have.is_none())
+                .map(|(r, _)| r.clone())
+                .collect();
+            let requests = plan_requests(&to_fetch, self.ranges, &self.metrics.link);
             let fetched =
-                futures::future::try_join_all(merged.iter().map(|r| self.fetch(r.clone())))
+                futures::future::try_join_all(requests.iter().map(|r| self.fetch(r.clone())))
                     .await
                     .map_err(to_parquet_err)?;
-            // Slice each requested range out of the merged request that covers it, after the
-            // part of it that was already fetched.
+            // Slice a range out of the request that covers it.
             let slice_fetched = |r: &Range<u64>| {
                 if r.start == r.end {
                     return Bytes::new();
                 }
-                let idx = merged.partition_point(|m| m.start <= r.start) - 1;
-                let m = &merged[idx];
+                let idx = requests.partition_point(|m| m.start <= r.start) - 1;
+                let m = &requests[idx];
                 let start = (r.start - m.start) as usize;
                 let end = (r.end - m.start) as usize;
                 fetched[idx].slice(start..end)
             };
             Ok(served
                 .into_iter()
-                .zip(&to_fetch)
-                .map(|(prefix, rest)| match prefix {
-                    None => slice_fetched(rest),
-                    Some(prefix) if rest.start == rest.end => prefix,
-                    Some(prefix) => [prefix, slice_fetched(rest)].concat().into(),
+                .zip(rests.iter().zip(rests_fetched))
+                .map(|(prefix, (rest, have))| {
+                    let rest = have.unwrap_or_else(|| slice_fetched(rest));
+                    match prefix {
+                        None => rest,
+                        Some(prefix) if rest.is_empty() => prefix,
+                        Some(prefix) => [prefix, rest].concat().into(),
+                    }
                 })
                 .collect())
         }
@@ -377,21 +407,5 @@ impl ChunkReader for FetchedRegion {
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
         self.slice(start, Some(length))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn coalesce_merges_adjacent_and_close_ranges_only() {
-        let ranges = vec![10..20, 0..10, 50..60, 25..30];
-        assert_eq!(coalesce_ranges(&ranges, 0), vec![0..20, 25..30, 50..60]);
-        assert_eq!(coalesce_ranges(&ranges, 5), vec![0..30, 50..60]);
-        assert_eq!(coalesce_ranges(&ranges, 100), vec![0..60]);
-        // overlapping and empty ranges
-        assert_eq!(coalesce_ranges(&[0..10, 5..8, 3..3], 0), vec![0..10]);
-        assert!(coalesce_ranges(&[], 0).is_empty());
     }
 }

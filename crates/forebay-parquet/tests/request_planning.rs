@@ -1,0 +1,305 @@
+//! Requests on an object store: what a scan fetches and how many requests it keeps in
+//! flight, seen from a store that delays and records every GET (`io::request_plan`,
+//! `scan::fetch_ahead`).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch};
+use async_trait::async_trait;
+use bytes::Bytes;
+use forebay_parquet::{DatasetSource, ParquetDataset};
+use futures::stream::BoxStream;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetRange, GetResult, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use parquet::file::reader::FileReader;
+use parquet::file::serialized_reader::SerializedFileReader;
+
+/// An in-memory store whose GETs take `delay`, recording each bounded GET's range (data
+/// requests; footers are suffix or whole-object reads) and the most in flight at once.
+#[derive(Debug)]
+struct SlowStore {
+    inner: InMemory,
+    delay: Duration,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+    ranges: Mutex<Vec<Range<u64>>>,
+}
+
+impl std::fmt::Display for SlowStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SlowStore({:?})", self.delay)
+    }
+}
+
+impl SlowStore {
+    fn with(files: &[Vec<u8>], delay: Duration) -> Arc<SlowStore> {
+        let store = Arc::new(SlowStore {
+            inner: InMemory::new(),
+            delay,
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+            ranges: Mutex::new(Vec::new()),
+        });
+        forebay_parquet::block_on({
+            let store = store.clone();
+            let files = files.to_vec();
+            async move {
+                for (i, f) in files.into_iter().enumerate() {
+                    let path = Path::from(format!("t/part-{i}.parquet"));
+                    store.inner.put(&path, f.into()).await.unwrap();
+                }
+            }
+        });
+        store
+    }
+
+    fn source(self: &Arc<Self>) -> DatasetSource {
+        DatasetSource::Store {
+            store: self.clone(),
+            display_prefix: "slow://".into(),
+            paths: vec!["t/".into()],
+        }
+    }
+
+    fn reset(&self) {
+        self.most_in_flight.store(0, Ordering::SeqCst);
+        self.ranges.lock().unwrap().clear();
+    }
+}
+
+#[async_trait]
+impl ObjectStore for SlowStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let data = match &options.range {
+            Some(GetRange::Bounded(range)) => Some(range.clone()),
+            _ => None,
+        };
+        if let Some(range) = &data {
+            self.ranges.lock().unwrap().push(range.clone());
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        }
+        tokio::time::sleep(self.delay).await;
+        let result = self.inner.get_opts(location, options).await;
+        if data.is_some() {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        result
+    }
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// Pseudo-random values (the data must not compress away).
+fn noise(n: usize, seed: u64) -> impl Iterator<Item = u64> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n).map(move |_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
+}
+
+fn int_column(n: usize, seed: u64) -> ArrayRef {
+    Arc::new(Int64Array::from_iter_values(
+        noise(n, seed).map(|v| v as i64),
+    ))
+}
+
+fn write(columns: Vec<(&str, ArrayRef)>, row_group_rows: usize) -> Vec<u8> {
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(row_group_rows))
+        .set_dictionary_enabled(false)
+        .build();
+    let mut buf = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    buf
+}
+
+/// The compressed bytes of the named columns' chunks in `file`.
+fn chunk_bytes(file: &[u8], columns: &[&str]) -> u64 {
+    let reader = SerializedFileReader::new(Bytes::copy_from_slice(file)).unwrap();
+    let meta = reader.metadata();
+    let mut total = 0;
+    for rg in meta.row_groups() {
+        for chunk in rg.columns() {
+            if columns.contains(&chunk.column_path().string().as_str()) {
+                total += chunk.byte_range().1;
+            }
+        }
+    }
+    total
+}
+
+fn rows(ds: &ParquetDataset) -> usize {
+    ds.scan()
+        .blocking_iter()
+        .map(|b| b.unwrap().batch.num_rows())
+        .sum()
+}
+
+#[test]
+fn two_columns_apart_fetch_little_more_than_their_own_bytes() {
+    // `a` and `b` with ~0.8 MB of `filler` between them in every row group: the old fixed
+    // rule (merge gaps under 1 MiB) fetched the filler too.
+    let n = 200_000;
+    let filler = BinaryArray::from_iter_values(noise(n, 3).map(|v| v.to_le_bytes()[..6].to_vec()));
+    let file = write(
+        vec![
+            ("a", int_column(n, 1)),
+            ("filler", Arc::new(filler)),
+            ("b", int_column(n, 2)),
+        ],
+        50_000,
+    );
+    let selected = chunk_bytes(&file, &["a", "b"]);
+    let store = SlowStore::with(&[file], Duration::ZERO);
+    let planned = ParquetDataset::builder(store.source())
+        .with_columns(["a", "b"])
+        .build()
+        .unwrap();
+    assert_eq!(rows(&planned), n);
+    let io = planned.metrics().io;
+    assert!(
+        io.data_bytes as f64 <= 1.125 * selected as f64,
+        "fetched {} of {selected} selected bytes",
+        io.data_bytes
+    );
+    assert_eq!(io.data_requests, 8, "one request a column chunk: {io:?}");
+
+    let fixed_gap = ParquetDataset::builder(store.source())
+        .with_columns(["a", "b"])
+        .with_coalesce_gap(1 << 20)
+        .build()
+        .unwrap();
+    assert_eq!(rows(&fixed_gap), n);
+    let io = fixed_gap.metrics().io;
+    assert_eq!(io.data_requests, 4, "the fixed rule merges: {io:?}");
+    assert!(io.data_bytes as f64 > 1.5 * selected as f64, "{io:?}");
+}
+
+#[test]
+fn a_long_column_chunk_is_fetched_as_parts_at_once() {
+    // One row group, one ~20 MB column chunk: at least two parts of 8 MiB.
+    let n = 2_500_000;
+    let file = write(vec![("big", int_column(n, 7))], n);
+    let reader = SerializedFileReader::new(Bytes::copy_from_slice(&file)).unwrap();
+    let (start, len) = reader.metadata().row_group(0).column(0).byte_range();
+    let chunk = start..start + len;
+    assert!(len >= 2 * forebay_parquet::MIN_PART_BYTES, "{len}");
+    let store = SlowStore::with(&[file], Duration::from_millis(5));
+    let ds = ParquetDataset::builder(store.source()).build().unwrap();
+    let mut got = Vec::new();
+    for batch in ds.scan().blocking_iter() {
+        let batch = batch.unwrap().batch;
+        let col = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        got.extend_from_slice(col.values());
+    }
+    let expected: Vec<i64> = noise(n, 7).map(|v| v as i64).collect();
+    assert!(got == expected, "the parts put back together are the chunk");
+    let mut parts: Vec<Range<u64>> = store
+        .ranges
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.start >= chunk.start && r.end <= chunk.end)
+        .cloned()
+        .collect();
+    parts.sort_by_key(|r| r.start);
+    assert!(parts.len() >= 3, "{parts:?}");
+    assert_eq!(parts.first().unwrap().start, chunk.start);
+    assert_eq!(parts.last().unwrap().end, chunk.end);
+    assert!(parts.windows(2).all(|w| w[0].end == w[1].start), "{parts:?}");
+    assert!(store.most_in_flight.load(Ordering::SeqCst) >= 2);
+    assert_eq!(ds.metrics().io.data_bytes, len, "each byte once");
+}
+
+#[test]
+fn a_slow_link_gets_more_requests_in_flight_than_a_scan_starts_with() {
+    // Two files of 40 row groups each (~160 KB a row group: too large to be fetched whole
+    // with the footer), behind 20 ms a request; decoding is quick, so the link makes it wait.
+    let files: Vec<Vec<u8>> = (0..2)
+        .map(|k| {
+            let n = 400_000;
+            write(
+                vec![("id", int_column(n, 10 + k)), ("val", int_column(n, 20 + k))],
+                10_000,
+            )
+        })
+        .collect();
+    let store = SlowStore::with(&files, Duration::from_millis(20));
+    let scan_with = |most_ahead: Option<usize>| {
+        let mut builder = ParquetDataset::builder(store.source())
+            .with_num_threads(2)
+            .with_prefetch(4);
+        if let Some(most) = most_ahead {
+            builder = builder.with_fetch_ahead(most);
+        }
+        let ds = builder.build().unwrap();
+        store.reset();
+        assert_eq!(rows(&ds), 800_000);
+        let io = ds.metrics().io;
+        assert_eq!(io.data_requests, 80, "{io:?}");
+        store.most_in_flight.load(Ordering::SeqCst)
+    };
+    let fixed = scan_with(Some(8));
+    // Decoding 4 and 8 ahead (one more while a finished unit's response is still counted).
+    assert!(fixed <= 4 + 8 + 1, "{fixed}");
+    let measured = scan_with(None);
+    assert!(
+        measured >= 24,
+        "the scan went deeper while decoding waited: {measured} in flight"
+    );
+    let none = scan_with(Some(0));
+    assert!(none <= 4 + 1, "{none}");
+}
