@@ -4,10 +4,12 @@ in front of a moto S3 server on 127.0.0.1.
 
     python benches/python/remote.py [--latency 0.03,0.08] [--bandwidth 200e6] [--rounds 3]
                                     [--scale-factor 1] [--engines forebay,pyarrow,polars]
-                                    [--scenarios two,all,small]
+                                    [--scenarios two,all,small,capped] [--cap-mib 256]
 
 Scenarios: ``two`` = lineitem (8 files) l_orderkey and l_extendedprice; ``all`` = all 16
-columns; ``small`` = 1,000 files of ~100 KB. Each engine reads in a fresh process, engines
+columns; ``small`` = 1,000 files of ~100 KB; ``capped`` = forebay alone streaming all 16
+columns with ``iter_batches`` under ``configure(memory_limit=--cap-mib)``, to set the
+system-wide memory rise (measured for every run) against the cap. Each engine reads in a fresh process, engines
 alternated by round; the proxy counts each run's requests, bytes and peak requests in flight.
 Prints seconds (median), forebay's ratio to the faster peer, and bytes fetched against the
 bytes of the selected column chunks (footers included).
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -26,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from measure import run_child, tpch_lineitem
+from measure import SystemMemorySampler, peak_rss_mb, run_child, tpch_lineitem
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
 from conftest import S3_CREDENTIALS, moto_s3
@@ -39,6 +43,20 @@ TWO = ["l_orderkey", "l_extendedprice"]
 
 def child(engine: str, uri: str, columns: list[str] | None, endpoint: str) -> dict:
     started = time.perf_counter()
+    if engine.startswith("forebay-capped-"):
+        import forebay
+
+        cap_mib = int(engine.removeprefix("forebay-capped-"))
+        forebay.configure(progress=False, memory_limit=cap_mib << 20)
+        dataset = forebay.read_parquet(
+            uri, columns=columns, storage_options={**S3_CREDENTIALS, "aws_endpoint": endpoint}
+        )
+        rows = sum(batch.num_rows for batch in dataset.iter_batches())
+        return {
+            "seconds": round(time.perf_counter() - started, 3),
+            "rows": rows,
+            "peak_rss_mb": round(peak_rss_mb()),
+        }
     if engine == "forebay":
         import forebay
 
@@ -74,6 +92,29 @@ def child(engine: str, uri: str, columns: list[str] | None, endpoint: str) -> di
     else:
         raise SystemExit(f"unknown engine {engine}")
     return {"seconds": round(time.perf_counter() - started, 3), "rows": table.num_rows}
+
+
+def moto_cpu_seconds() -> float:
+    """CPU seconds the moto server (a child process of this one) has used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if b"moto.server" in cmdline and int(fields[1]) == os.getpid():
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return total
+
+
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def upload(client, local: list[Path], prefix: str) -> None:
@@ -127,6 +168,7 @@ def main() -> int:
     parser.add_argument("--scale-factor", type=float, default=1)
     parser.add_argument("--engines", default="forebay,pyarrow,polars")
     parser.add_argument("--scenarios", default="two,all,small")
+    parser.add_argument("--cap-mib", type=int, default=256, help="memory cap of `capped`")
     parser.add_argument("--data-dir", default=str(HERE.parents[1] / "bench-data"))
     args = parser.parse_args()
     engines = args.engines.split(",")
@@ -137,6 +179,7 @@ def main() -> int:
     scenarios = {
         "two": (f"s3://{BUCKET}/lineitem/", TWO, lineitem),
         "all": (f"s3://{BUCKET}/lineitem/", None, lineitem),
+        "capped": (f"s3://{BUCKET}/lineitem/", None, lineitem),
     }
     wanted = args.scenarios.split(",")
     with moto_s3(tmp / "moto.log") as (client, endpoint):
@@ -151,13 +194,32 @@ def main() -> int:
                 for name in wanted:
                     uri, columns, local = scenarios[name]
                     ideal = selected_bytes(local, columns)
-                    runs: dict[str, list[dict]] = {e: [] for e in engines}
+                    in_run = engines
+                    if name == "capped":
+                        in_run = [f"forebay-capped-{args.cap_mib}"]
+                    runs: dict[str, list[dict]] = {e: [] for e in in_run}
                     for r in range(args.rounds):
-                        order = engines[r % len(engines) :] + engines[: r % len(engines)]
+                        order = in_run[r % len(in_run) :] + in_run[: r % len(in_run)]
                         for engine in order:
                             proxy.reset_stats()
-                            result = run_child(
-                                __file__, engine, uri, json.dumps(columns), proxy.endpoint
+                            before = (
+                                moto_cpu_seconds(),
+                                cpu_seconds(resource.RUSAGE_SELF),
+                                cpu_seconds(resource.RUSAGE_CHILDREN),
+                            )
+                            with SystemMemorySampler() as memory:
+                                result = run_child(
+                                    __file__, engine, uri, json.dumps(columns), proxy.endpoint
+                                )
+                            result["rise_mb"] = round(memory.rise_mb)
+                            # CPU of the engine's process, and of the rig on the same cores:
+                            # the S3 server, and this process (the proxy, the sampler).
+                            result["engine_cpu_s"] = round(
+                                cpu_seconds(resource.RUSAGE_CHILDREN) - before[2], 2
+                            )
+                            result["server_cpu_s"] = round(moto_cpu_seconds() - before[0], 2)
+                            result["proxy_cpu_s"] = round(
+                                cpu_seconds(resource.RUSAGE_SELF) - before[1], 2
                             )
                             stats = proxy.stats()
                             result.update(
@@ -175,16 +237,22 @@ def report(latency: float, name: str, runs: dict[str, list[dict]], ideal: int) -
     med = {e: statistics.median(r["seconds"] for r in rs) for e, rs in runs.items()}
     print(f"\n{name} at {latency * 1000:.0f} ms (selected column chunks {ideal / 1e6:.1f} MB)")
     print(
-        "| engine | seconds (median) | requests | MB fetched | fetched/selected | peak in flight |"
+        "| engine | seconds (median) | requests | MB fetched | fetched/selected | peak in flight "
+        "| memory rise MB (max) | CPU s: engine / S3 server / proxy (medians) |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for engine, rs in runs.items():
         requests = statistics.median(r["requests"] for r in rs)
         mb = statistics.median(r["mb"] for r in rs)
         peak = max(r["peak_in_flight"] for r in rs)
+        rise = max(r["rise_mb"] for r in rs)
+        cpu = " / ".join(
+            f"{statistics.median(r[k] for r in rs):.2f}"
+            for k in ("engine_cpu_s", "server_cpu_s", "proxy_cpu_s")
+        )
         print(
             f"| {engine} | {med[engine]:.3f} | {requests:.0f} | {mb:.1f} | "
-            f"{mb * 1e6 / ideal:.2f} | {peak} |"
+            f"{mb * 1e6 / ideal:.2f} | {peak} | {rise} | {cpu} |"
         )
     peers = [e for e in med if e != "forebay"]
     if "forebay" in med and peers:

@@ -25,6 +25,10 @@
 //!                       (a row group read whole: flat required columns of numbers,
 //!                        dates, strings and binaries by forebay's own decoders, `flat`;
 //!                        the rest by the parquet crate)
+//!                       (on object stores: more units' column chunks requested ahead,
+//!                        as deep as the link makes decoding wait; ranges become requests
+//!                        by `io::request_plan`: a gap only when cheaper than a request,
+//!                        long chunks in parallel parts, against the measured link)
 //!                                                          ▼
 //!                          ScanStream: ordered RecordBatches + BatchProvenance
 //! ```

@@ -242,7 +242,11 @@ fn a_long_column_chunk_is_fetched_as_parts_at_once() {
     let mut got = Vec::new();
     for batch in ds.scan().blocking_iter() {
         let batch = batch.unwrap().batch;
-        let col = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let col = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
         got.extend_from_slice(col.values());
     }
     let expected: Vec<i64> = noise(n, 7).map(|v| v as i64).collect();
@@ -259,7 +263,10 @@ fn a_long_column_chunk_is_fetched_as_parts_at_once() {
     assert!(parts.len() >= 3, "{parts:?}");
     assert_eq!(parts.first().unwrap().start, chunk.start);
     assert_eq!(parts.last().unwrap().end, chunk.end);
-    assert!(parts.windows(2).all(|w| w[0].end == w[1].start), "{parts:?}");
+    assert!(
+        parts.windows(2).all(|w| w[0].end == w[1].start),
+        "{parts:?}"
+    );
     assert!(store.most_in_flight.load(Ordering::SeqCst) >= 2);
     assert_eq!(ds.metrics().io.data_bytes, len, "each byte once");
 }
@@ -272,7 +279,10 @@ fn a_slow_link_gets_more_requests_in_flight_than_a_scan_starts_with() {
         .map(|k| {
             let n = 400_000;
             write(
-                vec![("id", int_column(n, 10 + k)), ("val", int_column(n, 20 + k))],
+                vec![
+                    ("id", int_column(n, 10 + k)),
+                    ("val", int_column(n, 20 + k)),
+                ],
                 10_000,
             )
         })

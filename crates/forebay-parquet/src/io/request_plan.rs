@@ -266,7 +266,12 @@ mod tests {
             two_columns.to_vec()
         );
         // A short gap rides along; the budget takes the shortest gaps first.
-        let ranges = [0..MIB, MIB + 4096..2 * MIB, 2 * MIB + 200_000..3 * MIB, 4 * MIB..5 * MIB];
+        let ranges = [
+            0..MIB,
+            MIB + 4096..2 * MIB,
+            2 * MIB + 200_000..3 * MIB,
+            4 * MIB..5 * MIB,
+        ];
         assert_eq!(
             plan_requests(&ranges, RangePolicy::Planned, &link),
             vec![0..3 * MIB, 4 * MIB..5 * MIB],
@@ -274,11 +279,17 @@ mod tests {
         );
         // Many tiny gaps merge even past the budget.
         let pages: Vec<Range<u64>> = (0..10).map(|k| k * 1100..k * 1100 + 1000).collect();
-        assert_eq!(plan_requests(&pages, RangePolicy::Planned, &link), vec![0..10_900]);
+        assert_eq!(
+            plan_requests(&pages, RangePolicy::Planned, &link),
+            vec![0..10_900]
+        );
         // A gap longer than a round trip's bytes is never merged, whatever the budget.
         let slow = measured_link(10, 100.0 * MIB as f64); // 1 MiB a round trip
         let huge = [0..100 * MIB, 100 * MIB + 2 * MIB..200 * MIB];
-        assert_eq!(plan_requests(&huge, RangePolicy::Planned, &slow), huge.to_vec());
+        assert_eq!(
+            plan_requests(&huge, RangePolicy::Planned, &slow),
+            huge.to_vec()
+        );
         // The fixed rule is the old one.
         assert_eq!(
             plan_requests(&two_columns, RangePolicy::MergeGapsUpTo(MIB), &link),
@@ -289,7 +300,10 @@ mod tests {
         let planned = plan_requests(&unordered, RangePolicy::Planned, &link);
         for r in &unordered {
             assert_eq!(
-                planned.iter().filter(|p| p.start <= r.start && r.end <= p.end).count(),
+                planned
+                    .iter()
+                    .filter(|p| p.start <= r.start && r.end <= p.end)
+                    .count(),
                 1
             );
         }
@@ -316,8 +330,14 @@ mod tests {
         );
         // A fast, far link moves more in a round trip: larger parts.
         let far = measured_link(80, 400e6); // 32 MB a round trip
-        assert_eq!(split_for_parallel(&long, RangePolicy::Planned, &far).len(), 1);
+        assert_eq!(
+            split_for_parallel(&long, RangePolicy::Planned, &far).len(),
+            1
+        );
         let longer = 0..200 * MIB;
-        assert_eq!(split_for_parallel(&longer, RangePolicy::Planned, &far).len(), 7);
+        assert_eq!(
+            split_for_parallel(&longer, RangePolicy::Planned, &far).len(),
+            7
+        );
     }
 }

@@ -200,7 +200,11 @@ impl DatasetInner {
         roots: &[usize],
     ) -> Result<WholeDecode> {
         let schema = ParquetRecordBatchStreamBuilder::new_with_metadata(
-            ObjectFileReader::new(entry.clone(), self.io.clone(), RangePolicy::MergeGapsUpTo(0)),
+            ObjectFileReader::new(
+                entry.clone(),
+                self.io.clone(),
+                RangePolicy::MergeGapsUpTo(0),
+            ),
             reader_meta.clone(),
         )
         .with_projection(projection.clone())
