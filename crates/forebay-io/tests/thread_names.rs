@@ -33,8 +33,19 @@ fn the_own_runtime_takes_the_hosts_prefix_and_thread_count() {
         eprintln!("no /proc: thread names not checked");
         return;
     }
-    let names = thread_names();
-    let io = names.iter().filter(|n| *n == "hostq-io").count();
-    assert_eq!(io, 3, "three workers named by the host's prefix: {names:?}");
+    // A new thread takes its name once it runs (until then /proc shows its parent's): wait
+    // for the workers to start, a while at most.
+    let named = |names: &[String]| names.iter().filter(|n| *n == "hostq-io").count();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut names = thread_names();
+    while named(&names) < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        names = thread_names();
+    }
+    assert_eq!(
+        named(&names),
+        3,
+        "three workers named by the host's prefix: {names:?}"
+    );
     assert!(!names.iter().any(|n| n.starts_with("forebay")), "{names:?}");
 }
