@@ -659,6 +659,7 @@ def read_parquet(
     file_extensions: Sequence[str] | None = ("parquet", "parq", "pq"),
     schema: Any = None,
     fetch_ahead: int | None = None,
+    coalesce_gap: int | None = None,
 ) -> Dataset:
     """Open Parquet files lazily.
 
@@ -681,6 +682,11 @@ def read_parquet(
         how many are is measured (8 at first, deeper whenever decoding waits for data). A
         pipeline scans with fewer when their bytes would not fit a quarter of its memory
         cap. Applies to scans without a filter.
+    coalesce_gap: on an object store, fetch column chunks at most this many bytes apart in
+        one request, gap included (fewer requests, more bytes). Default: only the selected
+        bytes, plus gaps that add at most 1/8 to them and cost less than a round trip at
+        the measured link (requests are many, but in parallel); a store that bills or
+        limits requests more than bytes may want ``1 << 20``.
     num_threads: row groups decoded in parallel; default and maximum the number of cores.
     dictionary_columns: string/binary columns to return as dictionary arrays.
     storage_options: object_store options, e.g. ``{"aws_endpoint": "http://127.0.0.1:9000",
@@ -725,6 +731,7 @@ def read_parquet(
     prefetch = optional_integer("prefetch", prefetch, minimum=1)
     num_threads = optional_integer("num_threads", num_threads, minimum=1)
     fetch_ahead = optional_integer("fetch_ahead", fetch_ahead, minimum=0)
+    coalesce_gap = optional_integer("coalesce_gap", coalesce_gap, minimum=0)
     union = isinstance(schema, str) and schema == "union"
     if schema is not None and not union and not isinstance(schema, pa.Schema):
         raise TypeError(
@@ -744,6 +751,7 @@ def read_parquet(
         None if union else schema,
         union,
         fetch_ahead,
+        coalesce_gap,
     )
     dataset = Dataset(inner)
     dataset._read_args = functools.partial(
@@ -760,6 +768,7 @@ def read_parquet(
         file_extensions=file_extensions,
         schema=schema,
         fetch_ahead=fetch_ahead,
+        coalesce_gap=coalesce_gap,
     )
     return dataset
 

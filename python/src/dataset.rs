@@ -114,7 +114,7 @@ pub(crate) struct RsDataset {
 #[pymethods]
 impl RsDataset {
     #[new]
-    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None, schema=None, union_schema=false, fetch_ahead=None))]
+    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None, schema=None, union_schema=false, fetch_ahead=None, coalesce_gap=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -131,6 +131,7 @@ impl RsDataset {
         schema: Option<Bound<'_, PyAny>>,
         union_schema: bool,
         fetch_ahead: Option<usize>,
+        coalesce_gap: Option<u64>,
     ) -> PyResult<Self> {
         let int96_unit = match int96_timestamp_unit {
             "s" => TimeUnit::Second,
@@ -174,6 +175,9 @@ impl RsDataset {
         }
         if let Some(units) = fetch_ahead {
             builder = builder.with_fetch_ahead(units);
+        }
+        if let Some(bytes) = coalesce_gap {
+            builder = builder.with_coalesce_gap(bytes);
         }
         let dataset = detached(py, move || builder.build())?;
         Ok(RsDataset { dataset })

@@ -101,6 +101,30 @@ def test_fetch_ahead_changes_when_data_is_requested_not_what_is_read(s3):
         forebay.read_parquet("s3://forebay-test/data/", storage_options=options, fetch_ahead=-1)
 
 
+def test_columns_apart_are_separate_requests_unless_a_gap_is_given(s3):
+    # `id` and `other` have `value` and `name` between them (~36 KB a row group): more than
+    # the 1/8 of the selected bytes a planned request may waste. Only the first file is read
+    # by row group (the others are small: fetched whole with their footer).
+    options, expected, _ = s3
+    planned = forebay.read_parquet(
+        "s3://forebay-test/data/", columns=["id", "other"], storage_options=options
+    )
+    merged = forebay.read_parquet(
+        "s3://forebay-test/data/",
+        columns=["id", "other"],
+        storage_options=options,
+        coalesce_gap=1 << 20,
+    )
+    for ds in (planned, merged):
+        assert_tables_equal(ds.to_arrow(), expected.select(["id", "other"]))
+    p, m = planned.metrics(), merged.metrics()
+    assert p["data_requests"] == 2 * ROW_GROUPS, p
+    assert m["data_requests"] == ROW_GROUPS, m
+    assert m["data_bytes"] > p["data_bytes"] * 2, (p, m)
+    with pytest.raises(ValueError, match="coalesce_gap"):
+        forebay.read_parquet("s3://forebay-test/data/", storage_options=options, coalesce_gap=-1)
+
+
 def test_s3_filter_skips_row_groups(s3):
     options, _expected, _ = s3
     ds = forebay.read_parquet(
