@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -67,8 +68,16 @@ def test_a_killed_worker_is_replaced_on_the_same_device(data, fake_gpus, tmp_pat
     marker = tmp_path / "killed"
 
     def dies_once(batch):
+        device = os.environ["CUDA_VISIBLE_DEVICES"]
+        # Each worker holds its first batch until every device's worker has one: otherwise
+        # the workers started first could finish the job before the one on "6" gets a batch
+        # to die on.
+        (tmp_path / f"started-{device}").touch()
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("started-*"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
         # The worker on device "6" dies (SIGKILL, as an OOM kill) on its first batch.
-        if os.environ["CUDA_VISIBLE_DEVICES"] == "6" and not marker.exists():
+        if device == "6" and not marker.exists():
             marker.write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
         return who_am_i(batch)
@@ -84,6 +93,7 @@ def test_a_killed_worker_is_replaced_on_the_same_device(data, fake_gpus, tmp_pat
     )
     out = run(ds)
     assert sorted(out["id"].to_pylist()) == list(range(ROWS)), "the retried batch is not lost"
+    assert marker.exists(), "the worker on device 6 never got a batch"
     dead = int(marker.read_text())
     on_six = {
         p
