@@ -1,6 +1,6 @@
 """A checkpointed write to an S3-compatible server: time and requests per commit.
 
-    python benches/python/s3_commits.py [--rounds 3] [--builds SITE_A,SITE_B]
+    python benches/python/s3_commits.py [--rounds 3] [--builds SITE_A,SITE_B] [--latency 0.03]
 
 Starts moto's S3 server on 127.0.0.1 (as the tests do), writes 4 local Parquet files of
 50,000 rows (row groups of 10,000) and runs, in a fresh process per measurement,
@@ -12,13 +12,16 @@ so every ~10,000 rows is one commit (16 id parts staged, a record, the parts and
 file published). Prints seconds and the server's requests by method, counted from its log.
 `--builds` alternates forebay builds (directories put first on PYTHONPATH, such as unzipped
 wheels); by default the installed forebay runs. moto answers one request at a time, so
-this measures mostly how many requests a commit makes, not how well they overlap.
+without latency this measures mostly how many requests a commit makes, not how well they
+overlap; `--latency` puts the latency proxy (tests/python/latency_proxy.py, 200 MB/s a
+connection) in front of it, where round trips made one after another show.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -33,6 +36,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python"))
 from conftest import S3_CREDENTIALS, moto_s3
+from latency_proxy import LatencyProxy
 
 JOB = """
 import json, sys, time, forebay
@@ -64,12 +68,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--builds", default="", help="comma-separated PYTHONPATH entries")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds a round trip")
     args = parser.parse_args()
     builds = [b for b in args.builds.split(",") if b] or [""]
 
     tmp = Path(tempfile.mkdtemp(prefix="forebay-s3-commits-"))
     log_path = tmp / "moto.log"
-    with moto_s3(log_path) as (s3, endpoint):
+    with contextlib.ExitStack() as stack:
+        s3, endpoint = stack.enter_context(moto_s3(log_path))
         bucket = "bench-commits"
         s3.create_bucket(Bucket=bucket)
         inputs = tmp / "inputs"
@@ -78,6 +84,11 @@ def main() -> None:
             ids = np.arange(f * 50_000, (f + 1) * 50_000)
             table = pa.table({"id": [f"id-{i}" for i in ids], "value": ids})
             pq.write_table(table, inputs / f"part-{f}.parquet", row_group_size=10_000)
+        if args.latency > 0:
+            proxy = stack.enter_context(
+                LatencyProxy(endpoint, latency=args.latency, bandwidth=200e6)
+            )
+            endpoint = proxy.endpoint
         options = json.dumps({**S3_CREDENTIALS, "aws_endpoint": endpoint})
         for round_ in range(args.rounds):
             for b, build in enumerate(builds):

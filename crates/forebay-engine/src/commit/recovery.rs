@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Mutex;
 
 use super::crash::crash_point;
-use super::records::{load_inputs, CommitRecord, InputsSnapshot};
+use super::records::{load_inputs, CommitRecord, DataFileRecord, InputsSnapshot};
 use super::{corrupt, storage_err, COMMITS, FORMAT, INPUTS, STAGING};
 use crate::error::{EngineError, Result};
 use forebay_io::durable::in_parallel;
@@ -188,25 +188,40 @@ pub(super) fn record_path(commit: &str) -> String {
     format!("{COMMITS}/{commit}.json")
 }
 
-/// Move a record's staged files to their final names (idempotent).
+/// Move a record's staged files to their final names (idempotent). The id parts and each
+/// output file are independent moves once the record is durable: they go at once, so a
+/// commit on an object store waits one copy-and-delete, not one after another per file.
 pub(super) fn publish(state: &Dir, output: &Dir, record: &CommitRecord) -> Result<()> {
+    enum Move<'a> {
+        IdParts(Vec<(String, String)>),
+        OutputFile(&'a DataFileRecord),
+    }
+    let mut moves: Vec<Move> = Vec::new();
     if let Some(ids) = &record.ids {
-        let moves: Vec<(String, String)> = ids
-            .parts
-            .iter()
-            .map(|part| (format!("{STAGING}/{}/{part}", record.commit), part.clone()))
-            .collect();
-        if let Err(e) = state.publish_all(&moves) {
-            for (staged, part) in &moves {
-                check_publishable(state, staged, part, &record.commit)?;
-            }
-            return Err(storage_err(e));
+        moves.push(Move::IdParts(
+            ids.parts
+                .iter()
+                .map(|part| (format!("{STAGING}/{}/{part}", record.commit), part.clone()))
+                .collect(),
+        ));
+    }
+    moves.extend(record.output_files().map(Move::OutputFile));
+    in_parallel(&moves, |one| match one {
+        Move::IdParts(parts) => publish_id_parts(state, parts, &record.commit),
+        Move::OutputFile(data) => {
+            ensure_published(output, &data.staged, &data.final_name, &record.commit)
         }
-        crash_point("ids-published");
+    })
+}
+
+fn publish_id_parts(state: &Dir, parts: &[(String, String)], commit: &str) -> Result<()> {
+    if let Err(e) = state.publish_all(parts) {
+        for (staged, part) in parts {
+            check_publishable(state, staged, part, commit)?;
+        }
+        return Err(storage_err(e));
     }
-    for data in record.output_files() {
-        ensure_published(output, &data.staged, &data.final_name, &record.commit)?;
-    }
+    crash_point("ids-published");
     Ok(())
 }
 
