@@ -684,7 +684,8 @@ def read_parquet(
         cap. Applies to scans without a filter.
     coalesce_gap: on an object store, fetch column chunks at most this many bytes apart in
         one request, gap included (fewer requests, more bytes). Default: only the selected
-        bytes, plus gaps that add at most 1/8 to them and cost less than a round trip at
+        bytes, plus gaps that add at most 1/8 to them (or 256 KiB a row group, when little
+        is selected) and cost less than a round trip at
         the measured link (requests are many, but in parallel); a store that bills or
         limits requests more than bytes may want ``1 << 20``.
     num_threads: row groups decoded in parallel; default and maximum the number of cores.

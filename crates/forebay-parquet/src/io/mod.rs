@@ -34,7 +34,7 @@ mod request_plan;
 
 pub use request_plan::{
     coalesce_ranges, plan_requests, split_for_parallel, LinkEstimate, RangePolicy,
-    ALWAYS_MERGE_GAP, MIN_PART_BYTES, WASTED_BYTES_SHARE,
+    ALWAYS_MERGE_GAP, MIN_PART_BYTES, SMALL_READ_WASTE, WASTED_BYTES_SHARE,
 };
 
 /// Counters of the requests a dataset made, and what their responses measured of the link.

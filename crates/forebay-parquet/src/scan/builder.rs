@@ -212,7 +212,8 @@ impl ParquetDatasetBuilder {
     /// Merge column-chunk reads separated by at most this many bytes into one request, and
     /// never split one. Default: 0 for local files (only selected bytes are read); on object
     /// stores, requests planned against the link's measured round trip and bandwidth (a gap
-    /// is fetched only while the bytes it wastes stay within 1/8 of the bytes selected and
+    /// is fetched only while the bytes it wastes stay within 1/8 of the bytes selected (or
+    /// 256 KiB, when little is selected) and
     /// cost less time than a request; long column chunks are fetched as parts at once: see
     /// [`plan_requests`](crate::plan_requests)).
     pub fn with_coalesce_gap(mut self, bytes: u64) -> Self {
