@@ -7,7 +7,8 @@ in front of a moto S3 server on 127.0.0.1.
                                     [--scenarios two,all,small,capped] [--cap-mib 256]
 
 Scenarios: ``two`` = lineitem (8 files) l_orderkey and l_extendedprice; ``all`` = all 16
-columns; ``small`` = 1,000 files of ~100 KB; ``capped`` = forebay alone streaming all 16
+columns; ``filtered`` = ``two`` where l_shipdate >= 1998-09-01 (~1.5 % of the rows, spread
+over every row group); ``small`` = 1,000 files of ~100 KB; ``capped`` = forebay alone streaming all 16
 columns with ``iter_batches`` under ``configure(memory_limit=--cap-mib)``, to set the
 system-wide memory rise (measured for every run) against the cap. Each engine reads in a fresh process, engines
 alternated by round; the proxy counts each run's requests, bytes and peak requests in flight.
@@ -18,6 +19,7 @@ bytes of the selected column chunks (footers included).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import resource
@@ -41,7 +43,12 @@ BUCKET = "remote-bench"
 TWO = ["l_orderkey", "l_extendedprice"]
 
 
-def child(engine: str, uri: str, columns: list[str] | None, endpoint: str) -> dict:
+LATE = dt.date(1998, 9, 1)
+
+
+def child(
+    engine: str, uri: str, columns: list[str] | None, endpoint: str, filtered: bool = False
+) -> dict:
     started = time.perf_counter()
     if engine.startswith("forebay-capped-"):
         import forebay
@@ -62,7 +69,10 @@ def child(engine: str, uri: str, columns: list[str] | None, endpoint: str) -> di
 
         forebay.configure(progress=False)
         table = forebay.read_parquet(
-            uri, columns=columns, storage_options={**S3_CREDENTIALS, "aws_endpoint": endpoint}
+            uri,
+            columns=columns,
+            filter=[("l_shipdate", ">=", LATE)] if filtered else None,
+            storage_options={**S3_CREDENTIALS, "aws_endpoint": endpoint},
         ).to_arrow()
     elif engine == "pyarrow":
         import pyarrow.fs
@@ -74,7 +84,12 @@ def child(engine: str, uri: str, columns: list[str] | None, endpoint: str) -> di
             secret_key=S3_CREDENTIALS["aws_secret_access_key"],
             region=S3_CREDENTIALS["aws_region"],
         )
-        table = pq.read_table(uri.removeprefix("s3://"), columns=columns, filesystem=fs)
+        table = pq.read_table(
+            uri.removeprefix("s3://"),
+            columns=columns,
+            filesystem=fs,
+            filters=[("l_shipdate", ">=", LATE)] if filtered else None,
+        )
     elif engine == "polars":
         import polars as pl
 
@@ -86,6 +101,8 @@ def child(engine: str, uri: str, columns: list[str] | None, endpoint: str) -> di
             "aws_region": S3_CREDENTIALS["aws_region"],
         }
         frame = pl.scan_parquet(uri + "*.parquet", storage_options=options)
+        if filtered:
+            frame = frame.filter(pl.col("l_shipdate") >= LATE)
         if columns is not None:
             frame = frame.select(columns)
         table = frame.collect().to_arrow()
@@ -158,8 +175,8 @@ def selected_bytes(paths: list[Path], columns: list[str] | None) -> int:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        engine, uri, columns, endpoint = sys.argv[2:6]
-        print(json.dumps(child(engine, uri, json.loads(columns), endpoint)))
+        engine, uri, columns, endpoint, filtered = sys.argv[2:7]
+        print(json.dumps(child(engine, uri, json.loads(columns), endpoint, filtered == "1")))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", default="0.03,0.08", help="seconds, comma-separated")
@@ -180,6 +197,7 @@ def main() -> int:
         "two": (f"s3://{BUCKET}/lineitem/", TWO, lineitem),
         "all": (f"s3://{BUCKET}/lineitem/", None, lineitem),
         "capped": (f"s3://{BUCKET}/lineitem/", None, lineitem),
+        "filtered": (f"s3://{BUCKET}/lineitem/", TWO, lineitem),
     }
     wanted = args.scenarios.split(",")
     with moto_s3(tmp / "moto.log") as (client, endpoint):
@@ -193,7 +211,9 @@ def main() -> int:
             with LatencyProxy(endpoint, latency=latency, bandwidth=args.bandwidth) as proxy:
                 for name in wanted:
                     uri, columns, local = scenarios[name]
-                    ideal = selected_bytes(local, columns)
+                    ideal = selected_bytes(
+                        local, [*columns, "l_shipdate"] if name == "filtered" else columns
+                    )
                     in_run = engines
                     if name == "capped":
                         in_run = [f"forebay-capped-{args.cap_mib}"]
@@ -209,7 +229,12 @@ def main() -> int:
                             )
                             with SystemMemorySampler() as memory:
                                 result = run_child(
-                                    __file__, engine, uri, json.dumps(columns), proxy.endpoint
+                                    __file__,
+                                    engine,
+                                    uri,
+                                    json.dumps(columns),
+                                    proxy.endpoint,
+                                    "1" if name == "filtered" else "0",
                                 )
                             result["rise_mb"] = round(memory.rise_mb)
                             # CPU of the engine's process, and of the rig on the same cores:

@@ -197,12 +197,13 @@ impl ObjectFileReader {
         self
     }
 
-    /// Serve reads inside `fetched` (ranges of this file with their bytes) from them.
+    /// Serve reads inside `fetched` (ranges of this file with their bytes) from them, too.
     pub(crate) fn with_fetched(mut self, fetched: FetchedRanges) -> Self {
-        self.fetched = fetched
-            .into_iter()
-            .filter(|(range, bytes)| range.end - range.start == bytes.len() as u64)
-            .collect();
+        self.fetched.extend(
+            fetched
+                .into_iter()
+                .filter(|(range, bytes)| range.end - range.start == bytes.len() as u64),
+        );
         self
     }
 

@@ -17,6 +17,7 @@ use parquet::arrow::parquet_to_arrow_field_levels;
 use parquet::arrow::ProjectionMask;
 use tokio::sync::{mpsc, Semaphore};
 
+use super::fetch_ahead::fetch_filtered_unit;
 use super::selectivity::keep_matching;
 use super::stream::BatchResult;
 use super::stream::{BatchProvenance, ProvenancedBatch};
@@ -154,6 +155,13 @@ pub(super) async fn decode_unit(
             }
         }
     } else {
+        let reader = match fetch_filtered_unit(&inner, &file, &unit).await {
+            Ok(chunks) => reader.with_fetched(chunks),
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
         let mut builder =
             ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.reader_meta.clone())
                 .with_projection(file.projection.clone())

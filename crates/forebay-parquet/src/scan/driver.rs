@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::accounting::{Admission, Charges};
-use super::decode::decode_unit;
+use super::decode::{check_chunk_sizes, decode_unit};
 use super::fetch_ahead::{fetch_unit, FetchDepth};
 use super::footer::FOOTER_CONCURRENCY;
 use super::runtime::panic_message;
@@ -233,10 +233,11 @@ pub(super) async fn drive(
                     Admission::Granted(bytes) => pending.charged = Some(bytes),
                     _ => break, // the pool wants memory back first: fetch nothing more ahead
                 }
-                pending.fetching = fetch_unit(&inner, &pending.file, &pending.unit);
-                if pending.fetching.is_none() {
+                let (file, unit) = (&pending.file, &pending.unit);
+                if check_chunk_sizes(&inner, file, &unit.file, unit.row_group).is_err() {
                     break; // its decoding will fail the scan: fetch nothing past it
                 }
+                pending.fetching = Some(fetch_unit(&inner, file, unit));
                 ahead += 1;
             }
             let room = pending_units.iter().all(|p| !p.needs_fetch()) && ahead < depth.now();

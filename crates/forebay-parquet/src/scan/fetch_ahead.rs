@@ -30,7 +30,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::decode::check_chunk_sizes;
 use super::{DatasetInner, OpenedFile, Unit};
 use crate::error::Result;
 use crate::io::{plan_requests, FetchedRanges, ObjectFileReader};
@@ -99,33 +98,72 @@ impl DatasetInner {
     }
 }
 
-/// Request the selected column chunks of `unit` (planned as its decoder would), now; not
-/// those of a unit its decoding will refuse as too large (nothing of it is ever fetched).
+/// Request the selected column chunks of `unit` (planned as its decoder would), now. (The
+/// driver asks first whether its decoding would refuse it as too large: nothing of such a
+/// unit is ever fetched.)
 pub(super) fn fetch_unit(
     inner: &Arc<DatasetInner>,
     file: &Arc<OpenedFile>,
     unit: &Unit,
-) -> Option<tokio::task::JoinHandle<Result<FetchedRanges>>> {
-    check_chunk_sizes(inner, file, &unit.file, unit.row_group).ok()?;
-    let metadata = file.reader_meta.metadata().row_group(unit.row_group);
+) -> tokio::task::JoinHandle<Result<FetchedRanges>> {
+    let (inner, file, row_group) = (inner.clone(), file.clone(), unit.row_group);
+    tokio::spawn(async move {
+        fetch_chunks(&inner, &file, row_group, |leaf| {
+            file.projection.leaf_included(leaf)
+        })
+        .await
+    })
+}
+
+/// The column chunks a filtered unit's decoder will read, fetched at once, before its
+/// decoding takes a core: on an object store, a file read without a page selection.
+///
+/// The parquet crate's filtered decoder fetches inside its decoding (the filter's columns,
+/// then the others), and a unit decoding holds one of the scan's `threads` cores: so only
+/// `threads` units waited on round trips at once, two after another each (a filtered scan
+/// of lineitem at 80 ms took 5.7 s where polars took 0.9). Fetched here, its reads are
+/// served from memory. Without a page selection the decoder reads whole chunks anyway;
+/// with one (pages pruned), it reads only the pages it needs and is left to do so.
+pub(super) async fn fetch_filtered_unit(
+    inner: &DatasetInner,
+    file: &OpenedFile,
+    unit: &Unit,
+) -> Result<FetchedRanges> {
+    if file.entry.local_path.is_some() || unit.selection.is_some() {
+        return Ok(Vec::new());
+    }
+    let filter_mask = file.filter.as_ref().map(|(mask, _)| mask);
+    fetch_chunks(inner, file, unit.row_group, |leaf| {
+        file.projection.leaf_included(leaf) || filter_mask.is_some_and(|m| m.leaf_included(leaf))
+    })
+    .await
+}
+
+/// Fetch the chunks of `row_group` whose leaves `wanted` includes, as planned requests at
+/// once.
+async fn fetch_chunks(
+    inner: &DatasetInner,
+    file: &OpenedFile,
+    row_group: usize,
+    wanted: impl Fn(usize) -> bool,
+) -> Result<FetchedRanges> {
+    let metadata = file.reader_meta.metadata().row_group(row_group);
     let ranges: Vec<Range<u64>> = metadata
         .columns()
         .iter()
         .enumerate()
-        .filter(|(leaf, _)| file.projection.leaf_included(*leaf))
+        .filter(|(leaf, _)| wanted(*leaf))
         .map(|(_, column)| {
             let (start, len) = column.byte_range();
             start..start + len
         })
         .collect();
     let policy = inner.range_policy_for(&file.entry);
-    let merged = plan_requests(&ranges, policy, &inner.io.link);
+    let requests = plan_requests(&ranges, policy, &inner.io.link);
     let reader = ObjectFileReader::new(file.entry.clone(), inner.io.clone(), policy);
-    Some(tokio::spawn(async move {
-        let fetched =
-            futures::future::try_join_all(merged.iter().map(|r| reader.fetch(r.clone()))).await?;
-        Ok(merged.into_iter().zip(fetched).collect())
-    }))
+    let fetched =
+        futures::future::try_join_all(requests.iter().map(|r| reader.fetch(r.clone()))).await?;
+    Ok(requests.into_iter().zip(fetched).collect())
 }
 
 #[cfg(test)]
