@@ -80,6 +80,7 @@ pub(super) async fn decode_unit(
         first_row,
         batch_index,
     };
+    let fetched_ahead = !fetched.is_empty();
     let mut reader = ObjectFileReader::new(
         file.entry.clone(),
         inner.io.clone(),
@@ -155,11 +156,16 @@ pub(super) async fn decode_unit(
             }
         }
     } else {
-        let reader = match fetch_filtered_unit(&inner, &file, &unit).await {
-            Ok(chunks) => reader.with_fetched(chunks),
-            Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return;
+        // Its chunks fetched ahead, or now (before decoding takes a core).
+        let reader = if fetched_ahead {
+            reader
+        } else {
+            match fetch_filtered_unit(&inner, &file, &unit).await {
+                Ok(chunks) => reader.with_fetched(chunks),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
             }
         };
         let mut builder =

@@ -234,6 +234,9 @@ pub(super) async fn drive(
                     _ => break, // the pool wants memory back first: fetch nothing more ahead
                 }
                 let (file, unit) = (&pending.file, &pending.unit);
+                if unit.selection.is_some() {
+                    break; // its decoder reads only the pages it selects
+                }
                 if check_chunk_sizes(&inner, file, &unit.file, unit.row_group).is_err() {
                     break; // its decoding will fail the scan: fetch nothing past it
                 }

@@ -20,9 +20,11 @@
 //! unit less. So a slow link gets enough requests in flight for its round trip and
 //! bandwidth, and a fast one (or slow decoding) no more bytes waiting than decoding needs.
 //!
-//! Only where every byte fetched is read: remote files, scans without a filter or a row
-//! filter (either may drop a row group after its footer or dictionary, and its data would
-//! have been fetched for nothing). The bytes waiting are counted in the scan's window
+//! Only where every byte fetched is read: remote files, units without a page selection
+//! (a decoder given one reads only the pages it selects), scans without a row filter (one
+//! may drop a row group after its dictionary, and its data would have been fetched for
+//! nothing). A filter's own columns are fetched with the returned ones; a filtered unit
+//! not fetched ahead is fetched whole before its decoding ([`fetch_filtered_unit`]). The bytes waiting are counted in the scan's window
 //! ([`ParquetDataset::scan_window_bytes`](super::ParquetDataset::scan_window_bytes)), which
 //! a caller with a memory cap reserves, and can shrink by scanning with
 //! [`ParquetDataset::scan_fetching_ahead`](super::ParquetDataset::scan_fetching_ahead).
@@ -89,8 +91,7 @@ impl DatasetInner {
     /// Units of `file` a scan fetching `units` ahead fetches ahead of their decoding (0:
     /// none).
     pub(super) fn fetch_ahead_for(&self, file: &OpenedFile, units: usize) -> usize {
-        let plain_scan = self.options.filter.is_none() && self.options.row_filter.is_none();
-        if plain_scan && file.entry.local_path.is_none() {
+        if self.options.row_filter.is_none() && file.entry.local_path.is_none() {
             units
         } else {
             0
@@ -107,12 +108,19 @@ pub(super) fn fetch_unit(
     unit: &Unit,
 ) -> tokio::task::JoinHandle<Result<FetchedRanges>> {
     let (inner, file, row_group) = (inner.clone(), file.clone(), unit.row_group);
-    tokio::spawn(async move {
-        fetch_chunks(&inner, &file, row_group, |leaf| {
-            file.projection.leaf_included(leaf)
-        })
-        .await
-    })
+    tokio::spawn(
+        async move { fetch_chunks(&inner, &file, row_group, |leaf| reads(&file, leaf)).await },
+    )
+}
+
+/// Whether decoding a unit of `file` without a page selection reads `leaf`: a column it
+/// returns or one its filter evaluates.
+fn reads(file: &OpenedFile, leaf: usize) -> bool {
+    file.projection.leaf_included(leaf)
+        || file
+            .filter
+            .as_ref()
+            .is_some_and(|(mask, _)| mask.leaf_included(leaf))
 }
 
 /// The column chunks a filtered unit's decoder will read, fetched at once, before its
@@ -132,11 +140,7 @@ pub(super) async fn fetch_filtered_unit(
     if file.entry.local_path.is_some() || unit.selection.is_some() {
         return Ok(Vec::new());
     }
-    let filter_mask = file.filter.as_ref().map(|(mask, _)| mask);
-    fetch_chunks(inner, file, unit.row_group, |leaf| {
-        file.projection.leaf_included(leaf) || filter_mask.is_some_and(|m| m.leaf_included(leaf))
-    })
-    .await
+    fetch_chunks(inner, file, unit.row_group, |leaf| reads(file, leaf)).await
 }
 
 /// Fetch the chunks of `row_group` whose leaves `wanted` includes, as planned requests at
