@@ -681,7 +681,8 @@ def read_parquet(
         waits a round trip before its first byte, so more in flight keep a slow link busy;
         how many are is measured (8 at first, deeper whenever decoding waits for data). A
         pipeline scans with fewer when their bytes would not fit a quarter of its memory
-        cap. Applies to scans without a filter.
+        cap. Not for row groups whose pages a page index pruned (their decoder reads only
+        the pages it needs).
     coalesce_gap: on an object store, fetch column chunks at most this many bytes apart in
         one request, gap included (fewer requests, more bytes). Default: only the selected
         bytes, plus gaps that add at most 1/8 to them (or 256 KiB a row group, when little

@@ -149,7 +149,8 @@ impl ParquetDatasetBuilder {
     /// none). Each request waits a round trip before its first byte: more in flight keep a
     /// slow link busy. How many are is measured: a scan starts 8 ahead and goes deeper
     /// whenever decoding waits for data, shallower while data waits for decoding. Applies
-    /// to scans without a filter or row filter; the most is counted in
+    /// to scans without a row filter, to row groups without a page selection (a filter's
+    /// columns are fetched with the returned ones); the most is counted in
     /// [`ParquetDataset::scan_window_bytes`].
     pub fn with_fetch_ahead(mut self, units: usize) -> Self {
         self.fetch_ahead = Some(units);
