@@ -24,7 +24,9 @@
 //! (a decoder given one reads only the pages it selects), scans without a row filter (one
 //! may drop a row group after its dictionary, and its data would have been fetched for
 //! nothing). A filter's own columns are fetched with the returned ones; a filtered unit
-//! not fetched ahead is fetched whole before its decoding ([`fetch_filtered_unit`]). The bytes waiting are counted in the scan's window
+//! not fetched ahead is fetched whole before its decoding ([`fetch_filtered_unit`]).
+//!
+//! The bytes waiting are counted in the scan's window
 //! ([`ParquetDataset::scan_window_bytes`](super::ParquetDataset::scan_window_bytes)), which
 //! a caller with a memory cap reserves, and can shrink by scanning with
 //! [`ParquetDataset::scan_fetching_ahead`](super::ParquetDataset::scan_fetching_ahead).
