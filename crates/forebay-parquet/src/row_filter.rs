@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
-use arrow_schema::ArrowError;
+use arrow_schema::{ArrowError, Field};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowPredicate, ArrowPredicateFn, ArrowReaderMetadata};
 use parquet::arrow::ProjectionMask;
@@ -161,6 +161,15 @@ pub(crate) struct DictionaryDecision {
     pub(crate) page: Bytes,
 }
 
+/// What deciding a row group by its dictionary takes: the filter, its column's field and
+/// leaf, and the dictionary page.
+struct ByDictionary<'a> {
+    filter: &'a Arc<dyn ScanRowFilter>,
+    field: &'a Field,
+    leaf: usize,
+    page_range: Range<u64>,
+}
+
 impl RowFilterHook {
     /// Ask the filter to decide row group `row_group` of `path` (`rows` rows read) from the
     /// values of its dictionary page (see [`ScanRowFilter::decide_by_values`]). `None` when
@@ -175,23 +184,16 @@ impl RowFilterHook {
         row_group: usize,
         rows: u64,
     ) -> Result<Option<DictionaryDecision>> {
-        // A decision covers the whole hook: not with a host's predicates, which decide nothing.
-        let (Some(filter), None) = (&self.rows, &self.arrow) else {
-            return Ok(None);
-        };
-        let [column] = filter.columns() else {
-            return Ok(None);
-        };
-        if !filter.decides_by_values() {
-            return Ok(None);
-        }
-        let Ok(field) = reader_meta.schema().field_with_name(column) else {
+        let Some(ByDictionary {
+            filter,
+            field,
+            leaf,
+            page_range,
+        }) = self.decides_by(reader_meta, row_group)
+        else {
             return Ok(None);
         };
         let metadata = reader_meta.metadata();
-        let Some((leaf, page_range)) = dictionary_page_range(metadata, row_group, column) else {
-            return Ok(None);
-        };
         let page = reader.fetch(page_range.clone()).await?;
         let chunk = metadata.row_group(row_group).column(leaf);
         let values =
@@ -213,6 +215,43 @@ impl RowFilterHook {
             page_range,
             page,
         }))
+    }
+
+    /// The dictionary page [`Self::decide_by_dictionary`] reads for `row_group`, if it reads
+    /// one: a scan fetches it before the decision takes a core.
+    pub(crate) fn dictionary_page(
+        &self,
+        reader_meta: &ArrowReaderMetadata,
+        row_group: usize,
+    ) -> Option<Range<u64>> {
+        self.decides_by(reader_meta, row_group)
+            .map(|by| by.page_range)
+    }
+
+    /// What deciding `row_group` by dictionary takes; `None` when it is not decided so.
+    fn decides_by<'a>(
+        &'a self,
+        reader_meta: &'a ArrowReaderMetadata,
+        row_group: usize,
+    ) -> Option<ByDictionary<'a>> {
+        // A decision covers the whole hook: not with a host's predicates, which decide nothing.
+        let (Some(filter), None) = (&self.rows, &self.arrow) else {
+            return None;
+        };
+        let [column] = filter.columns() else {
+            return None;
+        };
+        if !filter.decides_by_values() {
+            return None;
+        }
+        let field = reader_meta.schema().field_with_name(column).ok()?;
+        let (leaf, page_range) = dictionary_page_range(reader_meta.metadata(), row_group, column)?;
+        Some(ByDictionary {
+            filter,
+            field,
+            leaf,
+            page_range,
+        })
     }
 
     /// Every top-level column the filters read.

@@ -373,3 +373,111 @@ fn a_filtered_scan_fetches_its_units_before_they_take_a_core() {
     let chunks: u64 = files.iter().map(|f| chunk_bytes(f, &["id", "val"])).sum();
     assert_eq!(io.data_bytes, chunks, "{io:?}");
 }
+
+/// Keeps the ids `keeps` says; decides row groups by their dictionary (as a resume by id
+/// does).
+struct KeepsIds {
+    columns: Vec<String>,
+    keeps: fn(i64) -> bool,
+    decided: AtomicUsize,
+}
+
+impl forebay_parquet::ScanRowFilter for KeepsIds {
+    fn columns(&self) -> &[String] {
+        &self.columns
+    }
+    fn keep(
+        &self,
+        batch: &RecordBatch,
+    ) -> Result<arrow_array::BooleanArray, forebay_parquet::RowFilterError> {
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        Ok(ids.iter().map(|id| id.map(self.keeps)).collect())
+    }
+    fn decides_by_values(&self) -> bool {
+        true
+    }
+    fn decide_by_values(
+        &self,
+        values: &ArrayRef,
+        _rows: u64,
+    ) -> Result<forebay_parquet::RowGroupDecision, forebay_parquet::RowFilterError> {
+        use forebay_parquet::RowGroupDecision::{DropAll, KeepAll, RowByRow};
+        self.decided.fetch_add(1, Ordering::SeqCst);
+        let ids = values.as_any().downcast_ref::<Int64Array>().unwrap();
+        let kept = ids.values().iter().filter(|&&id| (self.keeps)(id)).count();
+        Ok(match kept {
+            0 => DropAll,
+            n if n == ids.len() => KeepAll,
+            _ => RowByRow,
+        })
+    }
+}
+
+#[test]
+fn a_row_filter_deciding_by_dictionary_fetches_the_page_before_it_takes_a_core() {
+    // Ids 0..400,000 in row groups of 10,000, dictionary-encoded, behind 20 ms a request.
+    let n = 400_000;
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
+    let batch = RecordBatch::try_from_iter(vec![("id", ids), ("val", int_column(n, 50))]).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(10_000))
+        .build();
+    let mut file = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let store = SlowStore::with(&[file], Duration::from_millis(20));
+    let scan = |keeps: fn(i64) -> bool| {
+        let filter = Arc::new(KeepsIds {
+            columns: vec!["id".into()],
+            keeps,
+            decided: AtomicUsize::new(0),
+        });
+        let ds = ParquetDataset::builder(store.source())
+            .with_num_threads(2)
+            .with_prefetch(4)
+            .with_row_filter(filter.clone())
+            .build()
+            .unwrap();
+        store.reset();
+        let mut got = Vec::new();
+        for batch in ds.scan().blocking_iter() {
+            let batch = batch.unwrap().batch;
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            got.extend_from_slice(ids.values());
+        }
+        assert_eq!(
+            filter.decided.load(Ordering::SeqCst),
+            40,
+            "each row group decided"
+        );
+        let mut ranges = store.ranges.lock().unwrap().clone();
+        ranges.sort_by_key(|r| r.start);
+        assert!(
+            ranges.windows(2).all(|w| w[0].end <= w[1].start),
+            "a byte fetched twice: {ranges:?}"
+        );
+        (got, store.most_in_flight.load(Ordering::SeqCst))
+    };
+    // Every row group dropped by its dictionary alone: the pages of 4 units are fetched at
+    // once, not 2 (the cores) at a time.
+    let (none, most) = scan(|_| false);
+    assert!(none.is_empty());
+    assert!(most >= 4, "{most} requests in flight at most");
+    // Every row group read row by row after its dictionary: the rest of each chunk is
+    // fetched, not the dictionary page again.
+    let (even, _) = scan(|id| id % 2 == 0);
+    assert!(
+        even == (0..n as i64).step_by(2).collect::<Vec<i64>>(),
+        "{} rows",
+        even.len()
+    );
+}

@@ -91,7 +91,20 @@ pub(super) async fn decode_unit(
     // The row filter may decide the whole row group from its dictionary page first (see
     // `ScanRowFilter::decide_by_values`): dropped unread, or read without the filter.
     let mut row_filter = inner.options.row_filter.as_ref();
+    let mut dictionary_page = None;
     if let Some(hook) = row_filter {
+        // On an object store its dictionary page is fetched before the decision takes a
+        // core (a round trip under a decode permit held the other units back).
+        dictionary_page = hook.dictionary_page(&file.reader_meta, rg);
+        if let (Some(range), None) = (dictionary_page.clone(), &file.entry.local_path) {
+            match reader.fetch(range.clone()).await {
+                Ok(bytes) => reader = reader.with_fetched(vec![(range, bytes)]),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
         let rows = unit
             .selection
             .as_ref()
@@ -160,7 +173,7 @@ pub(super) async fn decode_unit(
         let reader = if fetched_ahead {
             reader
         } else {
-            match fetch_filtered_unit(&inner, &file, &unit).await {
+            match fetch_filtered_unit(&inner, &file, &unit, dictionary_page.as_ref()).await {
                 Ok(chunks) => reader.with_fetched(chunks),
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;

@@ -110,9 +110,9 @@ pub(super) fn fetch_unit(
     unit: &Unit,
 ) -> tokio::task::JoinHandle<Result<FetchedRanges>> {
     let (inner, file, row_group) = (inner.clone(), file.clone(), unit.row_group);
-    tokio::spawn(
-        async move { fetch_chunks(&inner, &file, row_group, |leaf| reads(&file, leaf)).await },
-    )
+    tokio::spawn(async move {
+        fetch_chunks(&inner, &file, row_group, |leaf| reads(&file, leaf), None).await
+    })
 }
 
 /// Whether decoding a unit of `file` without a page selection reads `leaf`: a column it
@@ -134,24 +134,29 @@ fn reads(file: &OpenedFile, leaf: usize) -> bool {
 /// of lineitem at 80 ms took 5.7 s where polars took 0.9). Fetched here, its reads are
 /// served from memory. Without a page selection the decoder reads whole chunks anyway;
 /// with one (pages pruned), it reads only the pages it needs and is left to do so.
+///
+/// `have`: a range fetched already at the start of a chunk (the dictionary page a row
+/// filter decided by): only the rest of that chunk is fetched.
 pub(super) async fn fetch_filtered_unit(
     inner: &DatasetInner,
     file: &OpenedFile,
     unit: &Unit,
+    have: Option<&Range<u64>>,
 ) -> Result<FetchedRanges> {
     if file.entry.local_path.is_some() || unit.selection.is_some() {
         return Ok(Vec::new());
     }
-    fetch_chunks(inner, file, unit.row_group, |leaf| reads(file, leaf)).await
+    fetch_chunks(inner, file, unit.row_group, |leaf| reads(file, leaf), have).await
 }
 
 /// Fetch the chunks of `row_group` whose leaves `wanted` includes, as planned requests at
-/// once.
+/// once (of a chunk starting with `have`, the rest).
 async fn fetch_chunks(
     inner: &DatasetInner,
     file: &OpenedFile,
     row_group: usize,
     wanted: impl Fn(usize) -> bool,
+    have: Option<&Range<u64>>,
 ) -> Result<FetchedRanges> {
     let metadata = file.reader_meta.metadata().row_group(row_group);
     let ranges: Vec<Range<u64>> = metadata
@@ -161,7 +166,12 @@ async fn fetch_chunks(
         .filter(|(leaf, _)| wanted(*leaf))
         .map(|(_, column)| {
             let (start, len) = column.byte_range();
-            start..start + len
+            match have {
+                Some(have) if have.start == start && have.end < start + len => {
+                    have.end..start + len
+                }
+                _ => start..start + len,
+            }
         })
         .collect();
     let policy = inner.range_policy_for(&file.entry);
