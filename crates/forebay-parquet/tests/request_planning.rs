@@ -153,11 +153,13 @@ fn int_column(n: usize, seed: u64) -> ArrayRef {
     ))
 }
 
-fn write(columns: Vec<(&str, ArrayRef)>, row_group_rows: usize) -> Vec<u8> {
+/// A Parquet file of `columns`, row groups of `row_group_rows`, plain-encoded unless
+/// `dictionary`.
+fn write(columns: Vec<(&str, ArrayRef)>, row_group_rows: usize, dictionary: bool) -> Vec<u8> {
     let batch = RecordBatch::try_from_iter(columns).unwrap();
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(row_group_rows))
-        .set_dictionary_enabled(false)
+        .set_dictionary_enabled(dictionary)
         .build();
     let mut buf = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).unwrap();
@@ -201,6 +203,7 @@ fn two_columns_apart_fetch_little_more_than_their_own_bytes() {
             ("b", int_column(n, 2)),
         ],
         50_000,
+        false,
     );
     let selected = chunk_bytes(&file, &["a", "b"]);
     let store = SlowStore::with(&[file], Duration::ZERO);
@@ -232,7 +235,7 @@ fn two_columns_apart_fetch_little_more_than_their_own_bytes() {
 fn a_long_column_chunk_is_fetched_as_parts_at_once() {
     // One row group, one ~20 MB column chunk: at least two parts of 8 MiB.
     let n = 2_500_000;
-    let file = write(vec![("big", int_column(n, 7))], n);
+    let file = write(vec![("big", int_column(n, 7))], n, false);
     let reader = SerializedFileReader::new(Bytes::copy_from_slice(&file)).unwrap();
     let (start, len) = reader.metadata().row_group(0).column(0).byte_range();
     let chunk = start..start + len;
@@ -284,6 +287,7 @@ fn a_slow_link_gets_more_requests_in_flight_than_a_scan_starts_with() {
                     ("val", int_column(n, 20 + k)),
                 ],
                 10_000,
+                false,
             )
         })
         .collect();
@@ -328,6 +332,7 @@ fn a_filtered_scan_fetches_its_units_before_they_take_a_core() {
                     ("val", int_column(n, 40 + k)),
                 ],
                 10_000,
+                false,
             )
         })
         .collect();
@@ -422,14 +427,7 @@ fn a_row_filter_deciding_by_dictionary_fetches_the_page_before_it_takes_a_core()
     // Ids 0..400,000 in row groups of 10,000, dictionary-encoded, behind 20 ms a request.
     let n = 400_000;
     let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n as i64));
-    let batch = RecordBatch::try_from_iter(vec![("id", ids), ("val", int_column(n, 50))]).unwrap();
-    let props = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(10_000))
-        .build();
-    let mut file = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    let file = write(vec![("id", ids), ("val", int_column(n, 50))], 10_000, true);
     let store = SlowStore::with(&[file], Duration::from_millis(20));
     let scan = |keeps: fn(i64) -> bool| {
         let filter = Arc::new(KeepsIds {
