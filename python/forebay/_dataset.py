@@ -617,7 +617,9 @@ class Dataset:
         Keys: ``data_requests``, ``data_bytes`` (column-chunk reads after coalescing),
         ``footer_requests``, ``footer_bytes``, ``list_requests``, ``head_requests``,
         ``row_groups_total``, ``row_groups_pruned_by_statistics``,
-        ``row_groups_pruned_by_page_index``, ``rows_pruned_by_page_index``.
+        ``row_groups_pruned_by_page_index``, ``rows_pruned_by_page_index``,
+        ``flat_decoder_chunks`` (column chunks decoded by forebay's own decoders rather than
+        the parquet crate's).
         """
         return self._inner.metrics()
 

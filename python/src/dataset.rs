@@ -252,6 +252,7 @@ impl RsDataset {
         d.set_item("footer_bytes", m.io.footer_bytes)?;
         d.set_item("list_requests", m.io.list_requests)?;
         d.set_item("head_requests", m.io.head_requests)?;
+        d.set_item("flat_decoder_chunks", m.flat_decoder_chunks)?;
         Ok(d)
     }
 

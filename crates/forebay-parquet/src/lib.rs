@@ -22,9 +22,9 @@
 //!                       (filter columns first; the rest only for rows the Predicate
 //!                        and any ScanRowFilter keep; a ScanRowFilter may settle a whole
 //!                        row group from its dictionary page)
-//!                       (a row group read whole: flat required columns of numbers,
-//!                        dates, strings and binaries by forebay's own decoders, `flat`;
-//!                        the rest by the parquet crate)
+//!                       (a row group read whole: flat columns, required or nullable, of
+//!                        numbers, dates, decimals, strings and binaries by forebay's own
+//!                        decoders, `flat`; the rest by the parquet crate)
 //!                       (on object stores: more units' column chunks requested ahead,
 //!                        as deep as the link makes decoding wait; ranges become requests
 //!                        by `io::request_plan`: a gap only when cheaper than a request,

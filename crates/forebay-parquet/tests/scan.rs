@@ -255,9 +255,9 @@ fn only_the_first_row_group_is_cut_into_small_batches() {
     assert!(read_all(&ds).iter().all(|b| b.num_rows() == 5000));
 }
 
-/// A table of every kind of column forebay's own decoders take (required integers, a date,
-/// floats, decimals, string views) beside ones they leave to the parquet crate (nullable,
-/// plain strings).
+/// A table of kinds of column forebay's own decoders take (required integers, a date,
+/// floats, decimals, string views, a nullable integer, plain strings); the flat decoder
+/// test reads one of them as a dictionary, which they leave to the parquet crate.
 fn mixed_table(rows: usize) -> RecordBatch {
     use arrow_array::{Date32Array, Decimal128Array, Float64Array, Int32Array};
     let n = |i: usize| (i as i64).wrapping_mul(2654435761) % 5003;
@@ -351,10 +351,13 @@ fn the_flat_decoders_read_what_the_parquet_crate_reads() {
         Some(&["name", "dec", "view", "i32"]),
         // Only columns of its own: batches come from it alone.
         Some(&["date", "i64", "f64"]),
-        // None of its own.
+        // A nullable column of its own, and `name`, left to the crate (read as a dictionary).
         Some(&["nullable", "name"]),
     ];
     for columns in projections {
+        // `name` as a dictionary in the last projection: a column the crate decodes, spliced
+        // with the others.
+        let hinted = columns == Some(&["nullable", "name"]);
         for batch_size in [999, 65_536] {
             let scan = |flat: bool| {
                 let mut builder = ParquetDataset::builder(source(store.clone()))
@@ -363,6 +366,9 @@ fn the_flat_decoders_read_what_the_parquet_crate_reads() {
                 if let Some(columns) = columns {
                     builder = builder.with_columns(columns.iter().copied());
                 }
+                if hinted {
+                    builder = builder.with_dictionary_columns(["name"]);
+                }
                 let ds = builder.build().unwrap();
                 let batches = read_all(&ds);
                 (ds.schema(), batches, ds.metrics().flat_decoder_chunks)
@@ -370,15 +376,10 @@ fn the_flat_decoders_read_what_the_parquet_crate_reads() {
             let (schema, own, own_chunks) = scan(true);
             let (crate_schema, theirs, no_chunks) = scan(false);
             assert_eq!(schema, crate_schema);
-            // 3 + 4 row groups; 6 of the 8 columns are its own.
+            // 3 + 4 row groups; every column is its own, unless read as a dictionary.
             let expected_chunks = match columns {
-                None => 7 * 6,
-                Some(columns) => {
-                    7 * columns
-                        .iter()
-                        .filter(|c| !["nullable", "name"].contains(c))
-                        .count()
-                }
+                None => 7 * 8,
+                Some(columns) => 7 * (columns.len() - usize::from(hinted)),
             };
             assert_eq!(own_chunks as usize, expected_chunks, "{columns:?}");
             assert_eq!(no_chunks, 0);

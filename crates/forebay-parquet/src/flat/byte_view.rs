@@ -24,11 +24,13 @@ enum PageValues {
     /// No page open (at the start, or after one is used up).
     None,
     /// PLAIN values: `page` is the whole page (the buffer views point into), `next` the
-    /// byte where the next value's length starts, `left` the values not yet read.
+    /// byte where the next value's length starts, `left` the values not yet read, `buffer`
+    /// the page's place in the batch's buffers once the batch took a value from it.
     Plain {
         page: Bytes,
         next: usize,
         left: usize,
+        buffer: Option<u32>,
     },
     /// Dictionary indices, `left` of them not yet read.
     Indexed { left: usize },
@@ -49,20 +51,32 @@ pub(super) struct ViewDecoder {
     utf8: bool,
     dictionary: Option<Dictionary>,
     page: PageValues,
+    /// The data buffers of the batch being read: the dictionary's page first (its long
+    /// views name buffer 0), then each PLAIN page the batch reads from, added when it first
+    /// does.
+    buffers: Vec<Buffer>,
 }
 
 impl ViewDecoder {
-    pub(super) fn new(pages: FetchedPages, utf8: bool) -> Self {
+    pub(super) fn new(pages: FetchedPages, utf8: bool, nullable: bool) -> Self {
         Self {
-            cursor: PageCursor::new(pages),
+            cursor: PageCursor::new(pages, nullable),
             utf8,
             dictionary: None,
             page: PageValues::None,
+            buffers: Vec::new(),
         }
     }
+}
 
-    /// Open the next data page (reading a dictionary page first if one comes); `false` when
-    /// the chunk has no more pages.
+impl PageValueReader for ViewDecoder {
+    /// A null row's view is 0: an empty value.
+    type Value = u128;
+
+    fn cursor(&mut self) -> &mut PageCursor {
+        &mut self.cursor
+    }
+
     fn open_page(&mut self) -> Result<bool, String> {
         self.page = PageValues::None;
         loop {
@@ -87,6 +101,7 @@ impl ViewDecoder {
                         page: values,
                         next: 0,
                         left: count,
+                        buffer: None,
                     };
                     return Ok(true);
                 }
@@ -97,87 +112,80 @@ impl ViewDecoder {
             }
         }
     }
+
+    fn read_values(&mut self, want: usize, views: &mut Vec<u128>) -> Result<usize, String> {
+        match &mut self.page {
+            PageValues::None => Ok(0),
+            PageValues::Plain {
+                page,
+                next,
+                left,
+                buffer,
+            } => {
+                let n = want.min(*left);
+                if n > 0 {
+                    let index = *buffer.get_or_insert_with(|| {
+                        self.buffers.push(Buffer::from(page.clone()));
+                        self.buffers.len() as u32 - 1
+                    });
+                    *next = plain_views(page, *next, n, index, self.utf8, views)?;
+                    *left -= n;
+                }
+                Ok(n)
+            }
+            PageValues::Indexed { left } => {
+                let dictionary = self.dictionary.as_ref().expect("checked at open");
+                let indices = self.cursor.indices();
+                gather(indices, &dictionary.views, want, left, views, |v| v)
+            }
+        }
+    }
 }
 
 impl FlatDecoder for ViewDecoder {
     fn next_array(&mut self, rows: usize) -> Result<ArrayRef, String> {
         let mut views: Vec<u128> = Vec::with_capacity(rows);
-        if matches!(self.page, PageValues::None) {
+        if self.cursor.rows_left() == 0 {
             // Reads the dictionary page first, if the chunk has one and this is its first
-            // batch. (At the chunk's end the loop below reports the missing values.)
+            // batch. (At the chunk's end `read_rows` reports the missing rows.)
             self.open_page()?;
         }
-        // The batch's data buffers: the dictionary's page first (its long views name buffer
-        // 0), then each PLAIN page the batch reads from, added when it first does.
-        let mut buffers: Vec<Buffer> = Vec::new();
+        self.buffers.clear();
+        if let PageValues::Plain { buffer, .. } = &mut self.page {
+            *buffer = None; // a buffer of the batch before
+        }
         if let Some(dictionary) = &self.dictionary {
             if dictionary.points_into_page {
-                buffers.push(dictionary.page.clone());
+                self.buffers.push(dictionary.page.clone());
             }
         }
-        let mut plain_buffer: Option<u32> = None;
-        while views.len() < rows {
-            let want = rows - views.len();
-            let read = match &mut self.page {
-                PageValues::None => 0,
-                PageValues::Plain { page, next, left } => {
-                    let n = want.min(*left);
-                    if n > 0 {
-                        let index = *plain_buffer.get_or_insert_with(|| {
-                            buffers.push(Buffer::from(page.clone()));
-                            buffers.len() as u32 - 1
-                        });
-                        *next = plain_views(page, *next, n, index, self.utf8, &mut views)?;
-                        *left -= n;
-                    }
-                    if *left == 0 {
-                        self.page = PageValues::None;
-                        plain_buffer = None;
-                    }
-                    n
-                }
-                PageValues::Indexed { left } => {
-                    let dictionary = self.dictionary.as_ref().expect("checked at open");
-                    let indices = self.cursor.indices();
-                    let read = gather(indices, &dictionary.views, want, left, &mut views, |v| v)?;
-                    if *left == 0 {
-                        self.page = PageValues::None;
-                    }
-                    read
-                }
-            };
-            if read == 0 && matches!(self.page, PageValues::None) && !self.open_page()? {
-                return Err(format!(
-                    "the chunk's pages end after {} of the {rows} values of a batch",
-                    views.len()
-                ));
-            }
-        }
+        let nulls = read_rows(self, rows, &mut views)?;
         let views = ScalarBuffer::from(views);
-        let buffers: Arc<[Buffer]> = buffers.into();
+        let buffers: Arc<[Buffer]> = std::mem::take(&mut self.buffers).into();
         // SAFETY: every view was made here by `make_view` over a value that lies within the
         // buffer it names: a long view's buffer index is the place, in `buffers`, of the page
         // it was read from (a PLAIN page, or the dictionary's page, always buffer 0 when it
         // has long entries: the dictionary page comes before any data page, so it is known
         // when a batch starts), its offset is the value's start in that page, and
-        // `plain_views` checked the value's end against the page's length. For strings
-        // every value was checked to be UTF-8 (a dictionary's once, when it was read).
+        // `plain_views` checked the value's end against the page's length. A null row's view
+        // is 0, an empty inline value. For strings every value was checked to be UTF-8 (a
+        // dictionary's once, when it was read).
         let array: ArrayRef = if self.utf8 {
-            Arc::new(unsafe { StringViewArray::new_unchecked(views, buffers, None) })
+            Arc::new(unsafe { StringViewArray::new_unchecked(views, buffers, nulls) })
         } else {
-            Arc::new(unsafe { BinaryViewArray::new_unchecked(views, buffers, None) })
+            Arc::new(unsafe { BinaryViewArray::new_unchecked(views, buffers, nulls) })
         };
         Ok(array)
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        // Pages of no values may follow the last value; any value is one too many.
+        // Pages of no rows may follow the last row; any row or value is one too many.
         loop {
             let values_left = matches!(
                 self.page,
                 PageValues::Plain { left, .. } | PageValues::Indexed { left } if left > 0
             );
-            if values_left {
+            if values_left || self.cursor.rows_left() > 0 {
                 return Err("the chunk's pages hold more values than the row group's rows".into());
             }
             if !self.open_page()? {

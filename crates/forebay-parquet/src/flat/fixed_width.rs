@@ -1,6 +1,8 @@
-//! Integers, dates, floats and decimals (INT32/INT64/FLOAT/DOUBLE): values are gathered
-//! from the dictionary page as it stores them, or read from a PLAIN page, and converted to
-//! the output type (a decimal's i64 → i128 too) straight into the output buffer.
+//! Integers, dates, floats and decimals (INT32/INT64/FLOAT/DOUBLE, and decimals as
+//! FIXED_LEN_BYTE_ARRAY of up to 16 bytes, as pyarrow writes them): values are gathered from
+//! the dictionary page as it stores them, or read from a PLAIN page, and converted to the
+//! output type (a decimal's i64 or big-endian bytes → i128 too) straight into the output
+//! buffer.
 
 use arrow_array::types::{
     ArrowPrimitiveType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
@@ -24,10 +26,16 @@ pub(crate) enum FixedWidthType {
         physical: PhysicalType,
         data_type: DataType,
     },
+    /// FIXED_LEN_BYTE_ARRAY of `width` (1 to 16) bytes, big-endian two's complement, as
+    /// `Decimal128(precision, scale)`, sign-extended.
+    FixedBytesDecimal128 {
+        width: usize,
+        data_type: DataType,
+    },
 }
 
 impl FixedWidthType {
-    /// The type to decode a flat required column of `physical` type as, when the scan
+    /// The type to decode a flat column of `physical` type as, when the scan
     /// decodes it as `data_type`.
     pub(super) fn of(physical: PhysicalType, data_type: &DataType) -> Option<Self> {
         match (physical, data_type) {
@@ -46,10 +54,53 @@ impl FixedWidthType {
             _ => None,
         }
     }
+
+    /// A decimal stored as FIXED_LEN_BYTE_ARRAY of `width` bytes, decoded as `data_type`.
+    pub(super) fn fixed_bytes(width: i32, data_type: &DataType) -> Option<Self> {
+        match data_type {
+            DataType::Decimal128(..) if (1..=16).contains(&width) => {
+                Some(Self::FixedBytesDecimal128 {
+                    width: width as usize,
+                    data_type: data_type.clone(),
+                })
+            }
+            _ => None,
+        }
+    }
 }
 
-/// A decoder of `pages` as `ty`.
-pub(super) fn decoder(ty: &FixedWidthType, pages: FetchedPages) -> Box<dyn FlatDecoder> {
+/// A decimal stored in `W` big-endian bytes, as an i128.
+#[derive(Clone, Copy)]
+struct BigEndianDecimal<const W: usize>(i128);
+
+impl<const W: usize> From<BigEndianDecimal<W>> for i128 {
+    fn from(value: BigEndianDecimal<W>) -> i128 {
+        value.0
+    }
+}
+
+impl<const W: usize> PlainValue for BigEndianDecimal<W> {
+    type Le = [u8; W];
+    const WIDTH: usize = W;
+    fn stored(bytes: &[u8]) -> &[[u8; W]] {
+        bytes.as_chunks().0
+    }
+    /// (Big-endian, despite the name: the stored bytes, sign-extended.)
+    fn from_le(stored: [u8; W]) -> Self {
+        let negative = stored.first().is_some_and(|&b| b & 0x80 != 0);
+        let mut wide = [if negative { 0xff } else { 0 }; 16];
+        wide[16 - W..].copy_from_slice(&stored);
+        BigEndianDecimal(i128::from_be_bytes(wide))
+    }
+}
+
+/// A decoder of `pages` as `ty` (with definition levels when `nullable`).
+pub(super) fn decoder(
+    ty: &FixedWidthType,
+    pages: FetchedPages,
+    nullable: bool,
+) -> Box<dyn FlatDecoder> {
+    let pages = PageCursor::new(pages, nullable);
     match ty {
         FixedWidthType::Int32(data_type) if *data_type == DataType::Date32 => Box::new(
             ChunkDecoder::<i32, Date32Type>::new(pages, data_type.clone()),
@@ -79,6 +130,20 @@ pub(super) fn decoder(ty: &FixedWidthType, pages: FetchedPages) -> Box<dyn FlatD
         FixedWidthType::Decimal128 { data_type, .. } => Box::new(
             ChunkDecoder::<i64, Decimal128Type>::new(pages, data_type.clone()),
         ),
+        FixedWidthType::FixedBytesDecimal128 { width, data_type } => {
+            macro_rules! by_width {
+                ($($w:literal)*) => {
+                    match width {
+                        $($w => Box::new(ChunkDecoder::<BigEndianDecimal<$w>, Decimal128Type>::new(
+                            pages,
+                            data_type.clone(),
+                        )),)*
+                        _ => unreachable!("widths outside 1..=16 are not taken (`fixed_bytes`)"),
+                    }
+                };
+            }
+            by_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+        }
     }
 }
 
@@ -146,9 +211,9 @@ where
     A: ArrowPrimitiveType,
     A::Native: From<P>,
 {
-    fn new(pages: FetchedPages, data_type: DataType) -> Self {
+    fn new(cursor: PageCursor, data_type: DataType) -> Self {
         Self {
-            cursor: PageCursor::new(pages),
+            cursor,
             data_type,
             dictionary: None,
             page: PageValues::None,
@@ -156,8 +221,31 @@ where
         }
     }
 
-    /// Open the next data page (reading a dictionary page first if one comes); `false` when
-    /// the chunk has no more pages.
+    /// The bytes of `page`'s `count` stored values; an error when it holds fewer.
+    fn values_of(page: &str, values: Bytes, count: usize) -> Result<Bytes, String> {
+        let bytes = count * P::WIDTH;
+        if values.len() < bytes {
+            return Err(format!(
+                "{page} of {count} values holds {} bytes",
+                values.len()
+            ));
+        }
+        Ok(values.slice(..bytes))
+    }
+}
+
+impl<P, A> PageValueReader for ChunkDecoder<P, A>
+where
+    P: PlainValue,
+    A: ArrowPrimitiveType,
+    A::Native: From<P>,
+{
+    type Value = A::Native;
+
+    fn cursor(&mut self) -> &mut PageCursor {
+        &mut self.cursor
+    }
+
     fn open_page(&mut self) -> Result<bool, String> {
         self.page = PageValues::None;
         loop {
@@ -178,41 +266,21 @@ where
         }
     }
 
-    /// The bytes of `page`'s `count` stored values; an error when it holds fewer.
-    fn values_of(page: &str, values: Bytes, count: usize) -> Result<Bytes, String> {
-        let bytes = count * P::WIDTH;
-        if values.len() < bytes {
-            return Err(format!(
-                "{page} of {count} values holds {} bytes",
-                values.len()
-            ));
-        }
-        Ok(values.slice(..bytes))
-    }
-
-    /// Append up to `want` values of the open page to `out`; how many.
-    fn read_page(&mut self, want: usize, out: &mut Vec<A::Native>) -> Result<usize, String> {
+    fn read_values(&mut self, want: usize, out: &mut Vec<A::Native>) -> Result<usize, String> {
         match &mut self.page {
             PageValues::None => Ok(0),
             PageValues::Plain(bytes) => {
                 let n = want.min(bytes.len() / P::WIDTH);
                 P::extend_converted(&bytes[..n * P::WIDTH], out);
                 *bytes = bytes.slice(n * P::WIDTH..);
-                if bytes.is_empty() {
-                    self.page = PageValues::None;
-                }
                 Ok(n)
             }
             PageValues::Indexed { left } => {
                 let dictionary = P::stored(self.dictionary.as_deref().expect("checked at open"));
                 let indices = self.cursor.indices();
-                let read = gather(indices, dictionary, want, left, out, |le| {
+                gather(indices, dictionary, want, left, out, |le| {
                     A::Native::from(P::from_le(le))
-                })?;
-                if *left == 0 {
-                    self.page = PageValues::None;
-                }
-                Ok(read)
+                })
             }
         }
     }
@@ -226,29 +294,21 @@ where
 {
     fn next_array(&mut self, rows: usize) -> Result<ArrayRef, String> {
         let mut values = Vec::with_capacity(rows);
-        while values.len() < rows {
-            let read = self.read_page(rows - values.len(), &mut values)?;
-            if read == 0 && matches!(self.page, PageValues::None) && !self.open_page()? {
-                return Err(format!(
-                    "the chunk's pages end after {} of the {rows} values of a batch",
-                    values.len()
-                ));
-            }
-        }
+        let nulls = read_rows(self, rows, &mut values)?;
         let array =
-            PrimitiveArray::<A>::new(values.into(), None).with_data_type(self.data_type.clone());
+            PrimitiveArray::<A>::new(values.into(), nulls).with_data_type(self.data_type.clone());
         Ok(Arc::new(array))
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        // Pages of no values may follow the last value; any value is one too many.
+        // Pages of no rows may follow the last row; any row or value is one too many.
         loop {
             let values_left = match &self.page {
                 PageValues::None => false,
                 PageValues::Plain(bytes) => !bytes.is_empty(),
                 PageValues::Indexed { left } => *left > 0,
             };
-            if values_left {
+            if values_left || self.cursor.rows_left() > 0 {
                 return Err("the chunk's pages hold more values than the row group's rows".into());
             }
             if !self.open_page()? {

@@ -1,6 +1,7 @@
-//! Decoders of our own for flat, required columns: integers, dates, floats and decimals
-//! (`fixed_width`), strings and binaries as views (`byte_view`), PLAIN or
-//! dictionary-encoded.
+//! Decoders of our own for flat columns, required or nullable: integers, dates, floats and
+//! decimals (`fixed_width`), strings and binaries as views (`byte_view`) or with offsets
+//! (`byte_offsets`), PLAIN or dictionary-encoded; a nullable column's definition levels are
+//! read by `levels`.
 //!
 //! ```text
 //!  column chunk bytes ──► FetchedPages (pages; Snappy ones decompressed into recycled
@@ -23,12 +24,14 @@
 //! uninitialised capacity.
 //!
 //! Only what this reads with certainty is taken ([`FlatType::of`], [`chunk_is_supported`]);
-//! anything else (nulls, nesting, other encodings, row selections) stays with the parquet
-//! crate, and the scan splices the two column by column.
+//! anything else (nesting, other encodings, row selections) stays with the parquet crate,
+//! and the scan splices the two column by column.
 
+mod byte_offsets;
 mod byte_view;
 mod fixed_width;
 mod hybrid;
+mod levels;
 
 use std::sync::Arc;
 
@@ -43,6 +46,7 @@ use parquet::schema::types::ColumnDescriptor;
 use crate::pages::{FetchedPages, PageBuffers};
 pub(crate) use fixed_width::FixedWidthType;
 use hybrid::{HybridIndices, Indices, BLOCK};
+use levels::{BatchNulls, PageRows, TakenRows};
 
 /// The columns these decoders read: a Parquet physical type and the Arrow type the scan
 /// gives it.
@@ -53,14 +57,17 @@ pub(crate) enum FlatType {
     ByteView {
         utf8: bool,
     },
+    /// BYTE_ARRAY as Utf8 (`utf8`: checked to be UTF-8) or Binary, 32-bit offsets.
+    ByteOffsets {
+        utf8: bool,
+    },
 }
 
 impl FlatType {
     /// The type to decode `leaf` as, when the scan decodes it as `data_type` and this module
-    /// reads it: a top-level required column of a supported type.
+    /// reads it: a top-level column (required or nullable) of a supported type.
     pub(crate) fn of(leaf: &ColumnDescriptor, data_type: &DataType) -> Option<Self> {
-        if leaf.max_def_level() != 0 || leaf.max_rep_level() != 0 || leaf.path().parts().len() != 1
-        {
+        if leaf.max_def_level() > 1 || leaf.max_rep_level() != 0 || leaf.path().parts().len() != 1 {
             return None;
         }
         match (leaf.physical_type(), data_type) {
@@ -68,26 +75,33 @@ impl FlatType {
             (PhysicalType::BYTE_ARRAY, DataType::BinaryView) => {
                 Some(Self::ByteView { utf8: false })
             }
+            (PhysicalType::BYTE_ARRAY, DataType::Utf8) => Some(Self::ByteOffsets { utf8: true }),
+            (PhysicalType::FIXED_LEN_BYTE_ARRAY, data_type) => {
+                FixedWidthType::fixed_bytes(leaf.type_length(), data_type).map(Self::FixedWidth)
+            }
+            (PhysicalType::BYTE_ARRAY, DataType::Binary) => Some(Self::ByteOffsets { utf8: false }),
             (physical, data_type) => FixedWidthType::of(physical, data_type).map(Self::FixedWidth),
         }
     }
 }
 
 /// Whether `chunk`'s footer promises pages this module reads: PLAIN or dictionary-encoded
-/// data pages, from any codec. A page that breaks the promise is reported as corrupt.
+/// data pages, from any codec, and for a nullable column definition levels in RLE. A page
+/// that breaks the promise is reported as corrupt.
 // BIT_PACKED is deprecated as a data encoding, yet writers still list it for levels.
 #[allow(deprecated)]
 pub(crate) fn chunk_is_supported(chunk: &ColumnChunkMetaData) -> bool {
-    let supported = |e: Encoding| {
-        matches!(
-            e,
-            Encoding::PLAIN
-                | Encoding::PLAIN_DICTIONARY
-                | Encoding::RLE_DICTIONARY
-                // Level encodings listed by some writers for every column.
-                | Encoding::RLE
-                | Encoding::BIT_PACKED
-        )
+    let nullable = chunk.column_descr().max_def_level() > 0;
+    let supported = |e: Encoding| match e {
+        Encoding::PLAIN
+        | Encoding::PLAIN_DICTIONARY
+        | Encoding::RLE_DICTIONARY
+        // Level encodings listed by some writers for every column.
+        | Encoding::RLE => true,
+        // Listed for a required column's (absent) levels by some writers; a nullable
+        // column's levels in it are read by the parquet crate.
+        Encoding::BIT_PACKED => !nullable,
+        _ => false,
     };
     match chunk.page_encoding_stats_mask() {
         Some(mask) => mask.encodings().all(supported),
@@ -117,9 +131,15 @@ pub(crate) fn decoder(
     buffers: &Arc<PageBuffers>,
 ) -> Result<Box<dyn FlatDecoder>, String> {
     let pages = FetchedPages::new(chunk, start, bytes, rows, buffers).map_err(|e| e.to_string())?;
+    let nullable = chunk.column_descr().max_def_level() > 0;
     Ok(match ty {
-        FlatType::FixedWidth(ty) => fixed_width::decoder(ty, pages),
-        FlatType::ByteView { utf8 } => Box::new(byte_view::ViewDecoder::new(pages, *utf8)),
+        FlatType::FixedWidth(ty) => fixed_width::decoder(ty, pages, nullable),
+        FlatType::ByteView { utf8 } => {
+            Box::new(byte_view::ViewDecoder::new(pages, *utf8, nullable))
+        }
+        FlatType::ByteOffsets { utf8 } => {
+            Box::new(byte_offsets::OffsetDecoder::new(pages, *utf8, nullable))
+        }
     })
 }
 
@@ -134,31 +154,41 @@ enum NextPage {
 }
 
 /// A chunk's pages as both decoders walk them, with the reader of the open page's indices
-/// (kept, with its buffer, from page to page).
+/// (kept, with its buffer, from page to page) and the open page's rows.
 struct PageCursor {
     pages: FetchedPages,
+    /// The column is nullable: its data pages have definition levels.
+    nullable: bool,
     indices: Option<HybridIndices>,
+    /// The open data page's rows (none before the first).
+    rows: PageRows,
     /// A data page was opened.
     data_pages_seen: bool,
 }
 
 impl PageCursor {
-    fn new(pages: FetchedPages) -> Self {
+    fn new(pages: FetchedPages, nullable: bool) -> Self {
         Self {
             pages,
+            nullable,
             indices: None,
+            rows: PageRows::default(),
             data_pages_seen: false,
         }
     }
 
     /// The next page, or `None` after the last. The previous page's bytes are let go of
     /// first (so that their buffer can be reused). `has_dictionary`: the decoder holds the
-    /// chunk's dictionary (a second one, or indices without one, are errors).
+    /// chunk's dictionary (a second one, or indices without one, are errors). A data page's
+    /// `count` is the values it holds (its rows that are not null).
     fn next(&mut self, has_dictionary: bool) -> Result<Option<NextPage>, String> {
         if let Some(indices) = &mut self.indices {
             indices.release();
         }
-        let next = match read_page(&mut self.pages)? {
+        if self.rows.left() > 0 {
+            return Err("a page was left before all its rows were read".into());
+        }
+        let next = match read_page(&mut self.pages, self.nullable)? {
             None => None,
             Some(RawPage::Dictionary { .. }) if has_dictionary => {
                 return Err("the chunk has a second dictionary page".into())
@@ -166,15 +196,25 @@ impl PageCursor {
             Some(RawPage::Dictionary { values, count }) => {
                 Some(NextPage::Dictionary { values, count })
             }
-            Some(RawPage::Plain { values, count }) => {
+            Some(RawPage::Plain {
+                values,
+                count,
+                rows,
+            }) => {
                 self.data_pages_seen = true;
+                self.rows = rows;
                 Some(NextPage::Plain { values, count })
             }
             Some(RawPage::Indexed { .. }) if !has_dictionary => {
                 return Err("a dictionary-encoded page comes before any dictionary".into())
             }
-            Some(RawPage::Indexed { indices, count }) => {
+            Some(RawPage::Indexed {
+                indices,
+                count,
+                rows,
+            }) => {
                 self.data_pages_seen = true;
+                self.rows = rows;
                 HybridIndices::open(&mut self.indices, indices)?;
                 Some(NextPage::Indexed { count })
             }
@@ -186,13 +226,36 @@ impl PageCursor {
     fn indices(&mut self) -> &mut HybridIndices {
         self.indices.as_mut().expect("an indexed page is open")
     }
+
+    /// Rows of the open data page not read yet.
+    fn rows_left(&self) -> usize {
+        self.rows.left()
+    }
+
+    /// The open page's next `max` rows at most, their validity added to `nulls`.
+    fn take_rows(&mut self, max: usize, nulls: &mut BatchNulls) -> TakenRows {
+        let taken = self.rows.take(max);
+        nulls.push(taken.rows, taken.validity.as_ref());
+        taken
+    }
 }
 
 /// A page as read from the chunk.
 enum RawPage {
-    Dictionary { values: Bytes, count: usize },
-    Plain { values: Bytes, count: usize },
-    Indexed { indices: IndexedPage, count: usize },
+    Dictionary {
+        values: Bytes,
+        count: usize,
+    },
+    Plain {
+        values: Bytes,
+        count: usize,
+        rows: PageRows,
+    },
+    Indexed {
+        indices: IndexedPage,
+        count: usize,
+        rows: PageRows,
+    },
 }
 
 /// A dictionary-encoded page's indices: their bit width and their runs.
@@ -201,14 +264,14 @@ struct IndexedPage {
     runs: Bytes,
 }
 
-/// The chunk's next page (data pages of either version, without their levels: a required
-/// flat column has none), or `None` after the last.
-fn read_page(pages: &mut FetchedPages) -> Result<Option<RawPage>, String> {
+/// The chunk's next page (data pages of either version: their values, and their rows from
+/// the definition levels of a `nullable` column), or `None` after the last.
+fn read_page(pages: &mut FetchedPages, nullable: bool) -> Result<Option<RawPage>, String> {
     loop {
         let Some(page) = pages.get_next_page().map_err(|e| e.to_string())? else {
             return Ok(None);
         };
-        let (buf, num_values, encoding, levels) = match page {
+        let (values, encoding, (rows, count)) = match page {
             Page::DictionaryPage {
                 buf,
                 num_values,
@@ -227,8 +290,30 @@ fn read_page(pages: &mut FetchedPages) -> Result<Option<RawPage>, String> {
                 buf,
                 num_values,
                 encoding,
+                def_level_encoding,
                 ..
-            } => (buf, num_values, encoding, 0),
+            } => {
+                let rows = num_values as usize;
+                if !nullable {
+                    (buf, encoding, (PageRows::all_valid(rows), rows))
+                } else {
+                    if def_level_encoding != Encoding::RLE {
+                        return Err(format!(
+                            "a data page's definition levels are encoded as \
+                             {def_level_encoding}, which the footer does not list"
+                        ));
+                    }
+                    // [length: 4 bytes, little-endian][levels][values]
+                    let length = buf
+                        .get(..4)
+                        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+                        .filter(|&length| length <= buf.len() - 4)
+                        .ok_or("a data page is shorter than its definition levels")?;
+                    let levels = buf.slice(4..4 + length);
+                    let values = buf.slice(4 + length..);
+                    (values, encoding, PageRows::from_levels(rows, levels)?)
+                }
+            }
             Page::DataPageV2 {
                 buf,
                 num_values,
@@ -238,30 +323,52 @@ fn read_page(pages: &mut FetchedPages) -> Result<Option<RawPage>, String> {
                 rep_levels_byte_len,
                 ..
             } => {
-                if num_nulls != 0 {
-                    return Err(format!(
-                        "a page of this required column counts {num_nulls} nulls"
-                    ));
+                let rows = num_values as usize;
+                let (rep, def) = (rep_levels_byte_len as usize, def_levels_byte_len as usize);
+                if buf.len() < rep + def {
+                    return Err("a data page is shorter than its levels".into());
                 }
-                (
-                    buf,
-                    num_values,
-                    encoding,
-                    (def_levels_byte_len + rep_levels_byte_len) as usize,
-                )
+                let values = buf.slice(rep + def..);
+                let rows = match (nullable, num_nulls) {
+                    (_, 0) => (PageRows::all_valid(rows), rows),
+                    (false, nulls) => {
+                        return Err(format!(
+                            "a page of this required column counts {nulls} nulls"
+                        ))
+                    }
+                    (true, nulls) => {
+                        let decoded = PageRows::from_levels(rows, buf.slice(rep..rep + def))?;
+                        if decoded.1 + nulls as usize != rows {
+                            return Err(format!(
+                                "a data page counts {nulls} nulls in its header and {} in \
+                                 its definition levels",
+                                rows - decoded.1
+                            ));
+                        }
+                        decoded
+                    }
+                };
+                (values, encoding, rows)
             }
         };
-        if buf.len() < levels {
-            return Err("a data page is shorter than its levels".into());
-        }
-        let values = buf.slice(levels..);
-        let count = num_values as usize;
         return match encoding {
-            Encoding::PLAIN => Ok(Some(RawPage::Plain { values, count })),
+            Encoding::PLAIN => Ok(Some(RawPage::Plain {
+                values,
+                count,
+                rows,
+            })),
             Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
                 let Some(&width) = values.first() else {
                     if count == 0 {
-                        continue;
+                        if rows.left() == 0 {
+                            continue;
+                        }
+                        // Only nulls: no indices, not even their width.
+                        return Ok(Some(RawPage::Plain {
+                            values,
+                            count,
+                            rows,
+                        }));
                     }
                     return Err("a dictionary-encoded page is empty".into());
                 };
@@ -271,6 +378,7 @@ fn read_page(pages: &mut FetchedPages) -> Result<Option<RawPage>, String> {
                         runs: values.slice(1..),
                     },
                     count,
+                    rows,
                 }))
             }
             other => Err(format!(
@@ -278,6 +386,56 @@ fn read_page(pages: &mut FetchedPages) -> Result<Option<RawPage>, String> {
             )),
         };
     }
+}
+
+/// What [`read_rows`] needs of a decoder: its pages, and its values page by page.
+trait PageValueReader {
+    /// A value as the output array holds it (a null row holds `default()`).
+    type Value: Copy + Default;
+
+    fn cursor(&mut self) -> &mut PageCursor;
+
+    /// Open the next data page (reading a dictionary page first if one comes); `false`
+    /// when the chunk has no more pages.
+    fn open_page(&mut self) -> Result<bool, String>;
+
+    /// Append up to `want` values of the open page to `out`; how many (0: it has none left).
+    fn read_values(&mut self, want: usize, out: &mut Vec<Self::Value>) -> Result<usize, String>;
+}
+
+/// Append `rows` rows' values to `values`, page after page, a null row's as
+/// `Value::default()`; returns their validity (`None` when no row is null).
+fn read_rows<R: PageValueReader>(
+    reader: &mut R,
+    rows: usize,
+    values: &mut Vec<R::Value>,
+) -> Result<Option<arrow_buffer::NullBuffer>, String> {
+    let mut nulls = BatchNulls::new(rows);
+    while nulls.rows() < rows {
+        if reader.cursor().rows_left() == 0 {
+            if !reader.open_page()? {
+                return Err(format!(
+                    "the chunk's pages end after {} of the {rows} values of a batch",
+                    nulls.rows()
+                ));
+            }
+            continue;
+        }
+        let taken = reader.cursor().take_rows(rows - nulls.rows(), &mut nulls);
+        let start = values.len();
+        let mut read = 0;
+        while read < taken.values {
+            let n = reader.read_values(taken.values - read, values)?;
+            if n == 0 {
+                return Err("a data page holds fewer values than its rows".into());
+            }
+            read += n;
+        }
+        if let Some(validity) = &taken.validity {
+            levels::spread(values, start, validity);
+        }
+    }
+    Ok(nulls.finish())
 }
 
 /// Append up to `want` values of a dictionary-encoded page (`left` indices not yet read)

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use arrow_array::{
-    Array, ArrayRef, BinaryViewArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
-    Int32Array, Int64Array, RecordBatch, StringViewArray,
+    Array, ArrayRef, BinaryArray, BinaryViewArray, Date32Array, Decimal128Array, Float32Array,
+    Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, StringViewArray,
 };
 use arrow_schema::{Field, Schema};
 use arrow_select::concat::concat;
@@ -51,6 +51,12 @@ fn columns(rows: usize, distinct: u64) -> Vec<ArrayRef> {
             bytes.push(0xff); // not UTF-8
             bytes
         }))),
+        Arc::new(StringArray::from_iter_values(n().map(text))),
+        Arc::new(BinaryArray::from_iter_values(n().map(|v| {
+            let mut bytes = text(v).into_bytes();
+            bytes.insert(0, 0xc3); // not UTF-8
+            bytes
+        }))),
         Arc::new(Int32Array::from_iter_values(n().map(|v| v as i32))),
         Arc::new(Date32Array::from_iter_values(n().map(|v| v as i32))),
         Arc::new(Int64Array::from_iter_values(n().map(|v| v * 1_000_003))),
@@ -66,11 +72,55 @@ fn columns(rows: usize, distinct: u64) -> Vec<ArrayRef> {
                 .with_precision_and_scale(18, 4)
                 .unwrap(),
         ),
+        // Stored as FIXED_LEN_BYTE_ARRAY of 11 and 16 bytes.
+        Arc::new(
+            Decimal128Array::from_iter_values(n().map(|v| v as i128 * 1_000_000_000_007))
+                .with_precision_and_scale(25, 3)
+                .unwrap(),
+        ),
+        Arc::new(
+            Decimal128Array::from_iter_values(n().map(|v| v as i128 * (i128::MAX / (1 << 40))))
+                .with_precision_and_scale(38, 0)
+                .unwrap(),
+        ),
     ]
 }
 
+/// `column` with the rows `null(row)` made null.
+fn with_nulls(column: &ArrayRef, null: impl Fn(usize) -> bool) -> ArrayRef {
+    let validity = arrow_buffer::NullBuffer::from_iter((0..column.len()).map(|row| !null(row)));
+    let data = column.to_data().into_builder().nulls(Some(validity));
+    arrow_array::make_array(data.build().unwrap())
+}
+
+/// Whether a row is null.
+type NullAt = fn(usize) -> bool;
+
+/// Where nulls fall in the nullable cases: nowhere (a nullable column without nulls),
+/// scattered, in long runs (pages of nulls only, and of no null), everywhere.
+fn null_patterns() -> Vec<(&'static str, NullAt)> {
+    vec![
+        ("no nulls", |_| false),
+        ("every 7th null", |row| row % 7 == 3),
+        ("runs of nulls", |row| {
+            (1_000..9_000).contains(&(row % 30_000)) || row % 3 == 0 && row > 60_000
+        }),
+        ("all null", |_| true),
+    ]
+}
+
+/// Column `c` in a file; nullable (OPTIONAL) when it has nulls.
 fn write(column: ArrayRef, props: WriterProperties) -> (Bytes, Arc<ParquetMetaData>) {
-    let schema = Schema::new(vec![Field::new("c", column.data_type().clone(), false)]);
+    write_as(column, props, false)
+}
+
+fn write_as(
+    column: ArrayRef,
+    props: WriterProperties,
+    nullable: bool,
+) -> (Bytes, Arc<ParquetMetaData>) {
+    let nullable = nullable || column.null_count() > 0;
+    let schema = Schema::new(vec![Field::new("c", column.data_type().clone(), nullable)]);
     let batch = RecordBatch::try_new(Arc::new(schema), vec![column]).unwrap();
     let bytes = parquet_bytes(&batch, props);
     let metadata = metadata_of(&bytes);
@@ -189,6 +239,35 @@ fn every_layout_decodes_as_the_parquet_crate_does() {
 }
 
 #[test]
+fn nullable_columns_decode_as_the_parquet_crate_does() {
+    for (pattern, null) in null_patterns() {
+        for distinct in [1, 300, 1 << 40] {
+            for column in columns(70_001, distinct) {
+                let column = with_nulls(&column, null);
+                for (layout, props) in layouts() {
+                    let (bytes, metadata) = write_as(column.clone(), props, true);
+                    let leaf = metadata.row_group(0).column(0).column_descr();
+                    assert_eq!(leaf.max_def_level(), 1);
+                    let expected = crate_reading(&bytes);
+                    assert_eq!(expected.null_count(), column.null_count());
+                    for batch in [999, 65_536] {
+                        let context = format!(
+                            "{} with {distinct} values, {pattern}, {layout}, batches of {batch}",
+                            column.data_type()
+                        );
+                        let actual = own_reading(&bytes, &metadata, batch)
+                            .unwrap_or_else(|e| panic!("{context}: {e}"));
+                        assert_eq!(actual.data_type(), expected.data_type(), "{context}");
+                        assert_eq!(actual.null_count(), expected.null_count(), "{context}");
+                        assert_eq!(&actual, &expected, "{context}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn types_outside_its_reach_are_left_to_the_parquet_crate() {
     let (_, metadata) = write(
         Arc::new(Int64Array::from_iter_values(0..10)),
@@ -200,7 +279,8 @@ fn types_outside_its_reach_are_left_to_the_parquet_crate() {
     assert!(FlatType::of(leaf, &DataType::UInt64).is_none());
     let hinted = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Int64));
     assert!(FlatType::of(leaf, &hinted).is_none());
-    // A nullable column.
+    // A nullable column is taken; one inside a nullable struct (two definition levels) is
+    // not.
     let batch = RecordBatch::try_from_iter([(
         "c",
         Arc::new(Int64Array::from(vec![Some(1), None])) as ArrayRef,
@@ -208,6 +288,16 @@ fn types_outside_its_reach_are_left_to_the_parquet_crate() {
     .unwrap();
     let nullable = metadata_of(&parquet_bytes(&batch, WriterProperties::builder().build()));
     let leaf = nullable.row_group(0).column(0).column_descr();
+    assert!(FlatType::of(leaf, &DataType::Int64).is_some());
+    let inner = Arc::new(Int64Array::from(vec![Some(1), None])) as ArrayRef;
+    let fields = vec![Arc::new(Field::new("x", DataType::Int64, true))];
+    let nested = arrow_array::StructArray::new(fields.into(), vec![inner], None);
+    let batch =
+        RecordBatch::try_from_iter_with_nullable([("s", Arc::new(nested) as ArrayRef, true)])
+            .unwrap();
+    let nested = metadata_of(&parquet_bytes(&batch, WriterProperties::builder().build()));
+    let leaf = nested.row_group(0).column(0).column_descr();
+    assert_eq!(leaf.max_def_level(), 2);
     assert!(FlatType::of(leaf, &DataType::Int64).is_none());
     // Other encodings.
     let (_, delta) = write(
@@ -325,10 +415,36 @@ fn a_string_column_that_is_not_utf8_is_an_error() {
             let err = strings.next_array(3000).unwrap_err();
             assert!(err.contains("UTF-8"), "{err}");
             let as_binary = FlatType::ByteView { utf8: false };
-            let mut binary = decoder(&as_binary, chunk, 0, bytes, 3000, &Arc::default()).unwrap();
+            let mut binary =
+                decoder(&as_binary, chunk, 0, bytes.clone(), 3000, &Arc::default()).unwrap();
             assert_eq!(binary.next_array(3000).unwrap().len(), 3000);
+            for utf8 in [true, false] {
+                let ty = FlatType::ByteOffsets { utf8 };
+                let mut offsets =
+                    decoder(&ty, chunk, 0, bytes.clone(), 3000, &Arc::default()).unwrap();
+                let read = offsets.next_array(3000);
+                match utf8 {
+                    true => assert!(read.unwrap_err().contains("UTF-8")),
+                    false => assert_eq!(read.unwrap().len(), 3000),
+                }
+            }
         }
     }
+}
+
+#[test]
+fn a_character_cut_between_two_values_is_not_utf8() {
+    // "é" is 0xc3 0xa9: the values [0xc3] and [0xa9] are valid only together.
+    let values = BinaryArray::from_iter_values([b"a".as_slice(), &[0xc3], &[0xa9], b"z"]);
+    let props = WriterProperties::builder()
+        .set_dictionary_enabled(false)
+        .build();
+    let (bytes, metadata) = write(Arc::new(values), props);
+    let chunk = metadata.row_group(0).column(0);
+    let ty = FlatType::ByteOffsets { utf8: true };
+    let mut strings = decoder(&ty, chunk, 0, bytes, 4, &Arc::default()).unwrap();
+    let err = strings.next_array(4).unwrap_err();
+    assert!(err.contains("UTF-8"), "{err}");
 }
 
 #[test]

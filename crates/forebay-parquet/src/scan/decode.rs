@@ -325,7 +325,7 @@ enum Decoding {
 }
 
 /// A row group read whole: the column chunks of its plan ([`WholeDecode`]) fetched in one
-/// request, the flat required ones decoded by forebay's own decoders (`flat`), the others
+/// request, the flat ones decoded by forebay's own decoders (`flat`), the others
 /// by the parquet crate over pages from `pages` (Snappy pages into recycled buffers).
 struct WholeRowGroup {
     /// Columns in a decoded batch.
