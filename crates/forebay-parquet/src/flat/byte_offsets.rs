@@ -186,8 +186,13 @@ impl FlatDecoder for OffsetDecoder {
         // A little over the batch before's rate, so that a batch of similar values fits.
         self.bytes = Vec::with_capacity((rows as f64 * self.bytes_per_row * 1.1) as usize + SHORT);
         let nulls = read_rows(self, rows, &mut lengths)?;
-        let bytes = std::mem::take(&mut self.bytes);
+        let mut bytes = std::mem::take(&mut self.bytes);
         self.bytes_per_row = bytes.len() as f64 / rows.max(1) as f64;
+        if bytes.capacity() > bytes.len() + bytes.len() / 8 + 4096 {
+            // A first batch grows its buffer by doubling: up to twice its bytes, held as
+            // long as the batch is. Giving back the tail does not copy.
+            bytes.shrink_to_fit();
+        }
         if bytes.len() > i32::MAX as usize {
             return Err(format!(
                 "a batch of {rows} rows holds {} bytes of values, more than a 32-bit offset \
