@@ -295,6 +295,8 @@ def test_files_pyarrow_writes_with_nulls_are_read_by_forebays_own_decoders(tmp_p
             "dec16": nullable(
                 pa.array([Decimal(int(v) * 10**20).scaleb(-4) for v in ints], pa.decimal128(38, 4))
             ),
+            "ts_us": nullable(pa.array(ints, pa.timestamp("us"))),
+            "ts_ns_utc": nullable(pa.array(ints, pa.timestamp("ns", tz="UTC"))),
             "short": nullable(pa.array([f"s{v % 50}" for v in ints])),
             "text": nullable(pa.array([f"ü {v} " * (1 + v % 9) for v in ints])),
             "bytes": nullable(pa.array([b"\xff" + bytes(str(v), "ascii") for v in ints])),

@@ -23,8 +23,8 @@
 //!                        and any ScanRowFilter keep; a ScanRowFilter may settle a whole
 //!                        row group from its dictionary page)
 //!                       (a row group read whole: flat columns, required or nullable, of
-//!                        numbers, dates, decimals, strings and binaries by forebay's own
-//!                        decoders, `flat`; the rest by the parquet crate)
+//!                        numbers, dates, timestamps, decimals, strings and binaries by
+//!                        forebay's own decoders, `flat`; the rest by the parquet crate)
 //!                       (on object stores: more units' column chunks requested ahead,
 //!                        as deep as the link makes decoding wait; ranges become requests
 //!                        by `io::request_plan`: a gap only when cheaper than a request,

@@ -1,4 +1,4 @@
-//! Integers, dates, floats and decimals (INT32/INT64/FLOAT/DOUBLE, and decimals as
+//! Integers, dates, timestamps, floats and decimals (INT32/INT64/FLOAT/DOUBLE, and decimals as
 //! FIXED_LEN_BYTE_ARRAY of up to 16 bytes, as pyarrow writes them): values are gathered from
 //! the dictionary page as it stores them, or read from a PLAIN page, and converted to the
 //! output type (a decimal's i64 or big-endian bytes → i128 too) straight into the output
@@ -6,9 +6,12 @@
 
 use arrow_array::types::{
     ArrowPrimitiveType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
+    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
 };
 use arrow_array::PrimitiveArray;
 use arrow_schema::DataType;
+use arrow_schema::TimeUnit;
+use parquet::basic::{ConvertedType, LogicalType, TimeUnit as StoredUnit};
 
 use super::*;
 
@@ -26,6 +29,9 @@ pub(crate) enum FixedWidthType {
         physical: PhysicalType,
         data_type: DataType,
     },
+    /// INT64 as `Timestamp(unit, tz)` in the unit the file stores (milli-, micro- or
+    /// nanoseconds): the same bits.
+    Timestamp(DataType),
     /// FIXED_LEN_BYTE_ARRAY of `width` (1 to 16) bytes, big-endian two's complement, as
     /// `Decimal128(precision, scale)`, sign-extended.
     FixedBytesDecimal128 {
@@ -53,6 +59,26 @@ impl FixedWidthType {
             }
             _ => None,
         }
+    }
+
+    /// A timestamp column (INT64) decoded as `data_type`, when that is a timestamp in the
+    /// unit the column stores (another unit is a conversion, left to the parquet crate).
+    pub(super) fn timestamp(leaf: &ColumnDescriptor, data_type: &DataType) -> Option<Self> {
+        let DataType::Timestamp(unit, _) = data_type else {
+            return None;
+        };
+        let stored = match (leaf.logical_type_ref(), leaf.converted_type()) {
+            (Some(LogicalType::Timestamp(timestamp)), _) => match timestamp.unit {
+                StoredUnit::MILLIS => TimeUnit::Millisecond,
+                StoredUnit::MICROS => TimeUnit::Microsecond,
+                StoredUnit::NANOS => TimeUnit::Nanosecond,
+            },
+            (None, ConvertedType::TIMESTAMP_MILLIS) => TimeUnit::Millisecond,
+            (None, ConvertedType::TIMESTAMP_MICROS) => TimeUnit::Microsecond,
+            _ => return None,
+        };
+        (leaf.physical_type() == PhysicalType::INT64 && stored == *unit)
+            .then(|| Self::Timestamp(data_type.clone()))
     }
 
     /// A decimal stored as FIXED_LEN_BYTE_ARRAY of `width` bytes, decoded as `data_type`.
@@ -130,6 +156,24 @@ pub(super) fn decoder(
         FixedWidthType::Decimal128 { data_type, .. } => Box::new(
             ChunkDecoder::<i64, Decimal128Type>::new(pages, data_type.clone()),
         ),
+        FixedWidthType::Timestamp(data_type) => match data_type {
+            DataType::Timestamp(TimeUnit::Millisecond, _) => {
+                Box::new(ChunkDecoder::<i64, TimestampMillisecondType>::new(
+                    pages,
+                    data_type.clone(),
+                ))
+            }
+            DataType::Timestamp(TimeUnit::Microsecond, _) => {
+                Box::new(ChunkDecoder::<i64, TimestampMicrosecondType>::new(
+                    pages,
+                    data_type.clone(),
+                ))
+            }
+            _ => Box::new(ChunkDecoder::<i64, TimestampNanosecondType>::new(
+                pages,
+                data_type.clone(),
+            )),
+        },
         FixedWidthType::FixedBytesDecimal128 { width, data_type } => {
             macro_rules! by_width {
                 ($($w:literal)*) => {

@@ -1,5 +1,5 @@
-//! Decoders of our own for flat columns, required or nullable: integers, dates, floats and
-//! decimals (`fixed_width`), strings and binaries as views (`byte_view`) or with offsets
+//! Decoders of our own for flat columns, required or nullable: integers, dates, timestamps,
+//! floats and decimals (`fixed_width`), strings and binaries as views (`byte_view`) or with offsets
 //! (`byte_offsets`), PLAIN or dictionary-encoded; a nullable column's definition levels are
 //! read by `levels`.
 //!
@@ -76,6 +76,9 @@ impl FlatType {
                 Some(Self::ByteView { utf8: false })
             }
             (PhysicalType::BYTE_ARRAY, DataType::Utf8) => Some(Self::ByteOffsets { utf8: true }),
+            (PhysicalType::INT64, DataType::Timestamp(..)) => {
+                FixedWidthType::timestamp(leaf, data_type).map(Self::FixedWidth)
+            }
             (PhysicalType::FIXED_LEN_BYTE_ARRAY, data_type) => {
                 FixedWidthType::fixed_bytes(leaf.type_length(), data_type).map(Self::FixedWidth)
             }

@@ -237,8 +237,8 @@ impl ParquetDatasetBuilder {
         self
     }
 
-    /// Decode flat (top-level, required or nullable) integer, date, float, decimal, string
-    /// and binary columns with forebay's own decoders when a row group is read whole
+    /// Decode flat (top-level, required or nullable) integer, date, timestamp, float,
+    /// decimal, string and binary columns with forebay's own decoders when a row group is read whole
     /// (default: on). Off, the parquet crate decodes
     /// every column; the output is the same (kept for comparison and as an escape hatch).
     pub fn with_flat_decoder(mut self, enabled: bool) -> Self {
