@@ -1,19 +1,24 @@
 //! Decoders of our own for flat columns, required or nullable: integers, dates, timestamps,
-//! floats and decimals (`fixed_width`), strings and binaries as views (`byte_view`) or with offsets
-//! (`byte_offsets`), PLAIN or dictionary-encoded; a nullable column's definition levels are
-//! read by `levels`.
+//! floats and decimals (`fixed_width`), strings and binaries as views (`byte_view`) or with
+//! 32-bit offsets (`byte_offsets`), PLAIN or dictionary-encoded; a nullable column's
+//! definition levels are read by `levels`.
 //!
 //! ```text
 //!  column chunk bytes ──► FetchedPages (pages; Snappy ones decompressed into recycled
 //!                             │         buffers, see `pages`)
 //!                             ▼
-//!                         next_page: dictionary page │ PLAIN values │ dictionary indices
-//!                             │                                         (hybrid.rs)
+//!                         read_page: dictionary page │ data page: its rows (levels.rs:
+//!                             │                        which hold a value) and values:
+//!                             │                        PLAIN │ dictionary indices (hybrid.rs)
 //!                             ▼
-//!      fixed_width: values gathered from the dictionary page as stored, each converted
-//!                   (a decimal widened) straight into a new buffer ──► PrimitiveArray
-//!      byte_view:   dictionary as views over its page; views gathered, or made over a
-//!                   PLAIN page ──► StringViewArray / BinaryViewArray
+//!      read_rows: a batch's rows page by page; each decoder reads the values they hold,
+//!                 spread over the rows when some are null (a null buffer only then)
+//!      fixed_width:  values gathered from the dictionary page as stored, each converted
+//!                    (a decimal widened) straight into a new buffer ──► PrimitiveArray
+//!      byte_view:    dictionary as views over its page; views gathered, or made over a
+//!                    PLAIN page ──► StringViewArray / BinaryViewArray
+//!      byte_offsets: each value's bytes copied once into the batch's buffer, offsets
+//!                    from the lengths ──► StringArray / BinaryArray
 //! ```
 //!
 //! Why not the parquet crate's own readers: for these columns it zero-fills every output
@@ -76,13 +81,13 @@ impl FlatType {
                 Some(Self::ByteView { utf8: false })
             }
             (PhysicalType::BYTE_ARRAY, DataType::Utf8) => Some(Self::ByteOffsets { utf8: true }),
+            (PhysicalType::BYTE_ARRAY, DataType::Binary) => Some(Self::ByteOffsets { utf8: false }),
             (PhysicalType::INT64, DataType::Timestamp(..)) => {
                 FixedWidthType::timestamp(leaf, data_type).map(Self::FixedWidth)
             }
             (PhysicalType::FIXED_LEN_BYTE_ARRAY, data_type) => {
                 FixedWidthType::fixed_bytes(leaf.type_length(), data_type).map(Self::FixedWidth)
             }
-            (PhysicalType::BYTE_ARRAY, DataType::Binary) => Some(Self::ByteOffsets { utf8: false }),
             (physical, data_type) => FixedWidthType::of(physical, data_type).map(Self::FixedWidth),
         }
     }
@@ -156,7 +161,7 @@ enum NextPage {
     Indexed { count: usize },
 }
 
-/// A chunk's pages as both decoders walk them, with the reader of the open page's indices
+/// A chunk's pages as the decoders walk them, with the reader of the open page's indices
 /// (kept, with its buffer, from page to page) and the open page's rows.
 struct PageCursor {
     pages: FetchedPages,
@@ -340,15 +345,16 @@ fn read_page(pages: &mut FetchedPages, nullable: bool) -> Result<Option<RawPage>
                         ))
                     }
                     (true, nulls) => {
-                        let decoded = PageRows::from_levels(rows, buf.slice(rep..rep + def))?;
-                        if decoded.1 + nulls as usize != rows {
+                        let levels = buf.slice(rep..rep + def);
+                        let (page_rows, values) = PageRows::from_levels(rows, levels)?;
+                        if values + nulls as usize != rows {
                             return Err(format!(
                                 "a data page counts {nulls} nulls in its header and {} in \
                                  its definition levels",
-                                rows - decoded.1
+                                rows - values
                             ));
                         }
-                        decoded
+                        (page_rows, values)
                     }
                 };
                 (values, encoding, rows)
