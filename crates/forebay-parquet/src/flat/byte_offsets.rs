@@ -178,6 +178,13 @@ impl PageValueReader for OffsetDecoder {
             }
         }
     }
+
+    fn values_left(&self) -> bool {
+        matches!(
+            self.page,
+            PageValues::Plain { left, .. } | PageValues::Indexed { left } if left > 0
+        )
+    }
 }
 
 impl FlatDecoder for OffsetDecoder {
@@ -231,19 +238,7 @@ impl FlatDecoder for OffsetDecoder {
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        // Pages of no rows may follow the last row; any row or value is one too many.
-        loop {
-            let values_left = matches!(
-                self.page,
-                PageValues::Plain { left, .. } | PageValues::Indexed { left } if left > 0
-            );
-            if values_left || self.cursor.rows_left() > 0 {
-                return Err("the chunk's pages hold more values than the row group's rows".into());
-            }
-            if !self.open_page()? {
-                return Ok(());
-            }
-        }
+        finish_chunk(self)
     }
 }
 

@@ -140,6 +140,13 @@ impl PageValueReader for ViewDecoder {
             }
         }
     }
+
+    fn values_left(&self) -> bool {
+        matches!(
+            self.page,
+            PageValues::Plain { left, .. } | PageValues::Indexed { left } if left > 0
+        )
+    }
 }
 
 impl FlatDecoder for ViewDecoder {
@@ -179,19 +186,7 @@ impl FlatDecoder for ViewDecoder {
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        // Pages of no rows may follow the last row; any row or value is one too many.
-        loop {
-            let values_left = matches!(
-                self.page,
-                PageValues::Plain { left, .. } | PageValues::Indexed { left } if left > 0
-            );
-            if values_left || self.cursor.rows_left() > 0 {
-                return Err("the chunk's pages hold more values than the row group's rows".into());
-            }
-            if !self.open_page()? {
-                return Ok(());
-            }
-        }
+        finish_chunk(self)
     }
 }
 

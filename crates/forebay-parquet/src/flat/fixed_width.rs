@@ -328,6 +328,14 @@ where
             }
         }
     }
+
+    fn values_left(&self) -> bool {
+        match &self.page {
+            PageValues::None => false,
+            PageValues::Plain(bytes) => !bytes.is_empty(),
+            PageValues::Indexed { left } => *left > 0,
+        }
+    }
 }
 
 impl<P, A> FlatDecoder for ChunkDecoder<P, A>
@@ -345,19 +353,6 @@ where
     }
 
     fn finish(&mut self) -> Result<(), String> {
-        // Pages of no rows may follow the last row; any row or value is one too many.
-        loop {
-            let values_left = match &self.page {
-                PageValues::None => false,
-                PageValues::Plain(bytes) => !bytes.is_empty(),
-                PageValues::Indexed { left } => *left > 0,
-            };
-            if values_left || self.cursor.rows_left() > 0 {
-                return Err("the chunk's pages hold more values than the row group's rows".into());
-            }
-            if !self.open_page()? {
-                return Ok(());
-            }
-        }
+        finish_chunk(self)
     }
 }

@@ -410,6 +410,22 @@ trait PageValueReader {
 
     /// Append up to `want` values of the open page to `out`; how many (0: it has none left).
     fn read_values(&mut self, want: usize, out: &mut Vec<Self::Value>) -> Result<usize, String>;
+
+    /// The open page holds values not read yet.
+    fn values_left(&self) -> bool;
+}
+
+/// [`FlatDecoder::finish`] of any decoder: pages of no rows may follow the last row; any
+/// row or value is one too many.
+fn finish_chunk<R: PageValueReader>(reader: &mut R) -> Result<(), String> {
+    loop {
+        if reader.values_left() || reader.cursor().rows_left() > 0 {
+            return Err("the chunk's pages hold more values than the row group's rows".into());
+        }
+        if !reader.open_page()? {
+            return Ok(());
+        }
+    }
 }
 
 /// Append `rows` rows' values to `values`, page after page, a null row's as
