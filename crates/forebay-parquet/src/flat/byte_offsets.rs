@@ -8,8 +8,9 @@
 //!  PLAIN page      [len|bytes][len|bytes]…  ──► each value's bytes appended
 //!                                  │ one length per row (a null row's is 0)
 //!                                  ▼
-//!  offsets = running sum of the lengths; UTF-8 checked once over the batch's bytes, and
-//!  every offset checked to fall between characters
+//!  offsets = running sum of the lengths; UTF-8 checked once per dictionary, and once over
+//!  the bytes of a batch that took PLAIN values (every offset checked to fall between
+//!  characters)
 //! ```
 
 use arrow_array::{BinaryArray, StringArray};
@@ -72,6 +73,9 @@ pub(super) struct OffsetDecoder {
     /// by it once, instead of growing (each growth of a large buffer is fresh memory the
     /// kernel clears).
     bytes_per_row: f64,
+    /// The batch being read took values from a PLAIN page (unchecked UTF-8; a dictionary's
+    /// entries are checked when it is read).
+    plain_in_batch: bool,
 }
 
 impl OffsetDecoder {
@@ -84,6 +88,7 @@ impl OffsetDecoder {
             bytes: Vec::new(),
             gathered: Vec::new(),
             bytes_per_row: 0.0,
+            plain_in_batch: false,
         }
     }
 }
@@ -111,6 +116,9 @@ impl PageValueReader for OffsetDecoder {
                         bytes.extend_from_slice(&values[start..end]);
                         next = end;
                     }
+                    if self.utf8 {
+                        check_utf8(&bytes, entries.iter().map(|&(start, _)| start as usize))?;
+                    }
                     bytes.extend_from_slice(&[0; SHORT]);
                     self.dictionary = Some(Dictionary { bytes, entries });
                 }
@@ -135,6 +143,7 @@ impl PageValueReader for OffsetDecoder {
             PageValues::None => Ok(0),
             PageValues::Plain { page, next, left } => {
                 let n = want.min(*left);
+                self.plain_in_batch |= n > 0;
                 let first = *next;
                 for _ in 0..n {
                     let (start, end) = plain_value(page, *next)?;
@@ -190,6 +199,7 @@ impl PageValueReader for OffsetDecoder {
 impl FlatDecoder for OffsetDecoder {
     fn next_array(&mut self, rows: usize) -> Result<ArrayRef, String> {
         let mut lengths: Vec<u32> = Vec::with_capacity(rows);
+        self.plain_in_batch = false;
         // A little over the batch before's rate, so that a batch of similar values fits.
         self.bytes = Vec::with_capacity((rows as f64 * self.bytes_per_row * 1.1) as usize + SHORT);
         let nulls = read_rows(self, rows, &mut lengths)?;
@@ -215,18 +225,14 @@ impl FlatDecoder for OffsetDecoder {
             end += length as i32;
             offsets.push(end);
         }
-        if self.utf8 {
-            let text = simdutf8::basic::from_utf8(&bytes)
-                .map_err(|_| "a string value is not valid UTF-8".to_string())?;
-            // A valid whole may still cut a character between two values.
-            if offsets.iter().any(|&o| !text.is_char_boundary(o as usize)) {
-                return Err("a string value is not valid UTF-8".into());
-            }
+        if self.utf8 && self.plain_in_batch {
+            check_utf8(&bytes, offsets.iter().map(|&o| o as usize))?;
         }
         // SAFETY: the offsets start at 0 and never decrease (they add lengths), and the last
         // is `bytes.len()` (every length's bytes were appended, a null row's length is 0),
-        // which fits an i32 (checked above). For strings, the bytes were checked to be UTF-8
-        // and every offset to fall on a character boundary.
+        // which fits an i32 (checked above). For strings, every value is UTF-8: the bytes of
+        // a batch with PLAIN values were checked, with every offset on a character boundary,
+        // and a value gathered from the dictionary is an entry checked so when it was read.
         let offsets = unsafe { OffsetBuffer::new_unchecked(ScalarBuffer::from(offsets)) };
         let values = Buffer::from_vec(bytes);
         let array: ArrayRef = if self.utf8 {
@@ -239,6 +245,17 @@ impl FlatDecoder for OffsetDecoder {
 
     fn finish(&mut self) -> Result<(), String> {
         finish_chunk(self)
+    }
+}
+
+/// Whether `bytes` is UTF-8 with a character boundary at each of `starts` (values that are
+/// each UTF-8: a valid whole may still cut a character between two values).
+fn check_utf8(bytes: &[u8], mut starts: impl Iterator<Item = usize>) -> Result<(), String> {
+    let invalid = || "a string value is not valid UTF-8".to_string();
+    let text = simdutf8::basic::from_utf8(bytes).map_err(|_| invalid())?;
+    match starts.all(|start| text.is_char_boundary(start)) {
+        true => Ok(()),
+        false => Err(invalid()),
     }
 }
 

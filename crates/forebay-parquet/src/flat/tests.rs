@@ -506,15 +506,20 @@ fn a_string_column_that_is_not_utf8_is_an_error() {
 fn a_character_cut_between_two_values_is_not_utf8() {
     // "é" is 0xc3 0xa9: the values [0xc3] and [0xa9] are valid only together.
     let values = BinaryArray::from_iter_values([b"a".as_slice(), &[0xc3], &[0xa9], b"z"]);
-    let props = WriterProperties::builder()
-        .set_dictionary_enabled(false)
-        .build();
-    let (bytes, metadata) = write(Arc::new(values), props);
-    let chunk = metadata.row_group(0).column(0);
-    let ty = FlatType::ByteOffsets { utf8: true };
-    let mut strings = decoder(&ty, chunk, 0, bytes, 4, &Arc::default()).unwrap();
-    let err = strings.next_array(4).unwrap_err();
-    assert!(err.contains("UTF-8"), "{err}");
+    // In PLAIN pages, and as entries of a dictionary (checked when it is read).
+    for dictionary in [false, true] {
+        let props = WriterProperties::builder()
+            .set_dictionary_enabled(dictionary)
+            .build();
+        let (bytes, metadata) = write(Arc::new(values.clone()), props);
+        let chunk = metadata.row_group(0).column(0);
+        assert_eq!(chunk.dictionary_page_offset().is_some(), dictionary);
+        let ty = FlatType::ByteOffsets { utf8: true };
+        let read = decoder(&ty, chunk, 0, bytes, 4, &Arc::default())
+            .and_then(|mut strings| strings.next_array(4));
+        let err = read.unwrap_err();
+        assert!(err.contains("UTF-8"), "{err}");
+    }
 }
 
 #[test]
