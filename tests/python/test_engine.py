@@ -228,12 +228,16 @@ def test_a_function_holding_the_gil_gets_its_batches_converted_inline(
 
     out = (
         forebay.read_parquet(str(data), columns=["id"])
-        .map_batches(spin, batch_size=1000, concurrency=1)
+        .map_batches(spin, batch_size=500, concurrency=1)
         .to_arrow()
     )
     assert out.num_rows == ROWS
-    inline = sum(1 for t in prepared_on if t in called_on)
-    assert inline >= len(prepared_on) // 2, f"{inline} of {len(prepared_on)} converted inline"
+    inline = [t in called_on for t in prepared_on]
+    # Once it stops, the preparer stays stopped: the last batches are converted inline. How
+    # soon it stops depends on how the GIL's waits go (another test process on the other core
+    # made it stop only after 15 of 20 batches once), so the check is on the tail.
+    tail = len(inline) // 4
+    assert all(inline[-tail:]), f"the last {tail} of {len(inline)} conversions: {inline[-tail:]}"
 
 
 def test_an_error_converting_a_batch_ahead_is_raised_for_that_batch(data, monkeypatch):
