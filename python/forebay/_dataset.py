@@ -619,7 +619,9 @@ class Dataset:
         ``row_groups_total``, ``row_groups_pruned_by_statistics``,
         ``row_groups_pruned_by_page_index``, ``rows_pruned_by_page_index``,
         ``flat_decoder_chunks`` (column chunks decoded by forebay's own decoders rather than
-        the parquet crate's).
+        the parquet crate's), ``row_groups_pages_located`` (row groups of files without a
+        page index whose pages forebay located so that reading part of one reads only its
+        pages, as a training stream does).
         """
         return self._inner.metrics()
 

@@ -253,6 +253,7 @@ impl RsDataset {
         d.set_item("list_requests", m.io.list_requests)?;
         d.set_item("head_requests", m.io.head_requests)?;
         d.set_item("flat_decoder_chunks", m.flat_decoder_chunks)?;
+        d.set_item("row_groups_pages_located", m.row_groups_pages_located)?;
         Ok(d)
     }
 

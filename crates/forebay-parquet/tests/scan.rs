@@ -741,3 +741,150 @@ fn a_hosts_arrow_predicates_filter_rows_after_the_predicate() {
         "{err}"
     );
 }
+
+/// A table with a list column (and nulls at both levels) written without a page index,
+/// its row groups cut into many small pages: what a training stream reads in blocks.
+fn lists_without_page_index(
+    rows: usize,
+    seed: u64,
+    v2: bool,
+    codec: u8,
+    dictionary: bool,
+) -> (RecordBatch, Vec<u8>) {
+    use arrow_array::builder::{Int32Builder, ListBuilder};
+    use parquet::basic::{Compression, ZstdLevel};
+    use parquet::file::properties::WriterVersion;
+    let base = table(rows, seed);
+    let mut tokens = ListBuilder::new(Int32Builder::new());
+    let mut x = seed | 1;
+    for row in 0..rows {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let len = (x >> 40) % 40;
+        if len == 39 {
+            tokens.append_null();
+            continue;
+        }
+        for i in 0..len {
+            if (row as u64 + i).is_multiple_of(17) {
+                tokens.values().append_null();
+            } else {
+                tokens.values().append_value((row as i32) * 7 + i as i32);
+            }
+        }
+        tokens.append(true);
+    }
+    let tokens = Arc::new(tokens.finish()) as ArrayRef;
+    let mut fields = base.schema().fields().to_vec();
+    fields.push(Arc::new(Field::new(
+        "tokens",
+        tokens.data_type().clone(),
+        true,
+    )));
+    let mut columns = base.columns().to_vec();
+    columns.push(tokens);
+    let data = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(400))
+        .set_data_page_row_count_limit(23)
+        .set_write_batch_size(23)
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_offset_index_disabled(true)
+        .set_dictionary_enabled(dictionary)
+        .set_writer_version(if v2 {
+            WriterVersion::PARQUET_2_0
+        } else {
+            WriterVersion::PARQUET_1_0
+        })
+        .set_compression(match codec {
+            0 => Compression::UNCOMPRESSED,
+            1 => Compression::SNAPPY,
+            _ => Compression::ZSTD(ZstdLevel::default()),
+        })
+        .build();
+    let mut buf = Vec::new();
+    let mut w = ArrowWriter::try_new(&mut buf, data.schema(), Some(props)).unwrap();
+    w.write(&data).unwrap();
+    w.close().unwrap();
+    (data, buf)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// In files without a page index, row ranges read exactly their rows (lists and nulls,
+    /// v1 and v2 pages, three codecs), through page locations forebay finds itself.
+    #[test]
+    fn row_ranges_of_files_without_a_page_index_read_exactly_their_rows(
+        seed in 0u64..1000,
+        v2 in any::<bool>(),
+        codec in 0u8..3,
+        dictionary in any::<bool>(),
+        cuts in proptest::collection::vec((0usize..3, 0u64..400, 1u64..120), 1..10),
+    ) {
+        let (data, file) = lists_without_page_index(1200, seed, v2, codec, dictionary);
+        let store = store_with(&[file]);
+        let ds = ParquetDataset::builder(source(store)).for_row_ranges().with_batch_size(50).build().unwrap();
+        let mut ranges = Vec::new();
+        let mut expected = Vec::new();
+        for (rg, start, len) in cuts {
+            let end = (start + len).min(400);
+            let start = start.min(end - 1);
+            ranges.push(forebay_parquet::RowRange { file_index: 0, row_group: rg, rows: start..end });
+            expected.push(data.slice(rg * 400 + start as usize, (end - start) as usize));
+        }
+        let got: Vec<RecordBatch> = ds.scan_row_ranges(ranges.clone()).blocking_iter().map(|b| b.unwrap().batch).collect();
+        let schema = ds.schema();
+        prop_assert_eq!(concat(&got, schema.clone()), concat(&expected, schema));
+        let partial: std::collections::HashSet<usize> =
+            ranges.iter().filter(|r| r.rows != (0..400)).map(|r| r.row_group).collect();
+        prop_assert_eq!(ds.metrics().row_groups_pages_located, partial.len() as u64);
+    }
+}
+
+/// Once a row group's pages are located, a range of a few rows reads a few pages, not the
+/// row group's chunks; and a file whose list pages start inside a row is read correctly the
+/// way it was before (the crate finding its rows).
+#[test]
+fn a_located_row_group_reads_only_the_pages_of_a_range() {
+    // (No dictionary: a range reads its column's dictionary page whole, whatever its rows.)
+    let (data, file) = lists_without_page_index(1200, 7, false, 1, false);
+    let file_len = file.len() as u64;
+    let store = store_with(&[file]);
+    // Ranges not merged, so that the bytes read are the pages read.
+    let ds = ParquetDataset::builder(source(store))
+        .for_row_ranges()
+        .with_coalesce_gap(0)
+        .build()
+        .unwrap();
+    let read = |rows: std::ops::Range<u64>| {
+        let before = ds.metrics().io.data_bytes;
+        let got: Vec<RecordBatch> = ds
+            .scan_row_ranges(vec![forebay_parquet::RowRange {
+                file_index: 0,
+                row_group: 1,
+                rows: rows.clone(),
+            }])
+            .blocking_iter()
+            .map(|b| b.unwrap().batch)
+            .collect();
+        let expected = data.slice(400 + rows.start as usize, (rows.end - rows.start) as usize);
+        assert_eq!(concat(&got, ds.schema()), expected);
+        ds.metrics().io.data_bytes - before
+    };
+    let first = read(300..310);
+    assert_eq!(ds.metrics().row_groups_pages_located, 1);
+    let second = read(200..210);
+    let third = read(380..400);
+    assert_eq!(ds.metrics().row_groups_pages_located, 1, "located once");
+    let row_group = file_len / 3;
+    assert!(
+        second < row_group / 4 && third < row_group / 4,
+        "a range of 10-20 rows read {second} and {third} bytes of a ~{row_group}-byte row group"
+    );
+    assert!(
+        first >= second,
+        "the first read walks the row group's chunks: {first}"
+    );
+}

@@ -24,7 +24,8 @@
 //!
 //! Mixing is bounded by memory: a batch's samples come from the blocks of one window (two at
 //! a window's edge), spread over the whole dataset by the block permutation. Smaller blocks
-//! mix more, and cost more decoding (a block reads the pages holding its rows).
+//! mix more, and cost more decoding (a block reads the pages holding its rows: located from
+//! the page index, or, in files without one, by the reader once per row group).
 //!
 //! A rank reads every window its batches touch. Once a window holds more than `world_size`
 //! batches, that is every window: each rank decodes the whole dataset and keeps its share

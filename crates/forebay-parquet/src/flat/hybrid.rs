@@ -73,7 +73,7 @@ impl HybridIndices {
 
     /// Read `page`'s indices with the reader in `slot` (made on first use; its buffer is
     /// kept from page to page).
-    pub(crate) fn open(slot: &mut Option<Self>, page: super::IndexedPage) -> Result<(), String> {
+    pub(super) fn open(slot: &mut Option<Self>, page: super::IndexedPage) -> Result<(), String> {
         match slot {
             Some(indices) => indices.reset(page.width, page.runs),
             None => {

@@ -35,7 +35,7 @@
 mod byte_offsets;
 mod byte_view;
 mod fixed_width;
-mod hybrid;
+pub(crate) mod hybrid;
 mod levels;
 
 use std::sync::Arc;

@@ -181,11 +181,28 @@ pub(super) async fn decode_unit(
                 }
             }
         };
-        let mut builder =
-            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, file.reader_meta.clone())
-                .with_projection(file.projection.clone())
-                .with_batch_size(batch_rows)
-                .with_row_groups(vec![rg]);
+        // Part of a row group of a file without a page index: where its pages are, so
+        // that only the selection's are read (see `page_locations`).
+        let reader_meta = match &unit.selection {
+            Some(_) => {
+                let found = {
+                    let _permit = permits.acquire().await.expect("semaphore is never closed");
+                    file.page_locations.reader_meta(&inner, &file, rg).await
+                };
+                match found {
+                    Ok(meta) => meta,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+            None => file.reader_meta.clone(),
+        };
+        let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, reader_meta)
+            .with_projection(file.projection.clone())
+            .with_batch_size(batch_rows)
+            .with_row_groups(vec![rg]);
         if let Some(selection) = unit.selection {
             builder = builder.with_row_selection(selection);
         }

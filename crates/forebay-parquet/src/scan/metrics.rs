@@ -15,6 +15,7 @@ pub(super) struct ScanMetrics {
     pub(super) row_groups_skipped: AtomicU64,
     pub(super) flat_decoder_chunks: AtomicU64,
     pub(super) row_groups_filtered_after_decoding: AtomicU64,
+    pub(super) row_groups_pages_located: AtomicU64,
 }
 
 /// A point-in-time copy of a dataset's pruning and I/O counters.
@@ -34,5 +35,9 @@ pub struct ScanMetricsSnapshot {
     /// Row groups a filter kept most rows of, decoded whole and then filtered (see
     /// [`ParquetDatasetBuilder::with_filter`](super::ParquetDatasetBuilder::with_filter)).
     pub row_groups_filtered_after_decoding: u64,
+    /// Row groups of files without a page index whose pages forebay located, the first time
+    /// part of one was read (by [`scan_row_ranges`](super::ParquetDataset::scan_row_ranges)),
+    /// so that a range reads its own pages only.
+    pub row_groups_pages_located: u64,
     pub io: IoMetricsSnapshot,
 }

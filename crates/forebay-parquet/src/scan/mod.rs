@@ -30,6 +30,8 @@
 //! | `driver`  | units in flight under `prefetch`, their batches forwarded in order         |
 //! | `accounting` | what a scan charges to a host's memory pool, unit by unit               |
 //! | `decode`  | one unit decoded: forebay's flat decoders, the parquet crate for the rest  |
+//! | `row_ranges` | chosen rows of chosen row groups, in the caller's order (training)      |
+//! | `page_locations` | where the pages are in files without a page index, found once  |
 //! | `selectivity` | a filtered unit decoded whole then filtered, or through a RowFilter    |
 //! | `stream`  | what the caller holds: [`ScanStream`] of [`ProvenancedBatch`]es            |
 //! | `runtime` | the tokio runtime all of it runs on, and [`block_on`]                      |
@@ -46,6 +48,7 @@ mod fetch_ahead;
 mod footer;
 mod metrics;
 mod open;
+mod page_locations;
 mod plan;
 mod prune;
 mod row_ranges;
@@ -162,6 +165,9 @@ struct OpenedFile {
     whole: WholeDecode,
     /// With a filter: a row group read whole and then filtered (see `selectivity`).
     filtered_whole: Option<FilteredWhole>,
+    /// Where its pages are, found when part of a row group is read and the file has no
+    /// offset index (see `page_locations`).
+    page_locations: page_locations::PageLocations,
 }
 
 /// How a row group read whole is decoded.
@@ -334,6 +340,7 @@ impl ParquetDataset {
             files_skipped: m.files_skipped.load(Ordering::Relaxed),
             row_groups_skipped: m.row_groups_skipped.load(Ordering::Relaxed),
             flat_decoder_chunks: m.flat_decoder_chunks.load(Ordering::Relaxed),
+            row_groups_pages_located: m.row_groups_pages_located.load(Ordering::Relaxed),
             row_groups_filtered_after_decoding: m
                 .row_groups_filtered_after_decoding
                 .load(Ordering::Relaxed),

@@ -12,6 +12,7 @@ use parquet::arrow::ProjectionMask;
 
 use super::evolve::Adapter;
 use super::footer::{read_footer, FOOTER_CONCURRENCY};
+use super::page_locations::PageLocations;
 use super::runtime::panic_message;
 use super::schema::{
     apply_dictionary_hints, apply_int96_unit, check_map_keys_required, check_same_schema,
@@ -186,6 +187,7 @@ impl DatasetInner {
             filter,
             whole,
             filtered_whole,
+            page_locations: PageLocations::new(metadata.num_row_groups()),
         };
         Ok((opened, footer.whole_file))
     }

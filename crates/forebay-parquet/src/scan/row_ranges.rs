@@ -10,7 +10,9 @@
 //!        ▼
 //!   a whole row group ──► read as a plain scan reads it (forebay's flat decoders)
 //!   part of one       ──► a row selection: with the page index (`for_row_ranges`), only
-//!                         the pages holding those rows are fetched and decoded
+//!                         the pages holding those rows are fetched and decoded; a file
+//!                         without one has its pages located once per row group
+//!                         (`page_locations`), to the same effect
 //!        ▼
 //!   ScanStream: each range's rows, in order, ranges in the order given
 //! ```

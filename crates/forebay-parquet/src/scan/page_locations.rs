@@ -1,0 +1,400 @@
+//! Page locations of files written without a page index, found once per row group, so that
+//! reading part of a row group reads only the pages that hold it.
+//!
+//! ```text
+//!  a selection of part of row group g, the file has no offset index
+//!        │ first time for g: its selected column chunks fetched whole
+//!        ▼
+//!  each chunk's pages walked (SerializedPageReader over a region that records where it
+//!  reads): a page's header offset and size ──► PageLocation { offset, size, first row }
+//!     rows of a page: a v2 header's num_rows; a v1 page of a flat column: its num_values;
+//!     a v1 page of a repeated column: its repetition levels that are 0 (decompressed)
+//!        ▼
+//!  PageLocations: the file's metadata with the offset indexes found so far (g's among them)
+//!        ▼
+//!  the parquet crate reads the selection's pages only, as with a written page index
+//! ```
+//!
+//! Why: without an offset index the crate finds a row by decoding every page before it. A
+//! training stream reads a row group in blocks that land in different windows, so each block
+//! decompressed the chunk up to itself: on rows of ~4 KB (token lists, 1 MiB pages) a
+//! shuffled epoch decompressed its data ~16 times over. With the locations found once, the
+//! first block of a row group pays one walk of its chunks (flat columns: headers only;
+//! repeated ones: one decompression) and every block reads about its own pages.
+//!
+//! A row group whose pages cannot be located safely (a repeated column's page starting
+//! inside a row, levels not in the RLE hybrid, rows not adding up to the footer's, an
+//! unreadable page) is read as before: the crate finds its rows itself and reports what is
+//! wrong with the file.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::basic::{Compression, Encoding};
+use parquet::column::page::{Page, PageReader};
+use parquet::file::metadata::page_index::{PageIndexBuilder, PageIndexProvider};
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
+use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::serialized_reader::SerializedPageReader;
+
+use super::{DatasetInner, OpenedFile};
+use crate::error::{corrupt_from, Result};
+use crate::flat::hybrid::{HybridIndices, Indices};
+use crate::io::{FetchedRegion, ObjectFileReader};
+
+/// Page locations found for a file's row groups (see the module docs).
+pub(super) struct PageLocations {
+    state: Mutex<Found>,
+}
+
+struct Found {
+    /// Per row group: what is known of its pages.
+    row_groups: Vec<RowGroupPages>,
+    /// The file's reader metadata with every offset index found so far (None: none yet).
+    reader_meta: Option<ArrowReaderMetadata>,
+}
+
+#[derive(Clone)]
+enum RowGroupPages {
+    NotLooked,
+    /// Per leaf of the file: its chunk's locations (None: a leaf not read).
+    Located(Vec<Option<OffsetIndexMetaData>>),
+    /// Read as before (see the module docs).
+    Unusable,
+}
+
+impl PageLocations {
+    pub(super) fn new(row_groups: usize) -> Self {
+        Self {
+            state: Mutex::new(Found {
+                row_groups: vec![RowGroupPages::NotLooked; row_groups],
+                reader_meta: None,
+            }),
+        }
+    }
+
+    /// The reader metadata to read a selection of `row_group` of `file` with: the file's own
+    /// when it has an offset index (or the row group's pages cannot be located), else one
+    /// holding the row group's page locations, found now the first time.
+    pub(super) async fn reader_meta(
+        &self,
+        inner: &DatasetInner,
+        file: &OpenedFile,
+        row_group: usize,
+    ) -> Result<ArrowReaderMetadata> {
+        let metadata = file.reader_meta.metadata();
+        if metadata
+            .page_index()
+            .is_some_and(|index| index.has_offset_indexes())
+        {
+            return Ok(file.reader_meta.clone());
+        }
+        {
+            let found = self.state.lock().expect("page locations lock");
+            match found.row_groups.get(row_group) {
+                None | Some(RowGroupPages::Unusable) => return Ok(file.reader_meta.clone()),
+                Some(RowGroupPages::Located(_)) => {
+                    return Ok(found.reader_meta.clone().expect("built with the locations"))
+                }
+                Some(RowGroupPages::NotLooked) => {}
+            }
+        }
+        // Two units of the row group may look at once: both find the same locations.
+        let located = locate_row_group(inner, file, row_group).await?;
+        let mut found = self.state.lock().expect("page locations lock");
+        if let RowGroupPages::NotLooked = found.row_groups[row_group] {
+            found.row_groups[row_group] = match located {
+                Some(leaves) => RowGroupPages::Located(leaves),
+                None => RowGroupPages::Unusable,
+            };
+            if let RowGroupPages::Located(_) = found.row_groups[row_group] {
+                inner
+                    .scan_metrics
+                    .row_groups_pages_located
+                    .fetch_add(1, Ordering::Relaxed);
+                let with_index = with_offset_indexes(&file.reader_meta, &found.row_groups)
+                    .map_err(|e| corrupt_from(&file.entry.uri, Some(row_group), e))?;
+                found.reader_meta = Some(with_index);
+            }
+        }
+        Ok(match &found.row_groups[row_group] {
+            RowGroupPages::Located(_) => found.reader_meta.clone().expect("built above"),
+            _ => file.reader_meta.clone(),
+        })
+    }
+}
+
+/// `base` with the offset indexes of the located row groups (others without).
+fn with_offset_indexes(
+    base: &ArrowReaderMetadata,
+    row_groups: &[RowGroupPages],
+) -> parquet::errors::Result<ArrowReaderMetadata> {
+    let metadata: &ParquetMetaData = base.metadata();
+    let leaves = metadata.file_metadata().schema_descr().num_columns();
+    let mut index = PageIndexBuilder::default();
+    index.allocate_offset_indexes(row_groups.len(), leaves);
+    for (rg, pages) in row_groups.iter().enumerate() {
+        if let RowGroupPages::Located(chunks) = pages {
+            for (leaf, chunk) in chunks.iter().enumerate() {
+                if let Some(chunk) = chunk {
+                    index.put_offset_index(chunk.clone(), rg, leaf);
+                }
+            }
+        }
+    }
+    let index: Arc<dyn PageIndexProvider> = Arc::new(index.build());
+    let metadata = metadata
+        .clone()
+        .into_builder()
+        .set_page_index(Some(index))
+        .build();
+    ArrowReaderMetadata::try_new(
+        Arc::new(metadata),
+        ArrowReaderOptions::new().with_schema(base.schema().clone()),
+    )
+}
+
+/// The page locations of the chunks of `row_group` that `file` reads, or None when they
+/// cannot be located safely.
+async fn locate_row_group(
+    inner: &DatasetInner,
+    file: &OpenedFile,
+    row_group: usize,
+) -> Result<Option<Vec<Option<OffsetIndexMetaData>>>> {
+    let metadata = file.reader_meta.metadata();
+    let group = metadata.row_group(row_group);
+    let rows = group.num_rows().max(0) as u64;
+    let reader = ObjectFileReader::new(
+        file.entry.clone(),
+        inner.io.clone(),
+        inner.range_policy_for(&file.entry),
+    );
+    let mut leaves = vec![None; group.columns().len()];
+    for (leaf, chunk) in group.columns().iter().enumerate() {
+        if !file.projection.leaf_included(leaf) {
+            continue;
+        }
+        let (start, len) = chunk.byte_range();
+        let bytes = reader.fetch(start..start + len).await?;
+        let max_repetition = metadata
+            .file_metadata()
+            .schema_descr()
+            .column(leaf)
+            .max_rep_level();
+        match locate_chunk(chunk, start, bytes, rows, max_repetition) {
+            Some(locations) => leaves[leaf] = Some(locations),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(leaves))
+}
+
+/// The data pages of one column chunk (`bytes`, fetched from file offset `start`) and the
+/// first row of each, or None when they cannot be located (see the module docs).
+fn locate_chunk(
+    chunk: &parquet::file::metadata::ColumnChunkMetaData,
+    start: u64,
+    bytes: Bytes,
+    rows: u64,
+    max_repetition: i16,
+) -> Option<OffsetIndexMetaData> {
+    let region = Arc::new(RecordingRegion {
+        region: FetchedRegion::new(start, bytes),
+        reads: Mutex::new(Reads::default()),
+    });
+    // A flat column's rows are in its page headers: its pages go as stored (no
+    // decompression). A repeated column's v1 pages are decompressed for their levels.
+    let as_stored;
+    let chunk = if max_repetition == 0 && chunk.compression() != Compression::UNCOMPRESSED {
+        as_stored = chunk
+            .clone()
+            .into_builder()
+            .set_compression(Compression::UNCOMPRESSED)
+            .build()
+            .ok()?;
+        &as_stored
+    } else {
+        chunk
+    };
+    let mut pages = SerializedPageReader::new(region.clone(), chunk, rows as usize, None).ok()?;
+    let mut locations = Vec::new();
+    let mut first_row = 0u64;
+    let mut levels = None;
+    while let Some(page) = pages.get_next_page().ok()? {
+        let (header, body_end) = region.reads.lock().ok()?.last_page()?;
+        let page_rows = match &page {
+            Page::DictionaryPage { .. } => {
+                if !locations.is_empty() || header != start {
+                    return None; // a dictionary after data pages: not as the crate reads
+                }
+                continue;
+            }
+            Page::DataPageV2 { num_rows, .. } => u64::from(*num_rows),
+            Page::DataPage { num_values: 0, .. } => return None,
+            Page::DataPage { num_values, .. } if max_repetition == 0 => u64::from(*num_values),
+            Page::DataPage {
+                buf,
+                num_values,
+                rep_level_encoding,
+                ..
+            } => {
+                if *rep_level_encoding != Encoding::RLE {
+                    return None;
+                }
+                rows_of_levels(buf, *num_values as usize, max_repetition, &mut levels)?
+            }
+        };
+        if page_rows == 0 {
+            return None; // pages that start at the same row are not a location
+        }
+        locations.push(PageLocation {
+            offset: i64::try_from(header).ok()?,
+            compressed_page_size: i32::try_from(body_end - header).ok()?,
+            first_row_index: i64::try_from(first_row).ok()?,
+        });
+        first_row += page_rows;
+    }
+    (first_row == rows && !locations.is_empty()).then_some(OffsetIndexMetaData {
+        page_locations: locations,
+        unencoded_byte_array_data_bytes: None,
+    })
+}
+
+/// Rows of a v1 data page of a repeated column: its repetition levels (`[4-byte length]
+/// [RLE hybrid]` at the front of `page`) that are 0. None when the page does not start a
+/// row, or the levels do not read.
+fn rows_of_levels(
+    page: &Bytes,
+    levels: usize,
+    max_repetition: i16,
+    reader: &mut Option<HybridIndices>,
+) -> Option<u64> {
+    let len = u32::from_le_bytes(page.get(..4)?.try_into().ok()?) as usize;
+    let runs = page.slice(4..4usize.checked_add(len).filter(|end| *end <= page.len())?);
+    let width = (16 - (max_repetition as u16).leading_zeros()) as u8;
+    match reader {
+        Some(reader) => reader.reset(width, runs).ok()?,
+        None => *reader = Some(HybridIndices::new(width, runs).ok()?),
+    }
+    let reader = reader.as_mut().expect("set above");
+    let mut rows = 0u64;
+    let mut left = levels;
+    let mut first = true;
+    while left > 0 {
+        let (zeros, read) = match reader.next(left).ok()? {
+            Indices::Repeat { index, count } => {
+                if first && index != 0 {
+                    return None;
+                }
+                (if index == 0 { count } else { 0 }, count)
+            }
+            Indices::Listed(levels) => {
+                if first && levels[0] != 0 {
+                    return None;
+                }
+                (levels.iter().filter(|l| **l == 0).count(), levels.len())
+            }
+        };
+        first = false;
+        rows += zeros as u64;
+        left -= read;
+    }
+    reader.release();
+    Some(rows)
+}
+
+/// A fetched chunk that records where the page reader reads: each page's header is read
+/// from where `get_read` starts, its body is `get_bytes`' range.
+struct RecordingRegion {
+    region: FetchedRegion,
+    reads: Mutex<Reads>,
+}
+
+#[derive(Default)]
+struct Reads {
+    /// Start of the last `get_read` (a page header).
+    header: Option<u64>,
+    /// The last page: its header's offset and its body's end.
+    page: Option<(u64, u64)>,
+}
+
+impl Reads {
+    fn last_page(&mut self) -> Option<(u64, u64)> {
+        self.page.take()
+    }
+}
+
+impl Length for RecordingRegion {
+    fn len(&self) -> u64 {
+        self.region.len()
+    }
+}
+
+impl ChunkReader for RecordingRegion {
+    type T = <FetchedRegion as ChunkReader>::T;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        if let Ok(mut reads) = self.reads.lock() {
+            reads.header = Some(start);
+        }
+        self.region.get_read(start)
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        if let Ok(mut reads) = self.reads.lock() {
+            reads.page = reads.header.take().map(|h| (h, start + length as u64));
+        }
+        self.region.get_bytes(start, length)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A v1 page's front: `[4-byte length][runs]`, then (here) nothing else.
+    fn page(runs: &[u8]) -> Bytes {
+        let mut page = (runs.len() as u32).to_le_bytes().to_vec();
+        page.extend_from_slice(runs);
+        page.extend_from_slice(b"values follow");
+        Bytes::from(page)
+    }
+
+    #[test]
+    fn rows_are_the_repetition_levels_that_are_zero() {
+        let mut reader = None;
+        // Bit-packed, 1 bit: levels 0 1 1 0 1 (0 0 0 padding) = 0b0001_0110.
+        assert_eq!(
+            rows_of_levels(&page(&[0x03, 0x16]), 5, 1, &mut reader),
+            Some(2)
+        );
+        // Runs: four 0s, then three 2s (width 2: one byte a value).
+        assert_eq!(
+            rows_of_levels(&page(&[8, 0, 6, 2]), 7, 2, &mut reader),
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn a_page_that_does_not_start_a_row_or_does_not_read_cannot_be_located() {
+        let mut reader = None;
+        // Starts with a level 1: the row began on the page before.
+        assert_eq!(rows_of_levels(&page(&[10, 1]), 5, 1, &mut reader), None);
+        assert_eq!(
+            rows_of_levels(&page(&[0x03, 0x17]), 5, 1, &mut reader),
+            None
+        );
+        // Fewer levels than the page declares; a length past the page.
+        assert_eq!(rows_of_levels(&page(&[4, 0]), 5, 1, &mut reader), None);
+        let mut cut = 1000u32.to_le_bytes().to_vec();
+        cut.extend_from_slice(&[10, 0]);
+        assert_eq!(rows_of_levels(&Bytes::from(cut), 5, 1, &mut reader), None);
+        assert_eq!(
+            rows_of_levels(&Bytes::from_static(&[1, 0]), 5, 1, &mut reader),
+            None
+        );
+    }
+}
