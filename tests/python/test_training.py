@@ -32,12 +32,23 @@ def write_dataset(directory: Path, rng: random.Random, *, files: int | None = No
         table = pa.table(
             {
                 "id": pa.array(np.arange(n, n + rows), pa.int64()),
-                "text": [f"row {i}" if i % 7 else None for i in range(n, n + rows)],
-                "vec": pa.array([[float(i), 1.0] for i in range(n, n + rows)]),
+                "text": pa.array(
+                    [f"row {i}" if i % 7 else None for i in range(n, n + rows)], pa.string()
+                ),
+                "vec": pa.array(
+                    [[float(i), 1.0] for i in range(n, n + rows)], pa.list_(pa.float64())
+                ),
             }
         )
+        # Pages of a few rows in some files (no page index, as pyarrow writes by default):
+        # blocks then read pages located by forebay (`page_locations`).
+        small_pages = rng.random() < 0.5
         pq.write_table(
-            table, directory / f"part-{f:02}.parquet", row_group_size=rng.randint(1, 300)
+            table,
+            directory / f"part-{f:02}.parquet",
+            row_group_size=rng.randint(1, 300),
+            data_page_size=64 if small_pages else None,
+            write_batch_size=rng.randint(1, 40) if small_pages else None,
         )
         n += rows
     return n
