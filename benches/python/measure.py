@@ -157,11 +157,12 @@ def warm_page_cache(paths: list[str]) -> None:
                 pass
 
 
-def run_child(script: str, *args: str) -> dict:
-    """Run ``script --child *args`` in a fresh interpreter (so each measurement starts with
-    nothing cached in the process) and return the JSON object its last stdout line holds."""
+def run_child(script: str, *args: str, python: str | None = None) -> dict:
+    """Run ``script --child *args`` in a fresh interpreter (``python``, by default this one:
+    so each measurement starts with nothing cached in the process) and return the JSON
+    object its last stdout line holds."""
     out = subprocess.run(
-        [sys.executable, script, "--child", *args],
+        [python or sys.executable, script, "--child", *args],
         capture_output=True,
         text=True,
         check=False,
@@ -201,19 +202,25 @@ def tpch_lineitem(data_dir: Path, sf: float) -> Path:
 
 
 def alternate(
-    script: str, engines: list[str], rounds: int, files: list[str], kind: str, *args: str
+    script: str,
+    engines: list[str],
+    rounds: int,
+    files: list[str],
+    kind: str,
+    *args: str,
+    pythons: dict[str, str] | None = None,
 ) -> dict[str, list[dict]]:
     """Run ``script --child kind engine *args`` for each engine ``rounds`` times, rotating
-    which goes first (A B C, B C A, ...), each run in a fresh interpreter after the input
-    ``files`` were read once (``warm_page_cache``) and Ray's processes of an earlier run have
-    exited."""
+    which goes first (A B C, B C A, ...), each run in a fresh interpreter (``pythons[engine]``
+    where given) after the input ``files`` were read once (``warm_page_cache``) and Ray's
+    processes of an earlier run have exited."""
     results: dict[str, list[dict]] = {e: [] for e in engines}
     for r in range(rounds):
         first = r % len(engines)
         for e in engines[first:] + engines[:first]:
             wait_for_ray_exit()
             warm_page_cache(files)
-            res = run_child(script, kind, e, *args)
+            res = run_child(script, kind, e, *args, python=(pythons or {}).get(e))
             results[e].append(res)
             print(f"  round {r + 1} {e}: {json.dumps(res)}", file=sys.stderr)
     return results
