@@ -100,6 +100,7 @@ wheel-check: wheel-dev
 	$(PYTHON) -m venv $(SMOKE_VENV)
 	$(SMOKE_VENV)/bin/python -m pip install --quiet $(WHEELS)/dev/forebay-*.whl
 	$(SMOKE_VENV)/bin/python tests/smoke/smoke_job.py
+	rm -rf $(SMOKE_VENV)
 	cd target && ../$(PY) -m mypy.stubtest --mypy-config-file ../python/pyproject.toml \
 		--allowlist ../python/stubtest-allowlist.txt forebay._forebay
 
