@@ -41,7 +41,7 @@ use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
 
 use super::{DatasetInner, OpenedFile};
-use crate::error::{corrupt_from, Result};
+use crate::error::{corrupt_from, ParquetError, Result};
 use crate::flat::hybrid::{HybridIndices, Indices};
 use crate::io::{FetchedRegion, ObjectFileReader};
 
@@ -172,19 +172,44 @@ async fn locate_row_group(
         inner.io.clone(),
         inner.range_policy_for(&file.entry),
     );
+    // A local file is walked page by page (a page in memory at a time); a remote one's
+    // chunks are fetched whole, one at a time.
+    let local = match &file.entry.local_path {
+        Some(path) => Some(
+            std::fs::File::open(path)
+                .map_err(|e| ParquetError::from_local_io(file.entry.uri.to_string(), e))?,
+        ),
+        None => None,
+    };
     let mut leaves = vec![None; group.columns().len()];
     for (leaf, chunk) in group.columns().iter().enumerate() {
         if !file.projection.leaf_included(leaf) {
             continue;
         }
-        let (start, len) = chunk.byte_range();
-        let bytes = reader.fetch(start..start + len).await?;
         let max_repetition = metadata
             .file_metadata()
             .schema_descr()
             .column(leaf)
             .max_rep_level();
-        match locate_chunk(chunk, start, bytes, rows, max_repetition) {
+        let located = match &local {
+            Some(local) => {
+                let local = local
+                    .try_clone()
+                    .map_err(|e| ParquetError::from_local_io(file.entry.uri.to_string(), e))?;
+                locate_chunk(chunk, local, rows, max_repetition)
+            }
+            None => {
+                let (start, len) = chunk.byte_range();
+                let bytes = reader.fetch(start..start + len).await?;
+                locate_chunk(
+                    chunk,
+                    FetchedRegion::new(start, bytes),
+                    rows,
+                    max_repetition,
+                )
+            }
+        };
+        match located {
             Some(locations) => leaves[leaf] = Some(locations),
             None => return Ok(None),
         }
@@ -192,17 +217,17 @@ async fn locate_row_group(
     Ok(Some(leaves))
 }
 
-/// The data pages of one column chunk (`bytes`, fetched from file offset `start`) and the
-/// first row of each, or None when they cannot be located (see the module docs).
-fn locate_chunk(
+/// The data pages of one column chunk (read from `bytes`: the file, or the chunk fetched)
+/// and the first row of each, or None when they cannot be located (see the module docs).
+fn locate_chunk<R: ChunkReader + 'static>(
     chunk: &parquet::file::metadata::ColumnChunkMetaData,
-    start: u64,
-    bytes: Bytes,
+    bytes: R,
     rows: u64,
     max_repetition: i16,
 ) -> Option<OffsetIndexMetaData> {
+    let start = chunk.byte_range().0;
     let region = Arc::new(RecordingRegion {
-        region: FetchedRegion::new(start, bytes),
+        region: bytes,
         reads: Mutex::new(Reads::default()),
     });
     // A flat column's rows are in its page headers: its pages go as stored (no
@@ -308,8 +333,8 @@ fn rows_of_levels(
 
 /// A fetched chunk that records where the page reader reads: each page's header is read
 /// from where `get_read` starts, its body is `get_bytes`' range.
-struct RecordingRegion {
-    region: FetchedRegion,
+struct RecordingRegion<R> {
+    region: R,
     reads: Mutex<Reads>,
 }
 
@@ -327,14 +352,14 @@ impl Reads {
     }
 }
 
-impl Length for RecordingRegion {
+impl<R: ChunkReader> Length for RecordingRegion<R> {
     fn len(&self) -> u64 {
         self.region.len()
     }
 }
 
-impl ChunkReader for RecordingRegion {
-    type T = <FetchedRegion as ChunkReader>::T;
+impl<R: ChunkReader> ChunkReader for RecordingRegion<R> {
+    type T = R::T;
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
         if let Ok(mut reads) = self.reads.lock() {
