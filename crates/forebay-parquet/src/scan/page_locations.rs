@@ -403,6 +403,120 @@ mod tests {
         );
     }
 
+    /// A file of an id and a list column, pages of a few rows, with or without a page index.
+    fn file_with_lists(v2: bool, page_index: bool) -> Bytes {
+        use arrow_array::builder::{Int32Builder, ListBuilder};
+        use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+        use parquet::arrow::ArrowWriter;
+        use parquet::file::properties::{WriterProperties, WriterVersion};
+        let mut lists = ListBuilder::new(Int32Builder::new());
+        for row in 0..300i32 {
+            for i in 0..row % 9 {
+                lists.values().append_value(row * 10 + i);
+            }
+            lists.append(row % 13 != 0);
+        }
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..300)) as ArrayRef,
+            ),
+            ("tokens", Arc::new(lists.finish()) as ArrayRef),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_data_page_row_count_limit(20)
+            .set_write_batch_size(20)
+            .set_offset_index_disabled(!page_index)
+            .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Chunk)
+            .set_writer_version(if v2 {
+                WriterVersion::PARQUET_2_0
+            } else {
+                WriterVersion::PARQUET_1_0
+            })
+            .set_compression(parquet::basic::Compression::SNAPPY)
+            .build();
+        let mut out = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        Bytes::from(out)
+    }
+
+    #[test]
+    fn pages_are_located_as_the_writer_would_have_indexed_them() {
+        use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
+        for v2 in [false, true] {
+            let file = file_with_lists(v2, false);
+            let indexed = file_with_lists(v2, true);
+            let metadata = ParquetMetaDataReader::new()
+                .parse_and_finish(&file)
+                .unwrap();
+            let written = ParquetMetaDataReader::new()
+                .with_page_index_policy(PageIndexPolicy::Required)
+                .parse_and_finish(&indexed)
+                .unwrap();
+            let index = written.page_index().expect("the writer's page index");
+            let group = metadata.row_group(0);
+            for (leaf, chunk) in group.columns().iter().enumerate() {
+                let repetition = metadata
+                    .file_metadata()
+                    .schema_descr()
+                    .column(leaf)
+                    .max_rep_level();
+                let located = locate_chunk(chunk, file.clone(), 300, repetition)
+                    .unwrap_or_else(|| panic!("leaf {leaf} (v2: {v2}) located"));
+                let expected = index.offset_index(0, leaf).expect("indexed");
+                assert!(expected.page_locations.len() > 5, "pages of a few rows");
+                assert_eq!(
+                    located.page_locations, expected.page_locations,
+                    "leaf {leaf} (v2: {v2})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_chunks_are_located_or_not_never_a_panic() {
+        use parquet::file::metadata::ParquetMetaDataReader;
+        for v2 in [false, true] {
+            let file = file_with_lists(v2, false);
+            let metadata = ParquetMetaDataReader::new()
+                .parse_and_finish(&file)
+                .unwrap();
+            let group = metadata.row_group(0);
+            for (leaf, chunk) in group.columns().iter().enumerate() {
+                let repetition = metadata
+                    .file_metadata()
+                    .schema_descr()
+                    .column(leaf)
+                    .max_rep_level();
+                let (start, len) = chunk.byte_range();
+                for at in (start..start + len).step_by(7) {
+                    for flip in [0x01u8, 0x80, 0xff] {
+                        let mut damaged = file.to_vec();
+                        damaged[at as usize] ^= flip;
+                        let damaged = Bytes::from(damaged);
+                        let located = std::panic::catch_unwind(|| {
+                            locate_chunk(chunk, damaged, 300, repetition)
+                        });
+                        let located = located.unwrap_or_else(|_| {
+                            panic!("leaf {leaf}, byte {at} ^ {flip:#x} (v2: {v2}) panicked")
+                        });
+                        if let Some(located) = located {
+                            let rows: Vec<i64> = located
+                                .page_locations
+                                .iter()
+                                .map(|p| p.first_row_index)
+                                .collect();
+                            assert!(rows.windows(2).all(|w| w[0] < w[1]) && rows[0] == 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_page_that_does_not_start_a_row_or_does_not_read_cannot_be_located() {
         let mut reader = None;
