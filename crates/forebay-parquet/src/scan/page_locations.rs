@@ -28,14 +28,14 @@
 //! wrong with the file.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::basic::{Compression, Encoding};
 use parquet::column::page::{Page, PageReader};
-use parquet::file::metadata::page_index::{PageIndexBuilder, PageIndexProvider};
-use parquet::file::metadata::ParquetMetaData;
+use parquet::file::metadata::page_index::PageIndexProvider;
+use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
@@ -47,32 +47,60 @@ use crate::io::{FetchedRegion, ObjectFileReader};
 
 /// Page locations found for a file's row groups (see the module docs).
 pub(super) struct PageLocations {
-    state: Mutex<Found>,
+    /// The locations found, shared with the metadata below (filled in place: a row group
+    /// found later does not rebuild the metadata).
+    found: Arc<FoundOffsetIndexes>,
+    /// The file's reader metadata with `found` as its page index, made on the first use.
+    reader_meta: OnceLock<ArrowReaderMetadata>,
 }
 
-struct Found {
-    /// Per row group: what is known of its pages.
-    row_groups: Vec<RowGroupPages>,
-    /// The file's reader metadata with every offset index found so far (None: none yet).
-    reader_meta: Option<ArrowReaderMetadata>,
+/// The offset indexes of the row groups whose pages were located; the page index of the
+/// metadata a located row group is read with.
+#[derive(Debug)]
+struct FoundOffsetIndexes {
+    row_groups: Vec<OnceLock<RowGroupPages>>,
 }
 
-#[derive(Clone)]
+#[derive(Debug)]
 enum RowGroupPages {
-    NotLooked,
     /// Per leaf of the file: its chunk's locations (None: a leaf not read).
     Located(Vec<Option<OffsetIndexMetaData>>),
     /// Read as before (see the module docs).
     Unusable,
 }
 
+impl PageIndexProvider for FoundOffsetIndexes {
+    fn has_offset_indexes(&self) -> bool {
+        true
+    }
+
+    fn has_column_indexes(&self) -> bool {
+        false
+    }
+
+    fn column_index(&self, _row_group: usize, _column: usize) -> Option<&ColumnIndexMetaData> {
+        None
+    }
+
+    fn offset_index(&self, row_group: usize, column: usize) -> Option<&OffsetIndexMetaData> {
+        match self.row_groups.get(row_group)?.get()? {
+            RowGroupPages::Located(leaves) => leaves.get(column)?.as_ref(),
+            RowGroupPages::Unusable => None,
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 impl PageLocations {
     pub(super) fn new(row_groups: usize) -> Self {
         Self {
-            state: Mutex::new(Found {
-                row_groups: vec![RowGroupPages::NotLooked; row_groups],
-                reader_meta: None,
+            found: Arc::new(FoundOffsetIndexes {
+                row_groups: (0..row_groups).map(|_| OnceLock::new()).collect(),
             }),
+            reader_meta: OnceLock::new(),
         }
     }
 
@@ -86,70 +114,53 @@ impl PageLocations {
         row_group: usize,
     ) -> Result<ArrowReaderMetadata> {
         let metadata = file.reader_meta.metadata();
-        if metadata
+        let has_own_index = metadata
             .page_index()
-            .is_some_and(|index| index.has_offset_indexes())
-        {
+            .is_some_and(|index| index.has_offset_indexes());
+        let Some(slot) = self.found.row_groups.get(row_group) else {
+            return Ok(file.reader_meta.clone());
+        };
+        if has_own_index {
             return Ok(file.reader_meta.clone());
         }
-        {
-            let found = self.state.lock().expect("page locations lock");
-            match found.row_groups.get(row_group) {
-                None | Some(RowGroupPages::Unusable) => return Ok(file.reader_meta.clone()),
-                Some(RowGroupPages::Located(_)) => {
-                    return Ok(found.reader_meta.clone().expect("built with the locations"))
-                }
-                Some(RowGroupPages::NotLooked) => {}
-            }
-        }
-        // Two units of the row group may look at once: both find the same locations.
-        let located = locate_row_group(inner, file, row_group).await?;
-        let mut found = self.state.lock().expect("page locations lock");
-        if let RowGroupPages::NotLooked = found.row_groups[row_group] {
-            found.row_groups[row_group] = match located {
+        if slot.get().is_none() {
+            // Two units of the row group may look at once: both find the same locations,
+            // the first kept.
+            let located = match locate_row_group(inner, file, row_group).await? {
                 Some(leaves) => RowGroupPages::Located(leaves),
                 None => RowGroupPages::Unusable,
             };
-            if let RowGroupPages::Located(_) = found.row_groups[row_group] {
+            if slot.set(located).is_ok() && matches!(slot.get(), Some(RowGroupPages::Located(_))) {
                 inner
                     .scan_metrics
                     .row_groups_pages_located
                     .fetch_add(1, Ordering::Relaxed);
-                let with_index = with_offset_indexes(&file.reader_meta, &found.row_groups)
-                    .map_err(|e| corrupt_from(&file.entry.uri, Some(row_group), e))?;
-                found.reader_meta = Some(with_index);
             }
         }
-        Ok(match &found.row_groups[row_group] {
-            RowGroupPages::Located(_) => found.reader_meta.clone().expect("built above"),
-            _ => file.reader_meta.clone(),
-        })
+        match slot.get() {
+            Some(RowGroupPages::Located(_)) => {}
+            _ => return Ok(file.reader_meta.clone()),
+        }
+        if let Some(meta) = self.reader_meta.get() {
+            return Ok(meta.clone());
+        }
+        let with_index = with_offset_indexes(&file.reader_meta, self.found.clone())
+            .map_err(|e| corrupt_from(&file.entry.uri, Some(row_group), e))?;
+        Ok(self.reader_meta.get_or_init(|| with_index).clone())
     }
 }
 
-/// `base` with the offset indexes of the located row groups (others without).
+/// `base` with `found` as its page index.
 fn with_offset_indexes(
     base: &ArrowReaderMetadata,
-    row_groups: &[RowGroupPages],
+    found: Arc<FoundOffsetIndexes>,
 ) -> parquet::errors::Result<ArrowReaderMetadata> {
-    let metadata: &ParquetMetaData = base.metadata();
-    let leaves = metadata.file_metadata().schema_descr().num_columns();
-    let mut index = PageIndexBuilder::default();
-    index.allocate_offset_indexes(row_groups.len(), leaves);
-    for (rg, pages) in row_groups.iter().enumerate() {
-        if let RowGroupPages::Located(chunks) = pages {
-            for (leaf, chunk) in chunks.iter().enumerate() {
-                if let Some(chunk) = chunk {
-                    index.put_offset_index(chunk.clone(), rg, leaf);
-                }
-            }
-        }
-    }
-    let index: Arc<dyn PageIndexProvider> = Arc::new(index.build());
-    let metadata = metadata
+    let metadata = base
+        .metadata()
+        .as_ref()
         .clone()
         .into_builder()
-        .set_page_index(Some(index))
+        .set_page_index(Some(found as Arc<dyn PageIndexProvider>))
         .build();
     ArrowReaderMetadata::try_new(
         Arc::new(metadata),
