@@ -218,6 +218,9 @@ def test_a_kill_half_way_keeps_most_of_the_work(cluster, inputs: Path, tmp_path:
     while [a for a in forebay_actors() if a.startswith("forebay-write-")]:
         assert time.monotonic() < deadline, forebay_actors()
         time.sleep(0.2)
+    # A commit under way at the kill may land before its actor goes (once on a clean clone:
+    # 1,289 rows after the count above): the rerun does what is left after that.
+    kept = committed_rows(out)
 
     rerun = fray.write_parquet(
         fray.read_parquet(str(inputs)).map_batches(add_double, batch_format="pyarrow"),
