@@ -197,11 +197,7 @@ async fn locate_row_group(
         if !file.projection.leaf_included(leaf) {
             continue;
         }
-        let max_repetition = metadata
-            .file_metadata()
-            .schema_descr()
-            .column(leaf)
-            .max_rep_level();
+        let max_repetition = max_repetition_of(metadata, leaf);
         let located = match &local {
             Some(local) => {
                 let local = local
@@ -226,6 +222,15 @@ async fn locate_row_group(
         }
     }
     Ok(Some(leaves))
+}
+
+/// The highest repetition level of leaf `leaf` (0: a flat column).
+fn max_repetition_of(metadata: &parquet::file::metadata::ParquetMetaData, leaf: usize) -> i16 {
+    metadata
+        .file_metadata()
+        .schema_descr()
+        .column(leaf)
+        .max_rep_level()
 }
 
 /// The data pages of one column chunk (read from `bytes`: the file, or the chunk fetched)
@@ -470,11 +475,7 @@ mod tests {
             let index = written.page_index().expect("the writer's page index");
             let group = metadata.row_group(0);
             for (leaf, chunk) in group.columns().iter().enumerate() {
-                let repetition = metadata
-                    .file_metadata()
-                    .schema_descr()
-                    .column(leaf)
-                    .max_rep_level();
+                let repetition = max_repetition_of(&metadata, leaf);
                 let located = locate_chunk(chunk, file.clone(), 300, repetition)
                     .unwrap_or_else(|| panic!("leaf {leaf} (v2: {v2}) located"));
                 let expected = index.offset_index(0, leaf).expect("indexed");
@@ -497,11 +498,7 @@ mod tests {
                 .unwrap();
             let group = metadata.row_group(0);
             for (leaf, chunk) in group.columns().iter().enumerate() {
-                let repetition = metadata
-                    .file_metadata()
-                    .schema_descr()
-                    .column(leaf)
-                    .max_rep_level();
+                let repetition = max_repetition_of(&metadata, leaf);
                 let (start, len) = chunk.byte_range();
                 for at in (start..start + len).step_by(7) {
                     for flip in [0x01u8, 0x80, 0xff] {
