@@ -607,6 +607,28 @@ fn rows_until_error(ds: &ParquetDataset) -> (usize, Option<String>) {
     (rows, None)
 }
 
+/// Row ranges of file 0 from proptest's `(row group, start, length)` cuts (clipped to row
+/// groups of `group_rows` rows), and the slices of `data` each should read.
+fn ranges_and_rows(
+    data: &RecordBatch,
+    group_rows: u64,
+    cuts: &[(usize, u64, u64)],
+) -> (Vec<forebay_parquet::RowRange>, Vec<RecordBatch>) {
+    cuts.iter()
+        .map(|&(rg, start, len)| {
+            let end = (start + len).min(group_rows);
+            let start = start.min(end - 1);
+            let range = forebay_parquet::RowRange {
+                file_index: 0,
+                row_group: rg,
+                rows: start..end,
+            };
+            let first = rg * group_rows as usize + start as usize;
+            (range, data.slice(first, (end - start) as usize))
+        })
+        .unzip()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
@@ -619,14 +641,7 @@ proptest! {
         let ds = ParquetDataset::builder(source(store)).for_row_ranges().build().unwrap();
         let layout = ds.row_group_layout().unwrap();
         prop_assert_eq!(&layout[0].row_group_rows, &vec![250u64; 6]);
-        let mut ranges = Vec::new();
-        let mut expected = Vec::new();
-        for (rg, start, len) in cuts {
-            let end = (start + len).min(250);
-            let start = start.min(end - 1);
-            ranges.push(forebay_parquet::RowRange { file_index: 0, row_group: rg, rows: start..end });
-            expected.push(data.slice(rg * 250 + start as usize, (end - start) as usize));
-        }
+        let (ranges, expected) = ranges_and_rows(&data, 250, &cuts);
         let got: Vec<RecordBatch> = ds.scan_row_ranges(ranges).blocking_iter().map(|b| b.unwrap().batch).collect();
         let schema = ds.schema();
         prop_assert_eq!(concat(&got, schema.clone()), concat(&expected, schema));
@@ -837,14 +852,7 @@ proptest! {
             source(store_with(&[file]))
         };
         let ds = ParquetDataset::builder(source).for_row_ranges().with_batch_size(50).build().unwrap();
-        let mut ranges = Vec::new();
-        let mut expected = Vec::new();
-        for (rg, start, len) in cuts {
-            let end = (start + len).min(400);
-            let start = start.min(end - 1);
-            ranges.push(forebay_parquet::RowRange { file_index: 0, row_group: rg, rows: start..end });
-            expected.push(data.slice(rg * 400 + start as usize, (end - start) as usize));
-        }
+        let (ranges, expected) = ranges_and_rows(&data, 400, &cuts);
         let got: Vec<RecordBatch> = ds.scan_row_ranges(ranges.clone()).blocking_iter().map(|b| b.unwrap().batch).collect();
         let schema = ds.schema();
         prop_assert_eq!(concat(&got, schema.clone()), concat(&expected, schema));
