@@ -224,15 +224,21 @@ def batches_of(
         ds = forebay.read_parquet(files, columns=columns)
         if engine == "forebay-iter":
             return ds.iter_batches(batch_size=batch_size)
-        # "forebay-shuffle", or with other sizes: "forebay-shuffle-b4096-w1048576".
-        name, *sizes = engine.split("-b")
-        block_rows = None
-        if sizes:
-            block, _, window = sizes[0].partition("-w")
-            block_rows, window_rows = int(block), int(window or window_rows)
-        seed = None if name == "forebay-order" else 1
+        # "forebay-shuffle" or "forebay-order", with options: "-b4096" (block rows),
+        # "-w1048576" (window rows), "-lanes12" (lanes), "-ranks4" (rank 0 of 4).
+        _, name, *options = engine.split("-")
+        settings = {"b": None, "w": window_rows, "lanes": None, "ranks": 1}
+        for option in options:
+            key = option.rstrip("0123456789")
+            settings[key] = int(option[len(key) :])
         stream = ds.training_stream(
-            batch_size, seed=seed, window_rows=window_rows, block_rows=block_rows
+            batch_size,
+            seed=None if name == "order" else 1,
+            window_rows=settings["w"],
+            block_rows=settings["b"],
+            lanes=settings["lanes"],
+            world_size=settings["ranks"],
+            rank=0,
         )
         return iter(stream)
     if engine == "polars":

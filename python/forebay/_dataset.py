@@ -536,6 +536,8 @@ class Dataset:
         remainder: str = "drop",
         window_rows: int | None = None,
         block_rows: int | None = None,
+        lanes: int | None = None,
+        lane_chunk: int | None = None,
     ) -> TrainingStream:
         """This dataset as a training stream: a seeded global order dealt to ranks, each
         rank reading only what its batches need, resumable exactly with ``state_dict()`` /
@@ -554,6 +556,15 @@ class Dataset:
         block_rows: rows read together from one row group (default: ~2 MiB decoded, from
             the footers' sizes): smaller blocks mix better and decode more (a block decodes
             the pages holding its rows).
+        lanes: None (default): every rank decodes every window and keeps its batches. N:
+            the epoch is N lanes (equal parts of the permuted blocks, each shuffled in its
+            own windows) taken ``lane_chunk`` samples at a time in turn, so that a rank of
+            a world size dividing N reads only its lanes, 1/world_size of the data. Pick a
+            multiple of every world size a run may resume with (12 for 4, 3 and 6). A rank
+            holds one window per lane it takes from (N/world_size), so the default window
+            is 64/N blocks (at least 4): a batch then mixes fewer places of the dataset.
+        lane_chunk: samples a lane gives at a time (default: ``batch_size``). Like the
+            seed, ``lanes`` and ``lane_chunk`` define the order: a resume needs the same.
         """
         return TrainingStream(
             self,
@@ -564,6 +575,8 @@ class Dataset:
             remainder=remainder,
             window_rows=window_rows,
             block_rows=block_rows,
+            lanes=lanes,
+            lane_chunk=lane_chunk,
         )
 
     def iter_batches_with_provenance(self) -> Iterator[tuple[pa.RecordBatch, dict[str, Any]]]:

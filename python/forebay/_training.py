@@ -9,9 +9,11 @@ resumable at any batch with a state of a few integers.
     ...         train(batch)
     ...         if time_to_save: save({"model": ..., "data": stream.state_dict()})
 
-The order of an epoch depends on (seed, epoch, dataset, block_rows, window_rows) only
-(``forebay_engine::training``): blocks of rows are permuted across the dataset, and rows
-within windows of blocks. Each step deals ``world_size x batch_size`` consecutive samples,
+The order of an epoch depends on (seed, epoch, dataset, block_rows, window_rows, lanes,
+lane_chunk) only (``forebay_engine::training``): blocks of rows are permuted across the
+dataset, and rows within windows of blocks (with ``lanes``: the permuted blocks cut into
+lanes with windows of their own, taken ``lane_chunk`` samples at a time in turn, so that
+each rank reads only its lanes). Each step deals ``world_size x batch_size`` consecutive samples,
 ``batch_size`` to each rank, so every rank gets the same number of full batches. The state
 is (epoch, samples consumed by all ranks), the same on every rank: a run resumed with
 another world size or number of loader workers delivers, across its ranks, exactly the
@@ -21,6 +23,7 @@ rest of the sequence.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +53,14 @@ def _rank_from_environment(world_size: int | None, rank: int | None) -> tuple[in
     return world_size, rank
 
 
+def _reads_own_lanes(lanes: int, lane_chunk: int, world_size: int, batch_size: int) -> bool:
+    """Whether each rank's batches come from lanes of its own: a batch is whole chunks,
+    and a step's chunks divide the lanes (``forebay_engine::training::order``)."""
+    if batch_size % lane_chunk:
+        return False
+    return lanes % (world_size * (batch_size // lane_chunk)) == 0
+
+
 class TrainingStream:
     """A dataset as a training stream (made by :meth:`forebay.Dataset.training_stream`).
 
@@ -70,10 +81,13 @@ class TrainingStream:
         remainder: str,
         window_rows: int | None,
         block_rows: int | None,
+        lanes: int | None = None,
+        lane_chunk: int | None = None,
     ) -> None:
         """Use ``dataset.training_stream(...)``, which documents ``batch_size``, ``seed``,
-        ``world_size``, ``rank``, ``remainder``, ``window_rows`` and ``block_rows``
-        (``dataset``: a ``read_parquet`` dataset without steps or filter)."""
+        ``world_size``, ``rank``, ``remainder``, ``window_rows``, ``block_rows``, ``lanes``
+        and ``lane_chunk`` (``dataset``: a ``read_parquet`` dataset without steps or
+        filter)."""
         if dataset._steps:
             raise ValueError(
                 "training_stream reads the files directly: call it on read_parquet(...) "
@@ -90,12 +104,34 @@ class TrainingStream:
         block_rows = optional_integer("block_rows", block_rows, minimum=1)
         self._block_rows_given = block_rows
         window_rows = optional_integer("window_rows", window_rows, minimum=1)
+        self.lanes = optional_integer("lanes", lanes, minimum=1)
+        lane_chunk = optional_integer("lane_chunk", lane_chunk, minimum=1)
+        if self.lanes is None and lane_chunk is not None:
+            raise ValueError("lane_chunk needs lanes (the order's lanes, e.g. lanes=12)")
+        self._lane_chunk_given = lane_chunk
+        self.lane_chunk = None if self.lanes is None else (lane_chunk or self.batch_size)
+        if (
+            self.lanes is not None
+            and self.world_size > 1
+            and not _reads_own_lanes(self.lanes, self.lane_chunk, self.world_size, self.batch_size)
+        ):
+            warnings.warn(
+                f"lanes={self.lanes}, lane_chunk={self.lane_chunk}: with world_size="
+                f"{self.world_size} and batch_size={self.batch_size} a rank's batches come "
+                "from other ranks' lanes too, so every rank reads more than its share (the "
+                "order is the same); a world size dividing lanes, with batch_size = "
+                "lane_chunk, reads 1/world_size",
+                stacklevel=3,
+            )
         self._dataset = dataset
         self._window_rows = window_rows
         self._layout = _forebay.RsTrainingLayout(dataset._inner, block_rows)
         self.block_rows = int(self._layout.block_rows())
         if window_rows is None:
             self.window_blocks = _forebay.TRAINING_WINDOW_BLOCKS
+            if self.lanes is not None:
+                # A rank holds a window per lane it takes from.
+                self.window_blocks = max(4, -(-self.window_blocks // self.lanes))
         else:
             # Blocks at the ends of row groups are shorter: count by the average block, so
             # that window_rows >= the dataset's rows makes one window (a uniform shuffle).
@@ -114,6 +150,8 @@ class TrainingStream:
             "remainder": self.remainder,
             "window_rows": self._window_rows,
             "block_rows": self._block_rows_given,
+            "lanes": self.lanes,
+            "lane_chunk": self._lane_chunk_given,
         }
         return _rebuild, (self._dataset, self.batch_size, settings, self.epoch, self._consumed)
 
@@ -157,6 +195,8 @@ class TrainingStream:
             "seed": self.seed,
             "block_rows": self.block_rows,
             "window_blocks": self.window_blocks,
+            "lanes": self.lanes,
+            "lane_chunk": self.lane_chunk,
             "dataset_rows": self.rows,
             "dataset_fingerprint": self._layout.fingerprint(),
         }
@@ -172,13 +212,16 @@ class TrainingStream:
         for key, mine in (
             ("seed", self.seed),
             ("block_rows", self.block_rows),
+            ("lanes", self.lanes),
+            ("lane_chunk", self.lane_chunk),
             ("window_blocks", self.window_blocks),
         ):
+            # States saved before lanes existed have no "lanes" (and were saved without).
             if state.get(key) != mine:
                 raise ValueError(
                     f"the state was saved with {key}={state.get(key)!r}, this stream has "
                     f"{key}={mine!r}: the order would differ; make the stream with the same "
-                    "seed, block_rows and window_rows"
+                    "seed, block_rows, window_rows, lanes and lane_chunk"
                 )
         fingerprint = self._layout.fingerprint()
         if (
@@ -260,6 +303,7 @@ class TrainingStream:
             epoch,
             self.seed,
             self.window_blocks,
+            None if self.lanes is None else (self.lanes, self.lane_chunk),
             world_size,
             rank,
             workers,

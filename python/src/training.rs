@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use forebay_engine::training::{
-    DatasetLayout, EpochOrder, EpochStream, Remainder, Share, Shuffle, DEFAULT_WINDOW_BLOCKS,
+    DatasetLayout, EpochOrder, EpochStream, Lanes, Remainder, Share, Shuffle, DEFAULT_WINDOW_BLOCKS,
 };
 use forebay_engine::MemoryPool;
 use forebay_parquet::ParquetDataset;
@@ -69,8 +69,9 @@ impl RsTrainingLayout {
         format!("{:016x}", self.layout.fingerprint())
     }
 
-    /// One consumer's batches of `epoch` from sample `consumed` on.
-    #[pyo3(signature = (epoch, seed, window_blocks, world_size, rank, workers, worker, batch_size, pad, consumed, memory_limit))]
+    /// One consumer's batches of `epoch` from sample `consumed` on; `lanes`: (lanes, chunk)
+    /// when the order is in lanes.
+    #[pyo3(signature = (epoch, seed, window_blocks, lanes, world_size, rank, workers, worker, batch_size, pad, consumed, memory_limit))]
     #[allow(clippy::too_many_arguments)]
     fn epoch(
         &self,
@@ -78,6 +79,7 @@ impl RsTrainingLayout {
         epoch: u64,
         seed: Option<u64>,
         window_blocks: usize,
+        lanes: Option<(u64, u64)>,
         world_size: u64,
         rank: u64,
         workers: u64,
@@ -88,12 +90,17 @@ impl RsTrainingLayout {
         memory_limit: usize,
     ) -> PyResult<RsEpochStream> {
         let shuffle = seed.map_or(Shuffle::None, Shuffle::Seeded);
-        let order = Arc::new(EpochOrder::new(
-            self.layout.clone(),
-            window_blocks,
-            shuffle,
-            epoch,
-        ));
+        let layout = self.layout.clone();
+        let order = Arc::new(match lanes {
+            None => EpochOrder::new(layout, window_blocks, shuffle, epoch),
+            Some((lanes, chunk)) => EpochOrder::in_lanes(
+                layout,
+                window_blocks,
+                shuffle,
+                epoch,
+                Lanes { lanes, chunk },
+            ),
+        });
         let share = Share {
             world_size,
             rank,
@@ -127,6 +134,12 @@ impl RsEpochStream {
     fn __len__(&self) -> usize {
         let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
         stream.as_ref().map_or(0, |s| s.len() as usize)
+    }
+
+    /// Rows of the windows this stream decodes (0 once closed).
+    fn rows_read(&self) -> u64 {
+        let stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        stream.as_ref().map_or(0, EpochStream::rows_read)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

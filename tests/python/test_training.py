@@ -94,6 +94,7 @@ def run_ranks(ds, state, world_size, workers, steps, batch_size, order, remainde
 
 
 @pytest.mark.parametrize("case", range(CASES))
+@pytest.mark.filterwarnings("ignore:lanes=.*reads more than its share:UserWarning")
 def test_resume_with_other_world_sizes_delivers_the_same_sequence(tmp_path, case):
     rng = random.Random(case)
     write_dataset(tmp_path / "data", rng)
@@ -105,6 +106,11 @@ def test_resume_with_other_world_sizes_delivers_the_same_sequence(tmp_path, case
     }
     remainder = rng.choice(["drop", "pad"])
     batch_size = rng.randint(1, 40)
+    if case % 3 == 2:
+        # In lanes: the same promise, whatever the world sizes (12's divisors read only
+        # their lanes; 5 reads more, and gets the same sequence).
+        order["lanes"] = rng.choice([12, rng.randint(1, 7)])
+        order["lane_chunk"] = batch_size
     epochs = rng.randint(1, 2)
     reference = [whole_sequence(ds, e, **order) for e in range(epochs)]
     n = len(reference[0])
@@ -211,6 +217,18 @@ def test_the_state_is_small_and_checked(tmp_path):
         ds.training_stream(8, seed=1, block_rows=100).load_state_dict(state)
     with pytest.raises(ValueError, match="not a training stream state"):
         ds.training_stream(8, seed=1).load_state_dict({"epoch": 0})
+    with pytest.raises(ValueError, match="lanes=None, this stream has lanes=4"):
+        ds.training_stream(8, seed=1, lanes=4).load_state_dict(state)
+    in_lanes = ds.training_stream(8, seed=1, lanes=4)
+    next(iter(in_lanes))
+    lanes_state = in_lanes.state_dict()
+    assert (lanes_state["lanes"], lanes_state["lane_chunk"]) == (4, 8)
+    with pytest.raises(ValueError, match="lane_chunk=8, this stream has lane_chunk=16"):
+        ds.training_stream(16, seed=1, lanes=4).load_state_dict(lanes_state)
+    # Another batch size with the run's lane chunk: the same order (one rank reads all).
+    other_batch = ds.training_stream(16, seed=1, lanes=4, lane_chunk=8)
+    other_batch.load_state_dict(lanes_state)
+    assert other_batch.consumed == 8
     # Another file: the dataset changed.
     pq.write_table(
         pa.table({"id": [10**9], "text": ["x"], "vec": [[0.0, 0.0]]}),
@@ -244,11 +262,46 @@ def test_wrong_arguments_get_clear_errors(tmp_path):
     filtered = forebay.read_parquet(tmp_path / "data", filter=[("id", ">", 3)])
     with pytest.raises(ValueError, match="filter"):
         filtered.training_stream(8)
+    with pytest.raises(ValueError, match="lanes must be at least 1"):
+        ds.training_stream(8, lanes=0)
+    with pytest.raises(ValueError, match="lane_chunk needs lanes"):
+        ds.training_stream(8, lane_chunk=8)
+    with pytest.warns(UserWarning, match="world_size=5 and batch_size=8 .* reads more"):
+        ds.training_stream(8, world_size=5, rank=0, lanes=12)
     stream = ds.training_stream(8)
     with pytest.raises(ValueError, match="worker 2 is not below workers 2"):
         next(stream.iter_worker(2, 2))
     with pytest.raises(ValueError, match=r"only \d+ were left"):
         stream.advance(len(stream) + 1)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 6, 12])
+def test_ranks_in_lanes_read_their_share_and_together_the_sequence(tmp_path, world_size):
+    rng = random.Random(77)
+    n = write_dataset(tmp_path / "data", rng, files=5)
+    ds = forebay.read_parquet(tmp_path / "data")
+    order = {"seed": 9, "block_rows": 20, "window_rows": 60, "lanes": 12}
+    batch = 7
+    reference = whole_sequence(ds, 0, lane_chunk=batch, **order)
+    lane_rows = n // (12 * batch) * batch
+    tail = n - 12 * lane_rows
+    delivered, read = [], []
+    streams = [
+        ds.training_stream(batch, world_size=world_size, rank=r, **order) for r in range(world_size)
+    ]
+    per_rank = [list(s) for s in streams]
+    for r, s in enumerate(streams):
+        epoch_stream = s._epoch_stream(0, 0)
+        read.append(epoch_stream.rows_read())
+        epoch_stream.close()
+        assert read[-1] <= lane_rows * 12 // world_size + tail, (r, read[-1], n)
+    for step in range(len(per_rank[0])):
+        for rank_batches in per_rank:
+            delivered += rank_batches[step].column("id").to_pylist()
+    assert delivered == reference[: len(delivered)]
+    assert n - len(delivered) < world_size * batch
+    if world_size > 1:
+        assert max(read) < n, "no rank reads the whole dataset"
 
 
 def test_world_size_and_rank_from_torchrun_environment(tmp_path, monkeypatch):
@@ -281,7 +334,8 @@ def test_three_windows_must_fit_the_memory_limit(tmp_path):
         forebay.configure(memory_limit="2MB")
         stream = ds.training_stream(64, window_rows=100_000, block_rows=4096)
         with pytest.raises(
-            ValueError, match=r"window needs ~1\.\d MiB .* limit of 1\.9 MiB. Lower window_rows"
+            ValueError,
+            match=r"windows need ~4\.\d MiB at times .* limit of 1\.9 MiB. Lower window_rows",
         ):
             next(iter(stream))
         # A window that fits streams under the same limit.

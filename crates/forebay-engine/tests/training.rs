@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, Int64Array, RecordBatch};
-use forebay_engine::training::{DatasetLayout, EpochOrder, EpochStream, Remainder, Share, Shuffle};
+use forebay_engine::training::{
+    DatasetLayout, EpochOrder, EpochStream, Lanes, Remainder, Share, Shuffle,
+};
 use forebay_engine::MemoryPool;
 use forebay_parquet::{DatasetSource, ParquetDataset};
 use parquet::arrow::ArrowWriter;
@@ -141,9 +143,85 @@ fn a_file_rewritten_under_the_stream_is_an_error() {
 
 #[test]
 fn windows_that_do_not_fit_the_limit_are_refused() {
+    // One window of the whole dataset: read, then permuted while the read rows are held.
     let (_dir, dataset, order) = dataset_and_order(2, 100, 20, 2);
-    let error = EpochStream::start(dataset, order, share(1, 0), 0, &MemoryPool::new(20_000))
+    assert_eq!(order.windows(), 1);
+    let needs = 2 * order.window_bytes(0) as usize;
+    let pool = MemoryPool::new(needs - 1);
+    let error = EpochStream::start(dataset.clone(), order.clone(), share(1, 0), 0, &pool)
         .err()
         .expect("refused");
     assert!(error.to_string().contains("window_rows"), "{error}");
+    let stream = EpochStream::start(dataset, order, share(1, 0), 0, &MemoryPool::new(needs));
+    assert_eq!(stream.unwrap().count(), 2000 / 50);
+
+    // Two windows: the one consumed, the next one and its permuted copy.
+    let (_dir, dataset, order) = dataset_and_order(2, 100, 10, 2);
+    assert_eq!(order.windows(), 2);
+    let needs = (order.window_bytes(0) + 2 * order.window_bytes(1)) as usize;
+    let refused = EpochStream::start(
+        dataset.clone(),
+        order.clone(),
+        share(1, 0),
+        0,
+        &MemoryPool::new(needs - 1),
+    );
+    assert!(refused.is_err());
+    let stream = EpochStream::start(dataset, order, share(1, 0), 0, &MemoryPool::new(needs));
+    assert_eq!(stream.unwrap().count(), 2000 / 50);
+}
+
+/// In lanes, the ranks of a world size dividing the lanes together deliver the epoch's
+/// sequence, and each reads its own lanes and the tail: about a third of the rows and of
+/// the bytes (blocks of whole row groups here, so that a rank's blocks are whole column
+/// chunks).
+#[test]
+fn ranks_in_lanes_read_their_share() {
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path(), 8); // 8,000 rows in 32 row groups
+    let layout = Arc::new(DatasetLayout::new(
+        &open(dir.path()).row_group_layout().unwrap(),
+        300,
+    ));
+    let lanes = Lanes {
+        lanes: 3,
+        chunk: 50,
+    };
+    let order = Arc::new(EpochOrder::in_lanes(
+        layout,
+        3,
+        Shuffle::Seeded(11),
+        0,
+        lanes,
+    ));
+    let pool = MemoryPool::new(64 << 20);
+    let whole = open(dir.path());
+    let one = EpochStream::start(whole.clone(), order.clone(), share(1, 0), 0, &pool).unwrap();
+    assert_eq!(one.rows_read(), 8000);
+    let sequence: Vec<i64> = one.flat_map(|b| values(&b.unwrap())).collect();
+    assert_eq!(sequence.len(), 8000);
+    let all_bytes = whole.metrics().io.data_bytes;
+
+    let mut ranks = Vec::new();
+    for rank in 0..3 {
+        let dataset = open(dir.path());
+        let stream =
+            EpochStream::start(dataset.clone(), order.clone(), share(3, rank), 0, &pool).unwrap();
+        // 8,000 rows = 3 lanes of 2,650 rows (53 chunks of 50) and a tail of 50.
+        assert_eq!(stream.rows_read(), 2650, "its lane; the tail is dropped");
+        let batches: Vec<Vec<i64>> = stream.map(|b| values(&b.unwrap())).collect();
+        let bytes = dataset.metrics().io.data_bytes;
+        assert!(
+            bytes * 100 < all_bytes * 40,
+            "rank {rank} read {bytes} bytes of {all_bytes}"
+        );
+        ranks.push(batches);
+    }
+    let steps = ranks[0].len();
+    assert_eq!(steps, 8000 / 150);
+    let dealt: Vec<i64> = (0..steps)
+        .flat_map(|k| ranks.iter().flat_map(move |r| r[k].clone()))
+        .collect();
+    assert_eq!(dealt, sequence[..7950]);
+    assert_eq!(pool.used(), 0);
 }

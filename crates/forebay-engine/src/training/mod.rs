@@ -5,8 +5,9 @@
 //!  files ──row_group_layout──► DatasetLayout (blocks: ≤ block_rows rows of one row group)
 //!                                   │ (seed, epoch)
 //!                                   ▼
-//!                              EpochOrder: blocks permuted, cut into windows, rows permuted
-//!                                   │      in each window = the epoch's sample sequence
+//!                              EpochOrder: blocks permuted, cut into windows (or into lanes
+//!                                   │      cut into windows), rows permuted in each window =
+//!                                   │      the epoch's sample sequence
 //!                                   ▼
 //!  (world_size, rank, loader workers, batch_size, remainder) ── Share: step k = W × b samples,
 //!                                   │                           rank r takes the r-th b
@@ -15,7 +16,7 @@
 //!                              permuted whole, in the memory pool), slices its batches out
 //! ```
 //!
-//! The sequence is a function of (seed, epoch, dataset, block_rows, window_blocks) only, so
+//! The sequence is a function of (seed, epoch, dataset, block_rows, window_blocks, lanes) only, so
 //! the state of a run is where it is in it: (epoch, samples consumed). Every rank saves the
 //! same state; a run resumed with another world size or number of loader workers deals the
 //! rest of the same sequence ([`deal`]), so the ranks together deliver exactly what the
@@ -27,12 +28,15 @@
 //! mix more, and cost more decoding (a block reads the pages holding its rows: located from
 //! the page index, or, in files without one, by the reader once per row group).
 //!
-//! A rank reads every window its batches touch. Once a window holds more than `world_size`
-//! batches, that is every window: each rank decodes the whole dataset and keeps its share
-//! (the memory is a rank's own windows, but the decoding is not divided by the ranks).
-//! Giving each rank its own blocks would make the order depend on the world size, which the
-//! resume across world sizes rules out; lanes fixed at the first run (as MosaicML's canonical
-//! nodes) would do it and are not built.
+//! A rank reads every window its batches touch. Without lanes, once a window holds more
+//! than `world_size` batches, that is every window: each rank decodes the whole dataset
+//! and keeps its share. Giving each rank its own blocks would make the order depend on the
+//! world size, which the resume across world sizes rules out; instead the order can be made
+//! of lanes fixed for the run ([`EpochOrder::in_lanes`], as MosaicML's canonical nodes):
+//! equal parts of the permuted blocks, each shuffled in its own windows, taken a batch at a
+//! time in turn. A rank of a world size dividing the lanes then takes its batches from its
+//! own lanes and reads 1/W of the dataset (plus the epoch's short tail), holding one window
+//! per lane it takes from.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -55,5 +59,7 @@ pub mod order;
 mod stream;
 
 pub use deal::{Remainder, Share};
-pub use order::{DatasetLayout, EpochOrder, Shuffle, DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW_BLOCKS};
+pub use order::{
+    DatasetLayout, EpochOrder, Lanes, Piece, Shuffle, DEFAULT_BLOCK_BYTES, DEFAULT_WINDOW_BLOCKS,
+};
 pub use stream::EpochStream;

@@ -12,8 +12,9 @@
 //!  (seed, epoch, window): the window's slice of the epoch's sample sequence
 //! ```
 //!
-//! The sample sequence of an epoch is the windows' permuted rows, window after window. A
-//! sample's position in it is all a resume needs; a window is read whole (its blocks, from
+//! The sample sequence of an epoch is the windows' permuted rows, window after window, or,
+//! in lanes ([`EpochOrder::in_lanes`]), the lanes' windows taken a chunk at a time in turn.
+//! A sample's position in it is all a resume needs; a window is read whole (its blocks, from
 //! many files) and is what the shuffle holds in memory.
 //!
 //! Randomness is ChaCha8 keyed by (seed, epoch) with one stream per window (stream 0 for
@@ -144,58 +145,144 @@ pub enum Shuffle {
     Seeded(u64),
 }
 
+/// Lanes: the epoch's sequence as `lanes` streams interleaved `chunk` samples at a time,
+/// so that a rank can read only its own (see [`EpochOrder::in_lanes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lanes {
+    pub lanes: u64,
+    /// Samples a lane gives at a time (a rank's batch size, for a rank to read its lanes
+    /// only).
+    pub chunk: u64,
+}
+
+/// The part of the sequence cut into lanes.
+#[derive(Debug, Clone)]
+struct LaneLayout {
+    lanes: u64,
+    chunk: u64,
+    /// Rows of each lane (a multiple of `chunk`).
+    lane_rows: u64,
+    /// Offsets in a lane where its windows start (the same for every lane); one more entry
+    /// holds `lane_rows`.
+    window_starts: Vec<u64>,
+}
+
+/// Where some consecutive samples of the sequence are: `offsets` of window `window`'s
+/// samples (in the window's sequence order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub window: usize,
+    pub offsets: Range<u64>,
+}
+
 /// The sample sequence of one epoch, computed window by window (never materialized whole).
+///
+/// The blocks' rows in the permuted block order make the epoch's *row sequence*; a window
+/// is a range of it, its rows permuted. Without lanes the windows follow each other in
+/// the sample sequence; with lanes, see [`EpochOrder::in_lanes`].
 #[derive(Debug, Clone)]
 pub struct EpochOrder {
     layout: Arc<DatasetLayout>,
     shuffle: Shuffle,
     epoch: u64,
-    /// Index in `block_order` of each window's first block; one more entry holds the
-    /// number of blocks.
-    window_first_blocks: Vec<usize>,
     /// Block indices in the epoch's order.
     block_order: Vec<u32>,
-    /// Position of each window's first sample; one more entry holds the epoch's rows.
-    window_starts: Vec<u64>,
+    /// Row-sequence position of each block of `block_order`; one more entry holds the
+    /// epoch's rows.
+    block_starts: Vec<u64>,
+    /// Each window's rows of the row sequence: with lanes, lane 0's windows, lane 1's, ...,
+    /// then the tail's.
+    windows: Vec<Range<u64>>,
+    lanes: Option<LaneLayout>,
+    /// The first window whose samples are its rows' own positions in the sequence (all of
+    /// them without lanes; the tail's with lanes).
+    first_in_place: usize,
 }
 
 impl EpochOrder {
+    /// The epoch's order without lanes: windows of `window_blocks` permuted blocks (as few
+    /// as that allows, as even as the blocks allow), one after another.
     pub fn new(
         layout: Arc<DatasetLayout>,
         window_blocks: usize,
         shuffle: Shuffle,
         epoch: u64,
     ) -> EpochOrder {
-        let n = layout.blocks.len() as u64;
-        let windows = (n as usize).div_ceil(window_blocks.max(1));
-        let window_first_blocks: Vec<usize> = (0..=windows)
-            .map(|t| t * n as usize / windows.max(1))
+        let (block_order, block_starts) = block_sequence(&layout, shuffle, epoch);
+        let n = block_order.len();
+        let count = n.div_ceil(window_blocks.max(1));
+        let windows = (0..count)
+            .map(|t| block_starts[t * n / count]..block_starts[(t + 1) * n / count])
             .collect();
-        let block_order = match shuffle {
-            Shuffle::None => (0..n as u32).collect(),
-            Shuffle::Seeded(seed) => permutation(n, &mut generator(seed, epoch, 0)),
-        };
-        let mut window_starts = Vec::with_capacity(windows + 1);
-        let mut position = 0u64;
-        for bounds in window_first_blocks.windows(2) {
-            let window = &block_order[bounds[0]..bounds[1]];
-            window_starts.push(position);
-            position += window
-                .iter()
-                .map(|&b| {
-                    let r = &layout.blocks[b as usize].rows;
-                    r.end - r.start
-                })
-                .sum::<u64>();
-        }
-        window_starts.push(position);
         EpochOrder {
             layout,
             shuffle,
             epoch,
-            window_first_blocks,
             block_order,
-            window_starts,
+            block_starts,
+            windows,
+            lanes: None,
+            first_in_place: 0,
+        }
+    }
+
+    /// The epoch's order in lanes, so that a rank reads only part of the dataset:
+    ///
+    /// ```text
+    ///  row sequence (permuted blocks): [ lane 0 │ lane 1 │ … │ lane L-1 │ tail (< L × chunk) ]
+    ///  each lane cut into windows of ~window_blocks blocks' rows, rows permuted in each
+    ///  samples:  chunk 0 of lane 0, chunk 0 of lane 1, …, chunk 0 of lane L-1,
+    ///            chunk 1 of lane 0, …                                 then the tail's windows
+    /// ```
+    ///
+    /// Lanes have equal rows (a multiple of `chunk`), so with batches of `chunk` samples a
+    /// rank of a world whose size divides `lanes` takes lanes `r, r + W, …` (shifted by where
+    /// the epoch was resumed) and reads only their windows: 1/W of the dataset, plus the
+    /// tail. Any other world size gets the same sequence and reads more. The order depends
+    /// on `lanes` and `chunk`: they are fixed for a run like the seed.
+    pub fn in_lanes(
+        layout: Arc<DatasetLayout>,
+        window_blocks: usize,
+        shuffle: Shuffle,
+        epoch: u64,
+        lanes: Lanes,
+    ) -> EpochOrder {
+        let (block_order, block_starts) = block_sequence(&layout, shuffle, epoch);
+        let rows = layout.rows();
+        let (count, chunk) = (lanes.lanes.max(1), lanes.chunk.max(1));
+        let lane_rows = rows / (count * chunk) * chunk;
+        // Windows hold about `window_blocks` average blocks' rows.
+        let window_rows = (window_blocks.max(1) as u64 * rows)
+            .div_ceil(layout.blocks().max(1) as u64)
+            .max(1);
+        let even_cuts = |len: u64| -> Vec<u64> {
+            let count = len.div_ceil(window_rows);
+            (0..=count).map(|t| t * len / count.max(1)).collect()
+        };
+        let window_starts = even_cuts(lane_rows);
+        let mut windows = Vec::new();
+        for lane in 0..count {
+            let base = lane * lane_rows;
+            windows.extend(window_starts.windows(2).map(|w| base + w[0]..base + w[1]));
+        }
+        let first_in_place = windows.len();
+        let body = count * lane_rows;
+        let tail_cuts = even_cuts(rows - body);
+        windows.extend(tail_cuts.windows(2).map(|w| body + w[0]..body + w[1]));
+        EpochOrder {
+            layout,
+            shuffle,
+            epoch,
+            block_order,
+            block_starts,
+            windows,
+            lanes: Some(LaneLayout {
+                lanes: count,
+                chunk,
+                lane_rows,
+                window_starts,
+            }),
+            first_in_place,
         }
     }
 
@@ -205,38 +292,83 @@ impl EpochOrder {
 
     /// Samples in the epoch (the dataset's rows).
     pub fn rows(&self) -> u64 {
-        *self.window_starts.last().expect("one entry at least")
+        *self.block_starts.last().expect("one entry at least")
     }
 
     pub fn windows(&self) -> usize {
-        self.window_starts.len() - 1
+        self.windows.len()
     }
 
-    /// The window holding sample `position` (< [`rows`](Self::rows)).
-    pub fn window_of(&self, position: u64) -> usize {
-        self.window_starts.partition_point(|&s| s <= position) - 1
+    /// Samples in window `window`.
+    pub fn window_rows(&self, window: usize) -> u64 {
+        let rows = &self.windows[window];
+        rows.end - rows.start
     }
 
-    /// Positions of the samples of window `window`.
-    pub fn window_positions(&self, window: usize) -> Range<u64> {
-        self.window_starts[window]..self.window_starts[window + 1]
+    /// The windows and offsets in them of the samples at `positions` (< [`rows`](Self::rows)),
+    /// in sequence order, appended to `out`.
+    pub fn pieces(&self, positions: Range<u64>, out: &mut Vec<Piece>) {
+        let mut p = positions.start;
+        while p < positions.end {
+            let (window, offset, run) = self.locate(p);
+            let len = run.min(positions.end - p);
+            match out.last_mut() {
+                Some(last) if last.window == window && last.offsets.end == offset => {
+                    last.offsets.end += len;
+                }
+                _ => out.push(Piece {
+                    window,
+                    offsets: offset..offset + len,
+                }),
+            }
+            p += len;
+        }
     }
 
-    /// The row ranges of `window`'s blocks, in the order their rows are concatenated before
-    /// the window's permutation; blocks that follow each other in their row group are one
-    /// range (in file order, whole row groups: read by forebay's own decoders).
+    /// (window, offset in it, samples from there on that follow in the same window) of the
+    /// sample at position `p`.
+    fn locate(&self, p: u64) -> (usize, u64, u64) {
+        if let Some(lanes) = &self.lanes {
+            if p < lanes.lanes * lanes.lane_rows {
+                let k = p / lanes.chunk;
+                let lane = k % lanes.lanes;
+                let at = (k / lanes.lanes) * lanes.chunk + p % lanes.chunk;
+                let j = lanes.window_starts.partition_point(|&s| s <= at) - 1;
+                let windows_per_lane = lanes.window_starts.len() - 1;
+                let run = (lanes.chunk - p % lanes.chunk).min(lanes.window_starts[j + 1] - at);
+                return (
+                    lane as usize * windows_per_lane + j,
+                    at - lanes.window_starts[j],
+                    run,
+                );
+            }
+        }
+        let in_place = &self.windows[self.first_in_place..];
+        let w = self.first_in_place + in_place.partition_point(|r| r.start <= p) - 1;
+        let rows = &self.windows[w];
+        (w, p - rows.start, rows.end - p)
+    }
+
+    /// The row ranges of `window`'s rows, in the order their rows are concatenated before
+    /// the window's permutation; consecutive rows of a row group are one range (in file
+    /// order, whole row groups: read by forebay's own decoders).
     pub fn window_blocks(&self, window: usize) -> Vec<RowRange> {
         let mut ranges: Vec<RowRange> = Vec::new();
-        for &b in self.block_indices(window) {
-            let block = &self.layout.blocks[b as usize];
+        for (b, rows) in self.window_parts(window) {
+            let block = &self.layout.blocks[b];
+            let rows = block.rows.start + rows.start..block.rows.start + rows.end;
             match ranges.last_mut() {
                 Some(last)
                     if (last.file_index, last.row_group) == (block.file_index, block.row_group)
-                        && last.rows.end == block.rows.start =>
+                        && last.rows.end == rows.start =>
                 {
-                    last.rows.end = block.rows.end;
+                    last.rows.end = rows.end;
                 }
-                _ => ranges.push(block.clone()),
+                _ => ranges.push(RowRange {
+                    file_index: block.file_index,
+                    row_group: block.row_group,
+                    rows,
+                }),
             }
         }
         ranges
@@ -244,14 +376,32 @@ impl EpochOrder {
 
     /// Estimated decoded bytes of `window`.
     pub fn window_bytes(&self, window: usize) -> u64 {
-        self.block_indices(window)
-            .iter()
-            .map(|&b| self.layout.block_bytes[b as usize])
+        self.window_parts(window)
+            .map(|(b, rows)| {
+                let block = &self.layout.blocks[b].rows;
+                let bytes = u128::from(self.layout.block_bytes[b]);
+                (bytes * u128::from(rows.end - rows.start)
+                    / u128::from((block.end - block.start).max(1))) as u64
+            })
             .sum()
     }
 
-    fn block_indices(&self, window: usize) -> &[u32] {
-        &self.block_order[self.window_first_blocks[window]..self.window_first_blocks[window + 1]]
+    /// (block, its rows in the window, counted from the block's first row) of `window`'s
+    /// rows, in row-sequence order.
+    fn window_parts(&self, window: usize) -> impl Iterator<Item = (usize, Range<u64>)> + '_ {
+        let rows = self.windows[window].clone();
+        let first = self
+            .block_starts
+            .partition_point(|&s| s <= rows.start)
+            .max(1)
+            - 1;
+        (first..self.block_order.len())
+            .take_while(move |&i| self.block_starts[i] < rows.end)
+            .filter_map(move |i| {
+                let (start, end) = (self.block_starts[i], self.block_starts[i + 1]);
+                let (from, to) = (rows.start.max(start), rows.end.min(end));
+                (from < to).then(|| (self.block_order[i] as usize, from - start..to - start))
+            })
     }
 
     /// Whether samples follow the blocks' rows as read (no shuffle): a window needs no
@@ -260,11 +410,10 @@ impl EpochOrder {
         self.shuffle == Shuffle::None
     }
 
-    /// For each sample of `window` (in sequence order), its row among the window's blocks'
-    /// rows concatenated.
+    /// For each sample of `window` (in sequence order), its row among the window's rows
+    /// concatenated.
     pub fn window_permutation(&self, window: usize) -> Vec<u32> {
-        let rows = self.window_positions(window);
-        let n = rows.end - rows.start;
+        let n = self.window_rows(window);
         match self.shuffle {
             Shuffle::None => (0..n as u32).collect(),
             Shuffle::Seeded(seed) => {
@@ -272,6 +421,24 @@ impl EpochOrder {
             }
         }
     }
+}
+
+/// The epoch's block order and where each block starts in the row sequence.
+fn block_sequence(layout: &DatasetLayout, shuffle: Shuffle, epoch: u64) -> (Vec<u32>, Vec<u64>) {
+    let n = layout.blocks.len() as u64;
+    let block_order = match shuffle {
+        Shuffle::None => (0..n as u32).collect(),
+        Shuffle::Seeded(seed) => permutation(n, &mut generator(seed, epoch, 0)),
+    };
+    let mut block_starts = Vec::with_capacity(block_order.len() + 1);
+    let mut position = 0u64;
+    block_starts.push(0);
+    for &b in &block_order {
+        let rows = &layout.blocks[b as usize].rows;
+        position += rows.end - rows.start;
+        block_starts.push(position);
+    }
+    (block_order, block_starts)
 }
 
 /// The generator of stream `stream` of (seed, epoch).
@@ -328,21 +495,33 @@ mod tests {
 
     /// Every (file, row group, row) of the dataset, in epoch order.
     fn sequence(order: &EpochOrder) -> Vec<(usize, usize, u64)> {
-        let mut out = Vec::new();
-        for w in 0..order.windows() {
-            let rows: Vec<(usize, usize, u64)> = order
-                .window_blocks(w)
-                .iter()
-                .flat_map(|b| b.rows.clone().map(move |r| (b.file_index, b.row_group, r)))
-                .collect();
-            out.extend(
+        let windows: Vec<Vec<(usize, usize, u64)>> = (0..order.windows())
+            .map(|w| {
+                let rows: Vec<(usize, usize, u64)> = order
+                    .window_blocks(w)
+                    .iter()
+                    .flat_map(|b| b.rows.clone().map(move |r| (b.file_index, b.row_group, r)))
+                    .collect();
+                assert_eq!(rows.len() as u64, order.window_rows(w));
                 order
                     .window_permutation(w)
                     .iter()
-                    .map(|&i| rows[i as usize]),
-            );
-        }
-        out
+                    .map(|&i| rows[i as usize])
+                    .collect()
+            })
+            .collect();
+        let mut pieces = Vec::new();
+        order.pieces(0..order.rows(), &mut pieces);
+        pieces
+            .iter()
+            .flat_map(|p| &windows[p.window][p.offsets.start as usize..p.offsets.end as usize])
+            .copied()
+            .collect()
+    }
+
+    fn sorted(mut rows: Vec<(usize, usize, u64)>) -> Vec<(usize, usize, u64)> {
+        rows.sort();
+        rows
     }
 
     #[test]
@@ -350,23 +529,63 @@ mod tests {
         let layout = Arc::new(DatasetLayout::new(&files(&[&[10, 7], &[3], &[25, 1]]), 4));
         assert_eq!(layout.rows(), 46);
         assert_eq!(layout.blocks(), 3 + 2 + 1 + 7 + 1);
+        let all = sorted(sequence(&EpochOrder::new(
+            layout.clone(),
+            3,
+            Shuffle::None,
+            0,
+        )));
+        assert_eq!(all.len(), 46);
         for seed in 0..20 {
             let order = EpochOrder::new(layout.clone(), 3, Shuffle::Seeded(seed), 0);
-            let mut seen = sequence(&order);
-            assert_eq!(seen.len(), 46);
-            for (i, p) in (0..46).zip(seen.iter()) {
-                assert_eq!(
-                    order.window_of(i),
-                    (0..order.windows())
-                        .find(|&w| order.window_positions(w).contains(&i))
-                        .unwrap(),
-                    "{p:?}"
-                );
+            assert_eq!(sorted(sequence(&order)), all);
+            for lanes in 1..8 {
+                for chunk in [1, 2, 3, 7, 50] {
+                    let lanes = Lanes { lanes, chunk };
+                    for shuffle in [Shuffle::None, Shuffle::Seeded(seed)] {
+                        let order = EpochOrder::in_lanes(layout.clone(), 2, shuffle, 0, lanes);
+                        assert_eq!(sorted(sequence(&order)), all, "{lanes:?} {shuffle:?}");
+                    }
+                }
             }
-            seen.sort();
-            let mut all = sequence(&EpochOrder::new(layout.clone(), 3, Shuffle::None, 0));
-            all.sort();
-            assert_eq!(seen, all);
+        }
+    }
+
+    proptest::proptest! {
+        /// With lanes, the samples of batches of `chunk` taken by rank r of a world whose
+        /// size divides the lanes come from its own lanes' windows (and the tail's) only, so
+        /// that the ranks' windows are disjoint.
+        #[test]
+        fn a_rank_reads_its_own_lanes(
+            row_groups in proptest::collection::vec(1u64..300, 1..12),
+            block_rows in 1u64..64, window_blocks in 1usize..8, lanes in 1u64..13,
+            chunk in 1u64..20, world_pick in 0usize..6, resumed_steps in 0u64..5, seed in 0u64..1000,
+        ) {
+            let divisors: Vec<u64> = (1..=lanes).filter(|w| lanes % w == 0).collect();
+            let world = divisors[world_pick % divisors.len()];
+            let layout = Arc::new(DatasetLayout::new(&files(&[&row_groups]), block_rows));
+            let order = EpochOrder::in_lanes(
+                layout, window_blocks, Shuffle::Seeded(seed), 1, Lanes { lanes, chunk },
+            );
+            let tail = order.lanes.as_ref().unwrap().lanes * order.lanes.as_ref().unwrap().lane_rows;
+            let mut owner: Vec<Option<u64>> = vec![None; order.windows()];
+            // Resumed after some steps of another world (a multiple of chunk consumed).
+            let consumed = resumed_steps * 5 * chunk;
+            let mut k = 0;
+            loop {
+                let start = consumed + k * chunk;
+                if start + chunk > tail {
+                    break;
+                }
+                let rank = k % world;
+                let mut pieces = Vec::new();
+                order.pieces(start..start + chunk, &mut pieces);
+                for piece in pieces {
+                    let seen = owner[piece.window].get_or_insert(rank);
+                    proptest::prop_assert_eq!(*seen, rank);
+                }
+                k += 1;
+            }
         }
     }
 
@@ -374,9 +593,7 @@ mod tests {
     fn windows_are_as_even_as_the_blocks_allow() {
         let layout = Arc::new(DatasetLayout::new(&files(&[&[10; 19]]), 10));
         let order = EpochOrder::new(layout, 6, Shuffle::Seeded(1), 0);
-        let sizes: Vec<u64> = (0..order.windows())
-            .map(|w| order.window_positions(w).end - order.window_positions(w).start)
-            .collect();
+        let sizes: Vec<u64> = (0..order.windows()).map(|w| order.window_rows(w)).collect();
         assert_eq!(sizes, vec![40, 50, 50, 50]); // not 60, 60, 60, 10
     }
 
@@ -423,6 +640,27 @@ mod tests {
             (0, 0, 1),
         ];
         assert_eq!(sequence(&order)[..6], pinned[..]);
+    }
+
+    /// The same for an order in lanes.
+    #[test]
+    fn the_order_in_lanes_is_pinned() {
+        let layout = Arc::new(DatasetLayout::new(&files(&[&[3, 2], &[4]]), 2));
+        let lanes = Lanes { lanes: 2, chunk: 2 };
+        let order = EpochOrder::in_lanes(layout, 1, Shuffle::Seeded(42), 1, lanes);
+        // 9 rows: 2 lanes of 4 (windows of 2 rows), a tail of 1.
+        let pinned = [
+            (0, 0, 2),
+            (1, 0, 0),
+            (0, 1, 1),
+            (0, 0, 0),
+            (1, 0, 1),
+            (0, 1, 0),
+            (1, 0, 2),
+            (0, 0, 1),
+            (1, 0, 3),
+        ];
+        assert_eq!(sequence(&order)[..], pinned[..]);
     }
 
     #[test]

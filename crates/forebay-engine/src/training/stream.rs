@@ -1,5 +1,6 @@
 //! Reading a share of an epoch: the windows its batches touch, each permuted whole by the
-//! reader thread while the consumer cuts batches out of the one before.
+//! reader thread, in the order the batches first need them, while the consumer cuts
+//! batches out of the ones before.
 //!
 //! ```text
 //!  reader thread:  window t ──scan_row_ranges(its blocks)──► decoded batches
@@ -7,18 +8,20 @@
 //!                    sequence order (charged to the pool; the decoded batches let go)
 //!                  ──rendezvous (a channel of capacity 0)──► consumer
 //!                  (in file order, no shuffle: the decoded batches go as they are)
-//!  consumer:       batch i's positions ──► slices of the window (zero-copy; a batch across
-//!                  two windows is the concatenation of two slices)
+//!  consumer:       batch i's positions ──EpochOrder::pieces──► slices of windows (zero-copy;
+//!                  a batch across two windows is the concatenation of two slices); a window
+//!                  is let go after the last batch that takes from it
 //! ```
 //!
 //! The permutation is applied to a whole window at once, a column at a time, so that its
 //! random reads stay within one column of one window (a few MB, in cache), not across all
 //! columns of the window per output row: a gather per output batch ran at a third of the
-//! speed. Alive at most: the window consumed, and the one being read with its permuted copy
-//! (three windows, which `start` checks fit the memory limit). A batch handed out is a slice
-//! of its window: holding it keeps that window's buffers alive.
+//! speed. Alive at most: the windows batches are taken from (one; with lanes, one per lane
+//! the share takes from), and the one being read with its permuted copy, which `start`
+//! checks fit the memory limit. A batch handed out is a slice of its window: holding it
+//! keeps that window's buffers alive.
 
-use std::ops::Range;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -35,7 +38,6 @@ use crate::memory::{Admission, CancelToken, MemoryConsumer, MemoryPool, Reservat
 /// A window read into memory, its rows in sequence order.
 struct Window {
     index: usize,
-    positions: Range<u64>,
     /// Its samples in sequence order: one permuted batch, or (in file order) the batches as
     /// decoded.
     batches: Vec<RecordBatch>,
@@ -68,8 +70,13 @@ pub struct EpochStream {
     schema: SchemaRef,
     next_batch: u64,
     batches: u64,
+    /// The last batch that takes samples of each window this stream reads.
+    last_use: HashMap<usize, u64>,
+    rows_read: u64,
     windows: Option<Receiver<Result<Window>>>,
-    current: Option<Window>,
+    /// Windows received and still to be taken from (one without lanes; with lanes, one
+    /// per lane of this share).
+    alive: Vec<Window>,
     cancel: CancelToken,
     reader: Option<JoinHandle<()>>,
 }
@@ -92,34 +99,66 @@ impl EpochStream {
         } else {
             share.worker_batches(rows, consumed)
         };
-        // The windows the batches touch, in order (a padded last batch may go back to the
-        // first windows).
+        // The windows the batches touch, in the order first needed (a padded last batch
+        // may go back to the first windows), and the last batch that needs each.
         let mut needed: Vec<usize> = Vec::new();
+        let mut first_use: HashMap<usize, u64> = HashMap::new();
+        let mut last_use: HashMap<usize, u64> = HashMap::new();
+        let mut pieces = Vec::new();
         for i in 0..batches {
+            pieces.clear();
             for range in share.batch_positions(rows, consumed, i) {
-                for w in order.window_of(range.start)..=order.window_of(range.end - 1) {
-                    if needed.last() != Some(&w) {
-                        needed.push(w);
-                    }
-                }
+                order.pieces(range, &mut pieces);
+            }
+            for piece in &pieces {
+                first_use.entry(piece.window).or_insert_with(|| {
+                    needed.push(piece.window);
+                    i
+                });
+                last_use.insert(piece.window, i);
             }
         }
-        let largest = needed
-            .iter()
-            .map(|&w| order.window_bytes(w))
-            .max()
-            .unwrap_or(0);
-        if largest.saturating_mul(3) > pool.limit() as u64 {
+        // Memory at its most: the windows alive when the next one is being read (from
+        // when the one before it is first taken from), and the next one with its permuted
+        // copy.
+        let mut peak = needed.first().map_or(0, |&w| 2 * order.window_bytes(w));
+        let mut alive_bytes = 0u64;
+        let mut ends: Vec<(u64, u64)> = Vec::new(); // (last use, bytes) of alive windows
+        for (n, &w) in needed.iter().enumerate() {
+            let i = first_use[&w];
+            ends.retain(|&(last, bytes)| {
+                let keep = last >= i;
+                if !keep {
+                    alive_bytes -= bytes;
+                }
+                keep
+            });
+            let bytes = order.window_bytes(w);
+            alive_bytes += bytes;
+            ends.push((last_use[&w], bytes));
+            let next = needed
+                .get(n + 1)
+                .map_or(0, |&next| order.window_bytes(next));
+            peak = peak.max(alive_bytes + 2 * next);
+        }
+        if peak > pool.limit() as u64 {
             let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+            let largest = needed
+                .iter()
+                .map(|&w| order.window_bytes(w))
+                .max()
+                .unwrap_or(0);
             return Err(EngineError::InvalidArgument(format!(
-                "the shuffle window needs ~{:.1} MiB (its largest, decoded), and three windows \
-                 are in memory at times (the one consumed, the one read ahead and its permuted \
-                 copy): more than the memory limit of {:.1} MiB. Lower window_rows or raise \
-                 the memory limit",
+                "the shuffle windows need ~{:.1} MiB at times (decoded; windows of up to \
+                 ~{:.1} MiB: the ones batches are taken from, one per lane this rank takes \
+                 from, and the one read ahead with its permuted copy): more than the memory \
+                 limit of {:.1} MiB. Lower window_rows or raise the memory limit",
+                mib(peak),
                 mib(largest),
                 mib(pool.limit() as u64)
             )));
         }
+        let rows_read = needed.iter().map(|&w| order.window_rows(w)).sum();
         let schema = dataset.schema();
         let cancel = CancelToken::new();
         let (tx, rx) = crossbeam_channel::bounded(0);
@@ -141,8 +180,10 @@ impl EpochStream {
             schema,
             next_batch: 0,
             batches,
+            last_use,
+            rows_read,
             windows: Some(rx),
-            current: None,
+            alive: Vec::new(),
             cancel,
             reader: Some(reader),
         })
@@ -161,53 +202,60 @@ impl EpochStream {
         self.batches == 0
     }
 
+    /// Rows of the windows this stream reads (every row of a window is decoded): the
+    /// dataset's rows for one rank without lanes; with lanes, about its share of them.
+    pub fn rows_read(&self) -> u64 {
+        self.rows_read
+    }
+
     fn window(&mut self, index: usize) -> Result<&Window> {
-        if self.current.as_ref().map(|w| w.index) != Some(index) {
-            self.current = None; // let it go before the next one is taken
-            let received = self.windows.as_ref().and_then(|rx| rx.recv().ok());
-            let window = match received {
-                Some(window) => window?,
-                None => {
-                    return Err(EngineError::InvalidArgument(
-                        "the training stream's reader stopped".into(),
-                    ))
-                }
-            };
-            if window.index != index {
-                return Err(EngineError::InvalidArgument(format!(
-                    "the training stream's reader sent window {} where {index} was due",
-                    window.index
-                )));
-            }
-            self.current = Some(window);
+        if let Some(at) = self.alive.iter().position(|w| w.index == index) {
+            return Ok(&self.alive[at]);
         }
-        Ok(self.current.as_ref().expect("just set"))
+        let received = self.windows.as_ref().and_then(|rx| rx.recv().ok());
+        let window = match received {
+            Some(window) => window?,
+            None => {
+                return Err(EngineError::InvalidArgument(
+                    "the training stream's reader stopped".into(),
+                ))
+            }
+        };
+        if window.index != index {
+            return Err(EngineError::InvalidArgument(format!(
+                "the training stream's reader sent window {} where {index} was due",
+                window.index
+            )));
+        }
+        self.alive.push(window);
+        Ok(self.alive.last().expect("just pushed"))
     }
 
     fn next_batch(&mut self) -> Result<RecordBatch> {
         let rows = self.order.rows();
-        let ranges = self
+        let mut pieces = Vec::with_capacity(2);
+        for range in self
             .share
-            .batch_positions(rows, self.consumed, self.next_batch);
-        let mut pieces: Vec<RecordBatch> = Vec::with_capacity(2);
-        for range in ranges {
-            let mut p = range.start;
-            while p < range.end {
-                let w = self.order.window_of(p);
-                let window_end = self.order.window_positions(w).end.min(range.end);
-                let window = self.window(w)?;
-                window.slices(p - window.positions.start, window_end - p, &mut pieces);
-                p = window_end;
-            }
+            .batch_positions(rows, self.consumed, self.next_batch)
+        {
+            self.order.pieces(range, &mut pieces);
         }
+        let mut slices: Vec<RecordBatch> = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            self.window(piece.window)?.slices(
+                piece.offsets.start,
+                piece.offsets.end - piece.offsets.start,
+                &mut slices,
+            );
+        }
+        // Let go of the windows no later batch takes from.
+        let (last_use, done) = (&self.last_use, self.next_batch);
+        self.alive.retain(|w| last_use.get(&w.index) != Some(&done));
         self.next_batch += 1;
-        if self.next_batch == self.batches {
-            self.current = None;
-        }
-        match pieces.len() {
-            1 => Ok(pieces.pop().expect("one piece")),
+        match slices.len() {
+            1 => Ok(slices.pop().expect("one slice")),
             _ => {
-                arrow_select::concat::concat_batches(&self.schema, &pieces).map_err(assembly_failed)
+                arrow_select::concat::concat_batches(&self.schema, &slices).map_err(assembly_failed)
             }
         }
     }
@@ -233,7 +281,7 @@ impl EpochStream {
     fn stop(&mut self) {
         self.cancel.cancel();
         self.windows = None; // the reader's send fails
-        self.current = None;
+        self.alive.clear();
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
@@ -335,7 +383,6 @@ fn read_window(
     cancel: &CancelToken,
 ) -> Result<Window> {
     cancel.check()?;
-    let positions = order.window_positions(index);
     let mut batches = Vec::new();
     let mut reservations = Vec::new();
     let mut starts = Vec::new();
@@ -356,7 +403,7 @@ fn read_window(
         rows += batch.num_rows() as u64;
         batches.push(batch);
     }
-    let expected = positions.end - positions.start;
+    let expected = order.window_rows(index);
     if rows != expected {
         return Err(EngineError::InvalidArgument(format!(
             "shuffle window {index} of epoch {}: read {rows} rows where the files' footers \
@@ -367,7 +414,6 @@ fn read_window(
     if order.is_file_order() {
         return Ok(Window {
             index,
-            positions,
             batches,
             starts,
             _reservations: reservations,
@@ -390,7 +436,6 @@ fn read_window(
     drop(reservations);
     Ok(Window {
         index,
-        positions,
         batches: vec![permuted],
         starts: vec![0],
         _reservations: vec![reservation],
