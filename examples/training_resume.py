@@ -1,7 +1,8 @@
 """A training loop on several ranks, killed at a random step and resumed with another number
 of ranks: the samples it trains on are exactly those of an uninterrupted run, in order.
 
-    python examples/training_resume.py [--backend numpy|torch] [--worlds 4,3,6] [--dir DIR]
+    python examples/training_resume.py [--backend numpy|torch] [--worlds 4,3,6] [--lanes 12]
+                                       [--dir DIR]
 
 1. Writes a small dataset (uneven files and row groups; an ``id`` per row).
 2. Trains a linear model with data parallelism: ``world_size`` processes, each reading its
@@ -13,6 +14,8 @@ of ranks: the samples it trains on are exactly those of an uninterrupted run, in
 3. The processes are killed with SIGKILL at a random moment (preemption); the run resumes
    from the last checkpoint with the next world size in ``--worlds``; the last run goes to
    the end of two epochs.
+   With ``--lanes N`` the order is in N lanes (``training_stream(lanes=N)``): each rank of a
+   world size dividing N reads only its lanes.
 4. Verifies: the samples of the steps each run kept (up to the checkpoint the next run
    resumed from), step by step in rank order, are the uninterrupted sequence of both epochs,
    no sample missing, none repeated, in the same order.
@@ -68,6 +71,12 @@ def arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return batch.column("id").to_numpy(), x, batch.column("y").to_numpy()
 
 
+def order(work_dir: Path) -> dict:
+    """The order's settings of this run (``--lanes`` is kept in the work directory)."""
+    lanes = json.loads((work_dir / "lanes.json").read_text())
+    return {**ORDER, "lanes": lanes, "lane_chunk": BATCH if lanes else None}
+
+
 def train_rank(run: int, rank: int, world: int, work: str, backend: str, shared, barrier) -> None:
     """One rank: resume from the checkpoint if there is one, then train, logging the ids of
     each step's batch (``step id id ...``) and saving a checkpoint every SAVE_EVERY steps."""
@@ -76,7 +85,7 @@ def train_rank(run: int, rank: int, world: int, work: str, backend: str, shared,
     work_dir = Path(work)
     ckpt_path = work_dir / "checkpoint.json"
     stream = forebay.read_parquet(work_dir / "data").training_stream(
-        BATCH, world_size=world, rank=rank, **ORDER
+        BATCH, world_size=world, rank=rank, **order(work_dir)
     )
     weights, step = np.zeros(FEATURES, np.float32), 0
     if ckpt_path.exists():
@@ -182,6 +191,7 @@ def main() -> None:
     p.add_argument("--backend", choices=["numpy", "torch"], default="numpy")
     p.add_argument("--worlds", default="4,3,6", help="world size of each run, comma-separated")
     p.add_argument("--seed", type=int, default=None, help="seed of the kill times")
+    p.add_argument("--lanes", type=int, default=None, help="the order in this many lanes")
     p.add_argument("--dir", type=Path, default=None)
     args = p.parse_args()
     rng = random.Random(args.seed)
@@ -192,12 +202,13 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     (work / "data").mkdir(parents=True)
     rows = write_dataset(work / "data")
+    (work / "lanes.json").write_text(json.dumps(args.lanes))
 
     # The uninterrupted sequence of both epochs, read by one rank with batches of one.
     import forebay
 
     reference = forebay.read_parquet(work / "data").training_stream(
-        1, world_size=1, rank=0, **{**ORDER, "remainder": "drop"}
+        1, world_size=1, rank=0, **{**order(work), "remainder": "drop"}
     )
     expected = []
     for _ in range(EPOCHS):

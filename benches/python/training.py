@@ -225,18 +225,22 @@ def batches_of(
         if engine == "forebay-iter":
             return ds.iter_batches(batch_size=batch_size)
         # "forebay-shuffle" or "forebay-order", with options: "-b4096" (block rows),
-        # "-w1048576" (window rows), "-lanes12" (lanes), "-ranks4" (rank 0 of 4).
+        # "-w1048576" (window rows), "-lanes12" (lanes), "-c256" (lane chunk), "-ranks4"
+        # (rank 0 of 4).
         _, name, *options = engine.split("-")
-        settings = {"b": None, "w": window_rows, "lanes": None, "ranks": 1}
+        settings = {"b": None, "w": window_rows, "lanes": None, "c": None, "ranks": 1}
         for option in options:
             key = option.rstrip("0123456789")
             settings[key] = int(option[len(key) :])
+        if settings["lanes"] and not any(o.startswith("w") for o in options):
+            settings["w"] = None  # the lanes' own default: a window per lane a rank takes
         stream = ds.training_stream(
             batch_size,
             seed=None if name == "order" else 1,
             window_rows=settings["w"],
             block_rows=settings["b"],
             lanes=settings["lanes"],
+            lane_chunk=settings["c"],
             world_size=settings["ranks"],
             rank=0,
         )

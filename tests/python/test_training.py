@@ -368,10 +368,12 @@ def test_training_stream_over_s3(tmp_path):
         assert rest == local[16 : 16 + len(rest)]
 
 
-def test_training_example_killed_and_resumed_with_other_world_sizes(tmp_path):
+@pytest.mark.parametrize("lanes", [None, 12])
+def test_training_example_killed_and_resumed_with_other_world_sizes(tmp_path, lanes):
     """examples/training_resume.py: ranks in real processes (gradients averaged every
     step), SIGKILLed at random moments, resumed with 4 -> 3 -> 6 ranks; the samples the
-    kept steps trained on are the uninterrupted sequence."""
+    kept steps trained on are the uninterrupted sequence (in lanes too: each rank reading
+    its own)."""
     import subprocess
     import sys
 
@@ -386,6 +388,7 @@ def test_training_example_killed_and_resumed_with_other_world_sizes(tmp_path):
             "4,3,6",
             "--dir",
             str(tmp_path / "w"),
+            *(["--lanes", str(lanes)] if lanes else []),
         ],
         capture_output=True,
         text=True,
