@@ -561,8 +561,9 @@ class Dataset:
             own windows) taken ``lane_chunk`` samples at a time in turn, so that a rank of
             a world size dividing N reads only its lanes, 1/world_size of the data. Pick a
             multiple of every world size a run may resume with (12 for 4, 3 and 6). A rank
-            holds one window per lane it takes from (N/world_size), so the default window
-            is 64/N blocks (at least 4): a batch then mixes fewer places of the dataset.
+            holds one window per lane it takes from (N/world_size) and two more, so the
+            default window is 192/(N+2) blocks (at least 4: a world of one holds what it
+            holds without lanes): a batch mixes fewer places of the dataset than without.
         lane_chunk: samples a lane gives at a time (default: ``batch_size``). Like the
             seed, ``lanes`` and ``lane_chunk`` define the order: a resume needs the same.
         """

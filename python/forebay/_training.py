@@ -130,8 +130,10 @@ class TrainingStream:
         if window_rows is None:
             self.window_blocks = _forebay.TRAINING_WINDOW_BLOCKS
             if self.lanes is not None:
-                # A rank holds a window per lane it takes from.
-                self.window_blocks = max(4, -(-self.window_blocks // self.lanes))
+                # A rank holds a window per lane it takes from, and two more (the next one
+                # read and its permuted copy): a world of one then holds what three windows
+                # of the default hold without lanes, a larger world less.
+                self.window_blocks = max(4, 3 * self.window_blocks // (self.lanes + 2))
         else:
             # Blocks at the ends of row groups are shorter: count by the average block, so
             # that window_rows >= the dataset's rows makes one window (a uniform shuffle).
