@@ -109,20 +109,21 @@ class TrainingStream:
         if self.lanes is None and lane_chunk is not None:
             raise ValueError("lane_chunk needs lanes (the order's lanes, e.g. lanes=12)")
         self._lane_chunk_given = lane_chunk
-        self.lane_chunk = None if self.lanes is None else (lane_chunk or self.batch_size)
-        if (
-            self.lanes is not None
-            and self.world_size > 1
-            and not _reads_own_lanes(self.lanes, self.lane_chunk, self.world_size, self.batch_size)
-        ):
-            warnings.warn(
-                f"lanes={self.lanes}, lane_chunk={self.lane_chunk}: with world_size="
-                f"{self.world_size} and batch_size={self.batch_size} a rank's batches come "
-                "from other ranks' lanes too, so every rank reads more than its share (the "
-                "order is the same); a world size dividing lanes, with batch_size = "
-                "lane_chunk, reads 1/world_size",
-                stacklevel=3,
-            )
+        # (lanes, samples a lane gives at a time), or None: the order without lanes.
+        self._lanes: tuple[int, int] | None = None
+        if self.lanes is not None:
+            self._lanes = (self.lanes, lane_chunk or self.batch_size)
+            if self.world_size > 1 and not _reads_own_lanes(
+                *self._lanes, self.world_size, self.batch_size
+            ):
+                warnings.warn(
+                    f"lanes={self.lanes}, lane_chunk={self._lanes[1]}: with world_size="
+                    f"{self.world_size} and batch_size={self.batch_size} a rank's batches come "
+                    "from other ranks' lanes too, so every rank reads more than its share (the "
+                    "order is the same); a world size dividing lanes, with batch_size = "
+                    "lane_chunk, reads 1/world_size",
+                    stacklevel=3,
+                )
         self._dataset = dataset
         self._window_rows = window_rows
         self._layout = _forebay.RsTrainingLayout(dataset._inner, block_rows)
@@ -141,6 +142,11 @@ class TrainingStream:
             self.window_blocks = max(1, -(-window_rows * blocks // max(rows, 1)))
         self.epoch = 0
         self._consumed = 0
+
+    @property
+    def lane_chunk(self) -> int | None:
+        """Samples a lane gives at a time (None without lanes)."""
+        return None if self._lanes is None else self._lanes[1]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickles as its dataset (a ``read_parquet`` call), settings and position: a loader's
@@ -305,7 +311,7 @@ class TrainingStream:
             epoch,
             self.seed,
             self.window_blocks,
-            None if self.lanes is None else (self.lanes, self.lane_chunk),
+            self._lanes,
             world_size,
             rank,
             workers,
