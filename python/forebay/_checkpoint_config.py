@@ -49,7 +49,7 @@ class Checkpoint:
 
     Each output file is committed together with the ids of its rows and the input it
     finishes: a commit record written atomically is the decision; files are staged under
-    ``_forebay_staging/`` (invisible to readers) until then, and published after. The next
+    ``_forebay_staging*`` (invisible to readers) until then, and published after. The next
     run rolls an interrupted commit forward or back before it reads anything. One run at a
     time may use a checkpoint: a lock on local disks, a lease on object stores (a second run
     is refused, naming the run that holds it). The checkpoint must not lie inside the output

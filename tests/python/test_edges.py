@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -554,3 +555,53 @@ def test_a_seeded_shuffle_after_a_concurrent_step_is_reproducible(data):
     first = order()
     assert sorted(first) == list(range(ROWS))
     assert order() == first
+
+
+JOB_INTO_SHARED_OUTPUT = """
+import sys
+import forebay
+forebay.configure(progress=False)
+name = sys.argv[1]
+stats = forebay.read_parquet(f"in-{name}").map_batches(lambda b: b, batch_size=1000).write_parquet(
+    "out", checkpoint=forebay.Checkpoint("id", f"ck-{name}"), rows_per_file=2000, concurrency=1
+)
+print(stats["rows"])
+"""
+
+
+def test_jobs_with_their_own_checkpoints_share_an_output_directory(tmp_path):
+    """Job A killed with a commit recorded but not yet published; job B (another input,
+    its own checkpoint) then runs into the same output directory: A's resume still
+    publishes that commit, and both jobs' rows are there exactly once (B's start used to
+    delete A's staged files: A could not resume, its committed rows lost)."""
+    for name, first in (("A", 0), ("B", 100_000)):
+        (tmp_path / f"in-{name}").mkdir()
+        ids = np.arange(first, first + 10_000)
+        pq.write_table(
+            pa.table({"id": ids}), tmp_path / f"in-{name}" / "a.parquet", row_group_size=1000
+        )
+    script = tmp_path / "job.py"
+    script.write_text(JOB_INTO_SHARED_OUTPUT)
+
+    def run(name, **env):
+        return subprocess.run(
+            [sys.executable, str(script), name],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    killed = run("A", FOREBAY_CRASH_AT="recorded:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    b = run("B")
+    assert b.returncode == 0, b.stderr
+    a = run("A")
+    assert a.returncode == 0, a.stderr
+    ids = sorted(output_ids(tmp_path / "out"))
+    assert ids == list(range(10_000)) + list(range(100_000, 110_000))
+    leftovers = [
+        p for p in (tmp_path / "out").rglob("*") if p.is_file() and "_forebay_staging" in str(p)
+    ]
+    assert leftovers == []

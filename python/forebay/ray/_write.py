@@ -11,7 +11,7 @@
                                                      │ user steps (map_batches, ...)
                                                      ▼
                                                    stage tasks: data file + id parts under
-                                                   _forebay_staging/, one per block
+                                                   _forebay_staging*/, one per block
  commit each staged file, one at a time,  ◄──────── staged commit (JSON) + rows per unit
    with the units it finishes (UnitTracker)
  finish: fold records, delete leftovers

@@ -16,7 +16,10 @@ use super::records::{
     load_inputs, CommitRecord, DataFileRecord, FinishedInputs, IdPartsRecord, Identity, InputRecord,
 };
 use super::recovery::{fold_records, publish, record_path, recover_skipping};
-use super::{checkpoint_err, storage_err, Checkpoint, ResumeReport, COMMITS, FORMAT, IDS, STAGING};
+use super::{
+    checkpoint_err, output_staging, storage_err, Checkpoint, ResumeReport, COMMITS, FORMAT, IDS,
+    STAGING,
+};
 use crate::error::{EngineError, Result};
 use crate::lease::RunLock;
 use crate::lineage::{Completed, LineageBook, UnitTicket};
@@ -339,6 +342,11 @@ impl CommitLog {
         &self.output
     }
 
+    /// This checkpoint's staging directory in the output (see [`output_staging`]).
+    pub(crate) fn output_staging(&self) -> String {
+        output_staging(&self.state)
+    }
+
     /// A new commit's id.
     pub(crate) fn next_commit_id(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -350,7 +358,7 @@ impl CommitLog {
     pub(crate) fn next_commit(&self, extension: &str) -> (String, String, String) {
         let commit = self.next_commit_id();
         let name = format!("part-{commit}.{extension}");
-        (commit, format!("{STAGING}/{name}"), name)
+        (commit, format!("{}/{name}", self.output_staging()), name)
     }
 
     /// Step 1 of a commit for its ids, streaming: a writer of the commit's id parts, to be

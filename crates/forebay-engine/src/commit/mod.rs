@@ -12,7 +12,10 @@
 //!
 //! ```text
 //!  <output>/part-<commit>.parquet                  data files (what readers of the output see)
-//!  <output>/_forebay_staging/part-<commit>.parquet a data file not yet published
+//!  <output>/_forebay_staging_<key>/part-<commit>.parquet  a data file not yet published
+//!                                                  (<key>: the checkpoint's, see
+//!                                                  `output_staging`: jobs sharing an output
+//!                                                  directory stage apart)
 //!  <output>/_dead_letter/<stage>/part-<commit>.parquet  rows set aside by the commit (module
 //!                                                  `dead_letter`), staged and published
 //!                                                  like its data file
@@ -140,6 +143,22 @@ use crate::lease::DEFAULT_LEASE_TTL;
 use forebay_io::{DirError, DirLocation};
 
 pub(crate) const STAGING: &str = "_forebay_staging";
+
+/// Where a checkpoint's commits stage their files in the output directory:
+/// `_forebay_staging_<hash of the checkpoint's location>`. Several jobs (each with its own
+/// checkpoint) may write into one output directory; a run's recovery deletes only its own
+/// checkpoint's staging directory, never the staged files of another job's commits still to
+/// be published, nor a directory another job is creating. (The checkpoint's own
+/// `_forebay_staging` is its own already.) A checkpoint reached by two spellings of its
+/// location gets two staging directories: its records name their staged files, so nothing
+/// is lost, and what a rolled-back commit left under the other name stays as hidden
+/// garbage, as does what forebay before this layout left in the output's
+/// `_forebay_staging` (its records still roll forward).
+pub(crate) fn output_staging(state: &forebay_io::Dir) -> String {
+    let key = xxhash_rust::xxh3::xxh3_64(state.root_uri().as_bytes());
+    format!("{STAGING}_{key:016x}")
+}
+
 /// The directory of the commits' id files.
 const IDS: &str = "ids";
 const COMMITS: &str = "_forebay_commits";

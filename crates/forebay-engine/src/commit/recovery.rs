@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::crash::crash_point;
 use super::records::{load_inputs, CommitRecord, DataFileRecord, InputsSnapshot};
-use super::{corrupt, storage_err, COMMITS, FORMAT, INPUTS, STAGING};
+use super::{corrupt, output_staging, storage_err, COMMITS, FORMAT, INPUTS, STAGING};
 use crate::error::{EngineError, Result};
 use forebay_io::durable::in_parallel;
 use forebay_io::Dir;
@@ -74,9 +74,12 @@ pub(super) fn recover_skipping(
         .filter_map(|slot| slot.into_inner().expect("no recovery thread panicked"))
         .collect();
     fold_records(state, &mut snapshot, &records, &names)?;
-    // Staged files that no record names are commits that did not happen.
+    // Staged files that no record names are commits that did not happen. In the output,
+    // only this checkpoint's: other jobs may stage into the same output directory.
     state.delete_staging(STAGING).map_err(storage_err)?;
-    output.delete_staging(STAGING).map_err(storage_err)?;
+    output
+        .delete_staging(&output_staging(state))
+        .map_err(storage_err)?;
     Ok(records.len())
 }
 
@@ -98,7 +101,8 @@ fn read_record(state: &Dir, name: &str) -> Result<CommitRecord> {
     Ok(record)
 }
 
-/// The files left in the staging directories of the checkpoint and of the output.
+/// The files left in the staging directories of the checkpoint and of the output (its
+/// own, and the legacy shared one).
 #[derive(Default)]
 struct StillStaged {
     state: HashSet<String>,
@@ -107,16 +111,20 @@ struct StillStaged {
 
 impl StillStaged {
     fn list(state: &Dir, output: &Dir) -> Result<StillStaged> {
-        let files = |dir: &Dir| -> Result<HashSet<String>> {
+        let files_in = |dir: &Dir, staging: &str| -> Result<HashSet<String>> {
             Ok(dir
-                .files_under(STAGING)
+                .files_under(staging)
                 .map_err(storage_err)?
                 .into_iter()
                 .collect())
         };
+        // The output's: this checkpoint's staging directory, and the one shared by every
+        // job before staging was per checkpoint (records of that forebay name it).
+        let mut in_output = files_in(output, &output_staging(state))?;
+        in_output.extend(files_in(output, STAGING)?);
         Ok(StillStaged {
-            state: files(state)?,
-            output: files(output)?,
+            state: files_in(state, STAGING)?,
+            output: in_output,
         })
     }
 

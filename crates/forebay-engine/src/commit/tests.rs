@@ -37,18 +37,21 @@ fn dirs_on(kind: &str) -> (tempfile::TempDir, Dir, Dir) {
     (tmp, state, output)
 }
 
-fn record(commit: &str) -> CommitRecord {
+/// A record of commit `commit` of the checkpoint `state`, its files staged where
+/// `output_staging` puts them.
+fn record(state: &Dir, commit: &str) -> CommitRecord {
+    let staging = output_staging(state);
     CommitRecord {
         format: FORMAT,
         commit: commit.into(),
         data: Some(DataFileRecord {
-            staged: format!("{STAGING}/part-{commit}.parquet"),
+            staged: format!("{staging}/part-{commit}.parquet"),
             final_name: format!("part-{commit}.parquet"),
             rows: 3,
             bytes: 4,
         }),
         dead_letters: vec![DataFileRecord {
-            staged: format!("{STAGING}/_dead_letter/f/part-{commit}.parquet"),
+            staged: format!("{staging}/_dead_letter/f/part-{commit}.parquet"),
             final_name: format!("_dead_letter/f/part-{commit}.parquet"),
             rows: 1,
             bytes: 2,
@@ -74,15 +77,16 @@ fn record(commit: &str) -> CommitRecord {
 }
 
 fn stage(state: &Dir, output: &Dir, commit: &str) {
+    let staging = output_staging(state);
     output
         .put_atomic(
-            &format!("{STAGING}/part-{commit}.parquet"),
+            &format!("{staging}/part-{commit}.parquet"),
             b"data".to_vec(),
         )
         .unwrap();
     output
         .put_atomic(
-            &format!("{STAGING}/_dead_letter/f/part-{commit}.parquet"),
+            &format!("{staging}/_dead_letter/f/part-{commit}.parquet"),
             b"dead".to_vec(),
         )
         .unwrap();
@@ -104,7 +108,7 @@ fn a_recorded_commit_is_rolled_forward() {
 fn rolled_forward_on(kind: &str) {
     let (_tmp, state, output) = dirs_on(kind);
     stage(&state, &output, "c1");
-    let bytes = serde_json::to_vec(&record("c1")).unwrap();
+    let bytes = serde_json::to_vec(&record(&state, "c1")).unwrap();
     state
         .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
         .unwrap();
@@ -134,7 +138,8 @@ fn rolled_forward_on(kind: &str) {
         state.list(COMMITS).unwrap().is_empty(),
         "records folded into the snapshot"
     );
-    assert!(!state.exists(STAGING).unwrap() && !output.exists(STAGING).unwrap());
+    assert!(!state.exists(STAGING).unwrap());
+    assert!(!output.exists(&output_staging(&state)).unwrap());
     let snapshot = load_inputs(&state).unwrap();
     assert_eq!(
         snapshot.files["/in/a.parquet"].row_groups,
@@ -143,6 +148,71 @@ fn rolled_forward_on(kind: &str) {
     // Recovering again changes nothing (idempotent).
     assert_eq!(recover(&state, &output).unwrap(), 0);
     assert!(output.exists("part-c1.parquet").unwrap());
+}
+
+/// Two jobs, each with its own checkpoint, writing into one output directory: the
+/// recovery of one never deletes what the other staged, whether the other is killed with
+/// a commit recorded but not published, or still running (a file staged, not recorded).
+#[test]
+fn jobs_sharing_an_output_directory_stage_apart() {
+    for kind in ["local", "memory"] {
+        let (_tmp, state_a, output) = dirs_on(kind);
+        let (_tmp_b, state_b, _) = dirs_on(kind);
+        assert_ne!(output_staging(&state_a), output_staging(&state_b));
+        // Job A: commit c1 recorded, killed before publishing; c2 staged only (running).
+        stage(&state_a, &output, "c1");
+        let bytes = serde_json::to_vec(&record(&state_a, "c1")).unwrap();
+        state_a
+            .put_atomic(&format!("{COMMITS}/c1.json"), bytes)
+            .unwrap();
+        stage(&state_a, &output, "c2");
+        // Job B starts (recovers) in the same output directory.
+        assert_eq!(recover(&state_b, &output).unwrap(), 0);
+        let staged_a = format!("{}/part-c2.parquet", output_staging(&state_a));
+        assert!(
+            output.exists(&staged_a).unwrap(),
+            "A's running commit untouched"
+        );
+        // A resumes: its recorded commit rolls forward.
+        assert_eq!(recover(&state_a, &output).unwrap(), 1);
+        assert_eq!(
+            output.get("part-c1.parquet").unwrap().unwrap().as_ref(),
+            b"data"
+        );
+        assert!(
+            !output.exists(&staged_a).unwrap(),
+            "A's own unrecorded file rolled back"
+        );
+    }
+}
+
+/// A record of a forebay that staged every job's files in the output's shared
+/// `_forebay_staging/` still rolls forward.
+#[test]
+fn a_record_staged_in_the_shared_staging_directory_rolls_forward() {
+    for kind in ["local", "memory"] {
+        let (_tmp, state, output) = dirs_on(kind);
+        let mut legacy = record(&state, "c9");
+        legacy.dead_letters.clear();
+        let data = legacy.data.as_mut().unwrap();
+        data.staged = format!("{STAGING}/part-c9.parquet");
+        output.put_atomic(&data.staged, b"legacy".to_vec()).unwrap();
+        state
+            .put_atomic(
+                &format!("{STAGING}/c9/shard=1/part-c9.parquet"),
+                b"ids".to_vec(),
+            )
+            .unwrap();
+        let bytes = serde_json::to_vec(&legacy).unwrap();
+        state
+            .put_atomic(&format!("{COMMITS}/c9.json"), bytes)
+            .unwrap();
+        assert_eq!(recover(&state, &output).unwrap(), 1, "{kind}");
+        assert_eq!(
+            output.get("part-c9.parquet").unwrap().unwrap().as_ref(),
+            b"legacy"
+        );
+    }
 }
 
 /// A commit as a run makes it (files staged, record written), killed before publishing,
@@ -157,8 +227,8 @@ fn recorded_then_recovered(state: &Dir, output: &Dir, record: &CommitRecord) {
 }
 
 /// A record of run 2, under filter `B`, finishing row group 1 of another file.
-fn under_filter_b(commit: &str) -> CommitRecord {
-    let mut record = record(commit);
+fn under_filter_b(state: &Dir, commit: &str) -> CommitRecord {
+    let mut record = record(state, commit);
     record.scan_filter = Some("B".into());
     record.inputs[0].uri = "/in/b.parquet".into();
     record.inputs[0].row_groups = vec![1];
@@ -168,14 +238,14 @@ fn under_filter_b(commit: &str) -> CommitRecord {
 #[test]
 fn inputs_finished_under_another_scan_filter_are_not_kept() {
     let (_tmp, state, output) = dirs();
-    let mut first = record("c1");
+    let mut first = record(&state, "c1");
     first.scan_filter = Some("A".into());
     recorded_then_recovered(&state, &output, &first);
     assert_eq!(
         load_inputs(&state).unwrap().scan_filter.as_deref(),
         Some("A")
     );
-    recorded_then_recovered(&state, &output, &under_filter_b("c2"));
+    recorded_then_recovered(&state, &output, &under_filter_b(&state, "c2"));
     // What run 1 finished under A is read again under B; run 2's work is kept.
     let snapshot = load_inputs(&state).unwrap();
     assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
@@ -189,8 +259,8 @@ fn inputs_finished_under_another_scan_filter_are_not_kept() {
 #[test]
 fn inputs_finished_with_no_scan_filter_stay_finished_under_one() {
     let (_tmp, state, output) = dirs();
-    recorded_then_recovered(&state, &output, &record("c1"));
-    recorded_then_recovered(&state, &output, &under_filter_b("c2"));
+    recorded_then_recovered(&state, &output, &record(&state, "c1"));
+    recorded_then_recovered(&state, &output, &under_filter_b(&state, "c2"));
     let snapshot = load_inputs(&state).unwrap();
     assert_eq!(snapshot.scan_filter.as_deref(), Some("B"));
     assert_eq!(
@@ -214,7 +284,7 @@ fn staged_files_without_a_record_are_rolled_back() {
 fn the_last_recovery_of_a_run_does_not_publish_again_what_the_run_published() {
     let (_tmp, state, output) = dirs_on("memory");
     // A record whose files are neither staged nor published: publishing it fails...
-    let bytes = serde_json::to_vec(&record("c5")).unwrap();
+    let bytes = serde_json::to_vec(&record(&state, "c5")).unwrap();
     state
         .put_atomic(&format!("{COMMITS}/c5.json"), bytes)
         .unwrap();
@@ -238,7 +308,7 @@ fn a_record_whose_files_vanished_is_an_error() {
 
 fn vanished_files_on(kind: &str) {
     let (_tmp, state, output) = dirs_on(kind);
-    let bytes = serde_json::to_vec(&record("c3")).unwrap();
+    let bytes = serde_json::to_vec(&record(&state, "c3")).unwrap();
     state
         .put_atomic(&format!("{COMMITS}/c3.json"), bytes)
         .unwrap();
@@ -261,14 +331,14 @@ fn a_fold_killed_before_deleting_its_records_folds_nothing_twice() {
         let (_tmp, state, output) = dirs_on(kind);
         for commit in ["c1", "c2"] {
             stage(&state, &output, commit);
-            let bytes = serde_json::to_vec(&record(commit)).unwrap();
+            let bytes = serde_json::to_vec(&record(&state, commit)).unwrap();
             state
                 .put_atomic(&recovery::record_path(commit), bytes)
                 .unwrap();
         }
         // A fold (published records, as a run folds its own) whose snapshot was written,
         // killed before it deleted the records.
-        let records = [record("c1"), record("c2")];
+        let records = [record(&state, "c1"), record(&state, "c2")];
         for r in &records {
             recovery::publish(&state, &output, r).unwrap();
         }
@@ -281,7 +351,7 @@ fn a_fold_killed_before_deleting_its_records_folds_nothing_twice() {
             .put_atomic(INPUTS, serde_json::to_vec(&snapshot).unwrap())
             .unwrap();
         // The next recovery finds them beside a record of a later run.
-        let mut newer = under_filter_b("c3");
+        let mut newer = under_filter_b(&state, "c3");
         newer.ids = None;
         recorded_then_recovered(&state, &output, &newer);
         let snapshot = load_inputs(&state).unwrap();
@@ -299,7 +369,7 @@ fn a_fold_killed_before_deleting_its_records_folds_nothing_twice() {
 #[test]
 fn a_complete_file_keeps_no_row_groups_or_positions_in_the_snapshot() {
     let (_tmp, state, output) = dirs();
-    let mut partly = record("c1");
+    let mut partly = record(&state, "c1");
     partly.inputs[0]
         .consumed
         .insert(1, serde_json::from_str("[[0, 10]]").unwrap());
@@ -307,7 +377,7 @@ fn a_complete_file_keeps_no_row_groups_or_positions_in_the_snapshot() {
     let snapshot = load_inputs(&state).unwrap();
     let a = &snapshot.files["/in/a.parquet"];
     assert!(!a.complete && a.row_groups.len() == 2 && a.consumed.len() == 1);
-    let mut finishing = record("c2");
+    let mut finishing = record(&state, "c2");
     finishing.inputs[0].complete = true;
     recorded_then_recovered(&state, &output, &finishing);
     let a = load_inputs(&state).unwrap().files["/in/a.parquet"].clone();
@@ -322,7 +392,7 @@ fn recovery_publishes_what_is_still_staged_and_checks_the_rest() {
     for kind in ["local", "memory"] {
         let (_tmp, state, output) = dirs_on(kind);
         let write_record = |commit: &str| {
-            let bytes = serde_json::to_vec(&record(commit)).unwrap();
+            let bytes = serde_json::to_vec(&record(&state, commit)).unwrap();
             state
                 .put_atomic(&format!("{COMMITS}/{commit}.json"), bytes)
                 .unwrap();
@@ -341,7 +411,10 @@ fn recovery_publishes_what_is_still_staged_and_checks_the_rest() {
         };
         state.publish_all(&[ids_of("c2"), ids_of("c3")]).unwrap();
         output
-            .publish(&format!("{STAGING}/part-c3.parquet"), "part-c3.parquet")
+            .publish(
+                &format!("{}/part-c3.parquet", output_staging(&state)),
+                "part-c3.parquet",
+            )
             .unwrap();
         assert_eq!(recover(&state, &output).unwrap(), 3, "{kind}");
         for commit in ["c1", "c2", "c3"] {
@@ -366,11 +439,14 @@ fn recovery_publishes_what_is_still_staged_and_checks_the_rest() {
         write_record("c4");
         state.publish_all(&[ids_of("c4")]).unwrap();
         output
-            .publish(&format!("{STAGING}/part-c4.parquet"), "part-c4.parquet")
+            .publish(
+                &format!("{}/part-c4.parquet", output_staging(&state)),
+                "part-c4.parquet",
+            )
             .unwrap();
         output
             .publish(
-                &format!("{STAGING}/_dead_letter/f/part-c4.parquet"),
+                &format!("{}/_dead_letter/f/part-c4.parquet", output_staging(&state)),
                 "_dead_letter/f/part-c4.parquet",
             )
             .unwrap();

@@ -13,7 +13,7 @@ use crate::error::{EngineError, Result};
 
 impl CommitStager {
     /// Where to write a file of the caller's own for the next commit: a name in the output's
-    /// staging directory (`_forebay_staging/part-<commit>.<extension>`, `extension`
+    /// staging directory (`_forebay_staging_<key>/part-<commit>.<extension>`, `extension`
     /// without its dot). Write it there (a local path, or an object of the output's store),
     /// then [`stage_written`](Self::stage_written). Nothing is visible until the commit: a
     /// file left half written by a crash is deleted by the next run's recovery.
@@ -21,12 +21,13 @@ impl CommitStager {
         let commit = format!("{}-{}", self.spec.run_id, unique_suffix());
         let final_name = format!("part-{commit}.{}", extension.trim_start_matches('.'));
         let output = self.output.dir();
+        let staging = crate::commit::output_staging(&self.state);
         output
-            .child(crate::commit::STAGING)
+            .child(&staging)
             .create()
             .map_err(|e| EngineError::storage(STAGE, e))?;
         Ok(StagingSlot {
-            staged: format!("{}/{final_name}", crate::commit::STAGING),
+            staged: format!("{staging}/{final_name}"),
             final_name,
             commit,
             output: output.clone(),

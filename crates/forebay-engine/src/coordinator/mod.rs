@@ -217,7 +217,7 @@ impl CommitStager {
             });
         }
         let name = format!("part-{commit}.{}", self.output.extension());
-        let staged = format!("{}/{name}", crate::commit::STAGING);
+        let staged = format!("{}/{name}", crate::commit::output_staging(&self.state));
         let written: WrittenFile = self.output.stage_file(&staged, batches)?;
         let ids = match &self.spec.id_column {
             Some(id_column) => {
@@ -599,7 +599,12 @@ mod tests {
         assert_eq!(again.report().files_done, 1);
         assert_eq!(again.finished_inputs().complete_files(), 1);
         assert_eq!(data_files(&out).len(), 1);
-        assert!(!out.join(crate::commit::STAGING).exists());
+        let staging: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(crate::commit::STAGING))
+            .collect();
+        assert!(staging.is_empty(), "{staging:?}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use forebay_checkpoint::IdPartsWriter;
 
 use super::{by_directory, OpenFile, OutputTarget, STAGE};
 use crate::batch::EngineBatch;
-use crate::commit::{ids_to_commit, stage_ids, CommitLog, IdColumn, StagedData, STAGING};
+use crate::commit::{ids_to_commit, stage_ids, CommitLog, IdColumn, StagedData};
 use crate::error::{EngineError, Result};
 use crate::lineage::UnitTicket;
 use crate::memory::{arrays_memory, Admission, MemoryConsumer, Reservation};
@@ -56,7 +56,7 @@ fn stage_dead_letters(
         .into_iter()
         .map(|(directory, batches)| {
             let final_name = format!("{directory}/part-{commit}.{}", target.extension());
-            let staged = format!("{STAGING}/{final_name}");
+            let staged = format!("{}/{final_name}", log.output_staging());
             let written = target.stage_file(&staged, &batches)?;
             Ok(StagedData {
                 staged,
