@@ -550,9 +550,10 @@ class Dataset:
             every rank: ``"drop"`` (not delivered this epoch) or ``"pad"`` (the last step is
             filled with samples from the start of the epoch).
         window_rows: about how many rows are shuffled together (default: 64 blocks, ~128 MiB
-            decoded); windows are whole blocks, as even in size as they can be, and up to
-            three are in memory (the one consumed, the next and its shuffled copy). At least
-            the dataset's rows: one window, a uniform shuffle of the whole dataset.
+            decoded); windows are whole blocks, as even in size as they can be, and three
+            are in memory (the one consumed, the next and its shuffled copy; four while a
+            batch takes from two). At least the dataset's rows: one window, a uniform
+            shuffle of the whole dataset.
         block_rows: rows read together from one row group (default: ~2 MiB decoded, from
             the footers' sizes): smaller blocks mix better and decode more (a block decodes
             the pages holding its rows).

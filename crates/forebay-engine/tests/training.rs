@@ -225,3 +225,30 @@ fn ranks_in_lanes_read_their_share() {
     assert_eq!(dealt, sequence[..7950]);
     assert_eq!(pool.used(), 0);
 }
+
+/// A padded last batch wraps to the start of the epoch: it reads the first window again
+/// rather than holding it all epoch (the memory of four windows, as without padding: at a
+/// window's edge a batch takes from two while the next is read and permuted).
+#[test]
+fn a_padded_last_batch_reads_the_first_window_again() {
+    let (_dir, dataset, order) = dataset_and_order(3, 100, 5, 4);
+    assert_eq!(order.windows(), 6);
+    let pad = Share {
+        remainder: Remainder::Pad,
+        batch_size: 70, // 3,000 rows: 42 full batches and a padded 43rd
+        ..share(1, 0)
+    };
+    let largest = (0..order.windows())
+        .map(|w| order.window_bytes(w))
+        .max()
+        .unwrap();
+    let pool = MemoryPool::new(4 * largest as usize);
+    let stream = EpochStream::start(dataset, order.clone(), pad, 0, &pool).unwrap();
+    assert_eq!(stream.rows_read(), 3000 + order.window_rows(0));
+    let batches: Vec<Vec<i64>> = stream.map(|b| values(&b.unwrap())).collect();
+    assert_eq!(batches.len(), 43);
+    let last = &batches[42];
+    assert_eq!(last[..60], batches.concat()[2940..3000]);
+    assert_eq!(last[60..], batches[0][..10]);
+    assert_eq!(pool.used(), 0);
+}

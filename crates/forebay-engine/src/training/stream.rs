@@ -16,9 +16,9 @@
 //! The permutation is applied to a whole window at once, a column at a time, so that its
 //! random reads stay within one column of one window (a few MB, in cache), not across all
 //! columns of the window per output row: a gather per output batch ran at a third of the
-//! speed. Alive at most: the windows batches are taken from (one; with lanes, one per lane
-//! the share takes from), and the one being read with its permuted copy, which `start`
-//! checks fit the memory limit. A batch handed out is a slice of its window: holding it
+//! speed. Alive at most: the windows batches are taken from (one, two while a batch spans
+//! two; with lanes, one per lane the share takes from), and the one being read with its
+//! permuted copy, which `start` checks fit the memory limit. A batch handed out is a slice of its window: holding it
 //! keeps that window's buffers alive.
 
 use std::collections::HashMap;
@@ -70,13 +70,13 @@ pub struct EpochStream {
     schema: SchemaRef,
     next_batch: u64,
     batches: u64,
-    /// The last batch that takes samples of each window this stream reads.
-    last_use: HashMap<usize, u64>,
+    /// For each window read, in the order read, the last batch that takes from it.
+    last_uses: std::collections::VecDeque<u64>,
     rows_read: u64,
     windows: Option<Receiver<Result<Window>>>,
     /// Windows received and still to be taken from (one without lanes; with lanes, one
-    /// per lane of this share).
-    alive: Vec<Window>,
+    /// per lane of this share), each with the last batch that takes from it.
+    alive: Vec<(Window, u64)>,
     cancel: CancelToken,
     reader: Option<JoinHandle<()>>,
 }
@@ -84,7 +84,8 @@ pub struct EpochStream {
 impl EpochStream {
     /// Start reading `share`'s batches of the epoch `order` from sample `consumed` on.
     /// `dataset` is the dataset `order`'s layout was made from (built `for_row_ranges`).
-    /// Fails when three windows do not fit in `pool`'s limit.
+    /// Fails when the windows alive at once (see the module docs) do not fit in `pool`'s
+    /// limit.
     pub fn start(
         dataset: ParquetDataset,
         order: Arc<EpochOrder>,
@@ -99,53 +100,36 @@ impl EpochStream {
         } else {
             share.worker_batches(rows, consumed)
         };
-        // The windows the batches touch, in the order first needed (a padded last batch
-        // may go back to the first windows), and the last batch that needs each.
-        let mut needed: Vec<usize> = Vec::new();
-        let mut first_use: HashMap<usize, u64> = HashMap::new();
-        let mut last_use: HashMap<usize, u64> = HashMap::new();
-        let mut pieces = Vec::new();
-        for i in 0..batches {
-            pieces.clear();
-            for range in share.batch_positions(rows, consumed, i) {
-                order.pieces(range, &mut pieces);
-            }
-            for piece in &pieces {
-                first_use.entry(piece.window).or_insert_with(|| {
-                    needed.push(piece.window);
-                    i
-                });
-                last_use.insert(piece.window, i);
-            }
-        }
+        let reads = plan_reads(&order, &share, rows, consumed, batches);
         // Memory at its most: the windows alive when the next one is being read (from
         // when the one before it is first taken from), and the next one with its permuted
         // copy.
-        let mut peak = needed.first().map_or(0, |&w| 2 * order.window_bytes(w));
+        let mut peak = reads
+            .first()
+            .map_or(0, |r| 2 * order.window_bytes(r.window));
         let mut alive_bytes = 0u64;
         let mut ends: Vec<(u64, u64)> = Vec::new(); // (last use, bytes) of alive windows
-        for (n, &w) in needed.iter().enumerate() {
-            let i = first_use[&w];
+        for (n, read) in reads.iter().enumerate() {
             ends.retain(|&(last, bytes)| {
-                let keep = last >= i;
+                let keep = last >= read.first_use;
                 if !keep {
                     alive_bytes -= bytes;
                 }
                 keep
             });
-            let bytes = order.window_bytes(w);
+            let bytes = order.window_bytes(read.window);
             alive_bytes += bytes;
-            ends.push((last_use[&w], bytes));
-            let next = needed
+            ends.push((read.last_use, bytes));
+            let next = reads
                 .get(n + 1)
-                .map_or(0, |&next| order.window_bytes(next));
+                .map_or(0, |next| order.window_bytes(next.window));
             peak = peak.max(alive_bytes + 2 * next);
         }
         if peak > pool.limit() as u64 {
             let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
-            let largest = needed
+            let largest = reads
                 .iter()
-                .map(|&w| order.window_bytes(w))
+                .map(|r| order.window_bytes(r.window))
                 .max()
                 .unwrap_or(0);
             return Err(EngineError::InvalidArgument(format!(
@@ -158,7 +142,9 @@ impl EpochStream {
                 mib(pool.limit() as u64)
             )));
         }
-        let rows_read = needed.iter().map(|&w| order.window_rows(w)).sum();
+        let rows_read = reads.iter().map(|r| order.window_rows(r.window)).sum();
+        let last_uses = reads.iter().map(|r| r.last_use).collect();
+        let needed = reads.iter().map(|r| r.window).collect();
         let schema = dataset.schema();
         let cancel = CancelToken::new();
         let (tx, rx) = crossbeam_channel::bounded(0);
@@ -180,7 +166,7 @@ impl EpochStream {
             schema,
             next_batch: 0,
             batches,
-            last_use,
+            last_uses,
             rows_read,
             windows: Some(rx),
             alive: Vec::new(),
@@ -209,8 +195,8 @@ impl EpochStream {
     }
 
     fn window(&mut self, index: usize) -> Result<&Window> {
-        if let Some(at) = self.alive.iter().position(|w| w.index == index) {
-            return Ok(&self.alive[at]);
+        if let Some(at) = self.alive.iter().position(|(w, _)| w.index == index) {
+            return Ok(&self.alive[at].0);
         }
         let received = self.windows.as_ref().and_then(|rx| rx.recv().ok());
         let window = match received {
@@ -227,8 +213,9 @@ impl EpochStream {
                 window.index
             )));
         }
-        self.alive.push(window);
-        Ok(self.alive.last().expect("just pushed"))
+        let last_use = self.last_uses.pop_front().unwrap_or(u64::MAX);
+        self.alive.push((window, last_use));
+        Ok(&self.alive.last().expect("just pushed").0)
     }
 
     fn next_batch(&mut self) -> Result<RecordBatch> {
@@ -248,9 +235,9 @@ impl EpochStream {
                 &mut slices,
             );
         }
-        // Let go of the windows no later batch takes from.
-        let (last_use, done) = (&self.last_use, self.next_batch);
-        self.alive.retain(|w| last_use.get(&w.index) != Some(&done));
+        // Let go of the windows no later batch takes from (until read again).
+        let done = self.next_batch;
+        self.alive.retain(|&(_, last_use)| last_use != done);
         self.next_batch += 1;
         match slices.len() {
             1 => Ok(slices.pop().expect("one slice")),
@@ -292,6 +279,59 @@ impl Drop for EpochStream {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// One read of a window: the first and the last batch that take from it.
+struct WindowRead {
+    window: usize,
+    first_use: u64,
+    last_use: u64,
+}
+
+/// The windows `batches` batches of `share` take from, in the order first needed. A window
+/// is read once and held from its first batch to its last, except that a padded last batch
+/// which wraps to the start of the epoch (after other windows) reads the first windows
+/// again rather than holding them all epoch.
+fn plan_reads(
+    order: &EpochOrder,
+    share: &Share,
+    rows: u64,
+    consumed: u64,
+    batches: u64,
+) -> Vec<WindowRead> {
+    let mut reads: Vec<WindowRead> = Vec::new();
+    // The read of each window taking samples so far, and in which pass over the epoch.
+    let mut open: HashMap<usize, (usize, u32)> = HashMap::new();
+    let (mut pass, mut last_start) = (0u32, 0u64);
+    let mut pieces = Vec::new();
+    for i in 0..batches {
+        for range in share.batch_positions(rows, consumed, i) {
+            if range.start < last_start {
+                pass += 1; // wrapped to the epoch's start
+            }
+            last_start = range.start;
+            pieces.clear();
+            order.pieces(range, &mut pieces);
+            for piece in &pieces {
+                match open.get_mut(&piece.window) {
+                    // Still in use: the same pass, or the batch right after its last.
+                    Some((at, read_pass)) if *read_pass == pass || reads[*at].last_use + 1 >= i => {
+                        reads[*at].last_use = i;
+                        *read_pass = pass;
+                    }
+                    _ => {
+                        open.insert(piece.window, (reads.len(), pass));
+                        reads.push(WindowRead {
+                            window: piece.window,
+                            first_use: i,
+                            last_use: i,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    reads
 }
 
 /// The rows `indices` of `batches`, each column gathered on its own, the columns shared
