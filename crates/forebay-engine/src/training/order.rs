@@ -250,9 +250,10 @@ impl EpochOrder {
         let (block_order, block_starts) = block_sequence(&layout, shuffle, epoch);
         let rows = layout.rows();
         let (count, chunk) = (lanes.lanes.max(1), lanes.chunk.max(1));
-        let lane_rows = rows / (count * chunk) * chunk;
+        let lane_rows = rows / count.saturating_mul(chunk) * chunk;
         // Windows hold about `window_blocks` average blocks' rows.
-        let window_rows = (window_blocks.max(1) as u64 * rows)
+        let window_rows = (window_blocks.max(1) as u64)
+            .saturating_mul(rows)
             .div_ceil(layout.blocks().max(1) as u64)
             .max(1);
         let even_cuts = |len: u64| -> Vec<u64> {
@@ -261,7 +262,8 @@ impl EpochOrder {
         };
         let window_starts = even_cuts(lane_rows);
         let mut windows = Vec::new();
-        for lane in 0..count {
+        // (No lane has a row when lanes × chunk exceed the rows: all is the tail.)
+        for lane in 0..if lane_rows > 0 { count } else { 0 } {
             let base = lane * lane_rows;
             windows.extend(window_starts.windows(2).map(|w| base + w[0]..base + w[1]));
         }
@@ -548,6 +550,32 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn huge_lanes_chunks_and_windows_are_one_tail() {
+        let layout = Arc::new(DatasetLayout::new(&files(&[&[10, 7]]), 4));
+        let all = sorted(sequence(&EpochOrder::new(
+            layout.clone(),
+            3,
+            Shuffle::None,
+            0,
+        )));
+        for (lanes, chunk) in [(u64::MAX, 1), (1, u64::MAX), (1 << 40, 1 << 40)] {
+            let order = EpochOrder::in_lanes(
+                layout.clone(),
+                usize::MAX,
+                Shuffle::Seeded(3),
+                0,
+                Lanes { lanes, chunk },
+            );
+            assert_eq!(
+                order.windows(),
+                1,
+                "the whole dataset is the tail, one window"
+            );
+            assert_eq!(sorted(sequence(&order)), all);
         }
     }
 
