@@ -13,11 +13,11 @@ The order of an epoch depends on (seed, epoch, dataset, block_rows, window_rows,
 lane_chunk) only (``forebay_engine::training``): blocks of rows are permuted across the
 dataset, and rows within windows of blocks (with ``lanes``: the permuted blocks cut into
 lanes with windows of their own, taken ``lane_chunk`` samples at a time in turn, so that
-each rank reads only its lanes). Each step deals ``world_size x batch_size`` consecutive samples,
-``batch_size`` to each rank, so every rank gets the same number of full batches. The state
-is (epoch, samples consumed by all ranks), the same on every rank: a run resumed with
-another world size or number of loader workers delivers, across its ranks, exactly the
-rest of the sequence.
+each rank reads only its lanes). Each step deals ``world_size x batch_size`` consecutive
+samples, ``batch_size`` to each rank, so every rank gets the same number of full batches.
+The state is (epoch, samples consumed by all ranks), the same on every rank: a run resumed
+with another world size or number of loader workers delivers, across its ranks, exactly
+the rest of the sequence.
 """
 
 from __future__ import annotations
