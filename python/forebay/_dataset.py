@@ -430,6 +430,7 @@ class Dataset:
         preserve_order: bool = False,
         checkpoint: Checkpoint | None = None,
         on_changed_input: str = "error",
+        retry_dead_letters: bool = False,
     ) -> dict[str, Any]:
         """Run the pipeline into Parquet files under ``path`` (a directory or a URI such as
         ``s3://bucket/out/``); returns ``{"rows", "files", "bytes", "seconds", "paths"}``
@@ -457,6 +458,15 @@ class Dataset:
             ``read_parquet(filter=...)`` (a finished input may hold rows the new filter
             keeps): ``"error"`` (default) or ``"reprocess"`` (read them again; rows whose id
             is done are still dropped). Inputs finished with no filter stay finished.
+        retry_dead_letters: instead of reading the input, run this dataset's steps from its
+            first ``map_batches`` on over the rows that step set aside into
+            ``<path>/_dead_letter/`` (``on_error="dead_letter"``; fix the function first):
+            each is written to ``path`` exactly once, or set aside again (into new
+            dead-letter files), and the dead-letter files retried are deleted at the end. A
+            kill and a rerun with the same arguments finish it. Needs the job's
+            ``checkpoint`` (not changed: its set-aside rows count as done there); the retry
+            keeps its own beside it, ``<checkpoint path>.retry``, deleted at the end. The
+            result has ``dead_letters_retried``: the dead-letter files taken.
 
         Each file appears atomically: locally under a hidden temporary name, then renamed;
         on object stores when its upload completes. An error or Ctrl-C leaves no partial file.
@@ -467,6 +477,18 @@ class Dataset:
         concurrency = integer("concurrency", concurrency, minimum=1)
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise TypeError("checkpoint must be a forebay.Checkpoint")
+        if retry_dead_letters:
+            from ._retry import retry_dead_letters as retry
+
+            write = {
+                "rows_per_file": rows_per_file,
+                "compression": compression,
+                "mode": mode,
+                "concurrency": concurrency,
+                "preserve_order": preserve_order,
+                "on_changed_input": on_changed_input,
+            }
+            return retry(self, os.fspath(path), checkpoint, storage_options, write)
         running = self._pipeline(preserve_order).write(
             os.fspath(path),
             storage_options,

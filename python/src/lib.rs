@@ -24,6 +24,7 @@ mod arrow_import;
 mod checkpoint;
 mod coordinator;
 mod dataset;
+mod dir;
 mod errors;
 mod lookahead;
 mod pipeline;
@@ -69,6 +70,7 @@ fn _forebay(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tune_malloc();
     errors::register(m)?;
     dataset::register(m)?;
+    dir::register(m)?;
     training::register(m)?;
     checkpoint::register(m)?;
     spill::register(m)?;

@@ -159,7 +159,20 @@ impl Inputs {
     /// Why `place` (the output or the checkpoint, called `what`) would take part in the
     /// input, if it would.
     fn overlap(&self, what: &str, shown: &str, place: &Place, deletes: bool) -> Option<String> {
-        if let Some((file, _)) = self.files.iter().find(|(_, f)| place.contains(f)) {
+        // Rows an output set aside may be read back into it (a retry of its dead letters):
+        // a write puts nothing there but new dead letters under new names, and a reader of
+        // the output skips `_` directories.
+        let dead_letter = |f: &Place| {
+            what == "output"
+                && !deletes
+                && f.segments.get(place.segments.len()).map(String::as_str)
+                    == Some(crate::dead_letter::DEAD_LETTER_DIR)
+        };
+        if let Some((file, _)) = self
+            .files
+            .iter()
+            .find(|(_, f)| place.contains(f) && !dead_letter(f))
+        {
             let consequence = if deletes {
                 "mode='overwrite' would delete it before it is read"
             } else {
