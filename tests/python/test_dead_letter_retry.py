@@ -161,7 +161,7 @@ def test_retry_arguments_are_checked_and_nothing_to_retry_is_no_work(tmp_path):
     pq.write_table(pa.table({"id": np.arange(3)}), dead)
     again = forebay.read_parquet(str(dead)).write_parquet(out, mode="append")
     assert again["rows"] == 3
-    with pytest.raises(forebay.WriteError, match="overwrite.*would delete it"):
+    with pytest.raises(forebay.WriteError, match=r"overwrite.*would delete it"):
         forebay.read_parquet(str(dead)).write_parquet(out, mode="overwrite")
 
 
