@@ -19,7 +19,7 @@ from . import _forebay
 from ._checkpoint_config import Checkpoint
 from ._checkpoint_filter import CheckpointFilter
 from ._config import configure
-from ._dataset import Dataset, read_parquet
+from ._dataset import Dataset
 from ._forebay import (
     CheckpointError,
     ColumnNotFoundError,
@@ -40,6 +40,7 @@ from ._forebay import (
     WriteError,
 )
 from ._mix import MixedStream, mix
+from ._read import read_parquet
 from ._spill import RemoteSpillTarget, SpillArea
 from ._store import ObjectRef, ObjectStore, ObjectWriter
 from ._training import TrainingStream

@@ -1,5 +1,6 @@
-"""``forebay.read_parquet`` and ``forebay.Dataset``: a lazy dataset read by Rust, with a
-plan of steps (``map_batches``, ``limit``) that forebay-engine runs under one memory cap.
+"""``forebay.Dataset`` (made by ``forebay.read_parquet``, module ``_read``): a lazy dataset
+read by Rust, with a plan of steps (``map_batches``, ``limit``) that forebay-engine runs
+under one memory cap.
 
     >>> ds = forebay.read_parquet("data/", columns=["id", "text"])
     >>> out = ds.map_batches(Embed, batch_size=1000, compute="processes", concurrency=2)
@@ -21,7 +22,6 @@ from . import _config, _devices, _forebay, _runs
 from ._args import integer, optional_integer
 from ._async_udf import is_async, make_async_worker
 from ._checkpoint_config import Checkpoint
-from ._filters import normalize_filter
 from ._training import TrainingStream
 from ._udf import (
     ITER_FORMATS,
@@ -684,139 +684,3 @@ class Dataset:
             for s in self._steps
         )
         return f"<forebay.Dataset {len(files)} file(s){steps}>"
-
-
-def read_parquet(
-    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    *,
-    columns: Sequence[str] | None = None,
-    filter: Any = None,
-    batch_size: int = 65536,
-    prefetch: int | None = None,
-    num_threads: int | None = None,
-    dictionary_columns: Sequence[str] | None = None,
-    storage_options: Mapping[str, str] | None = None,
-    int96_timestamp_unit: str = "ns",
-    file_extensions: Sequence[str] | None = ("parquet", "parq", "pq"),
-    schema: Any = None,
-    fetch_ahead: int | None = None,
-    coalesce_gap: int | None = None,
-) -> Dataset:
-    """Open Parquet files lazily.
-
-    paths: a file, directory, glob (``data/*.parquet``, ``data/**/*.parquet``) or URI
-        (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``, ``memory://``), or a list.
-        Directories are read recursively; names starting with ``_`` or ``.`` are skipped, and
-        so are names without one of ``file_extensions``.
-    columns: column names to read; ``"a.b"`` selects part of a nested column. Only the
-        selected column chunks are fetched. Output follows this order.
-    filter: pyarrow-style tuples: ``[("x", ">", 5), ("y", "in", [1, 2])]`` (a list is AND, a
-        list of lists is OR of ANDs). Operators: ``= == != < <= > >= in not in`` and
-        ``("x", "is null")`` / ``("x", "is not null")``. Row groups and pages that cannot
-        match are skipped using statistics; the surviving rows are filtered exactly.
-    batch_size: rows per batch (filtered batches can be smaller, and so are the first row
-        group's, at most 8,192 rows each: the first batch arrives sooner).
-    prefetch: row groups in flight at once (bounds memory); default threads + 2.
-    fetch_ahead: on an object store, the most row groups whose column chunks are requested
-        ahead of their decoding, beyond ``prefetch`` (default 32; 0: none). Each request
-        waits a round trip before its first byte, so more in flight keep a slow link busy;
-        how many are is measured (8 at first, deeper whenever decoding waits for data). A
-        pipeline scans with fewer when their bytes would not fit a quarter of its memory
-        cap. Not for row groups whose pages a page index pruned (their decoder reads only
-        the pages it needs).
-    coalesce_gap: on an object store, fetch column chunks at most this many bytes apart in
-        one request, gap included (fewer requests, more bytes). Default: only the selected
-        bytes, plus gaps that add at most 1/8 to them (or 256 KiB a row group, when little
-        is selected) and cost less than a round trip at
-        the measured link (requests are many, but in parallel); a store that bills or
-        limits requests more than bytes may want ``1 << 20``.
-    num_threads: row groups decoded in parallel; default and maximum the number of cores.
-    dictionary_columns: string/binary columns to return as dictionary arrays.
-    storage_options: object_store options, e.g. ``{"aws_endpoint": "http://127.0.0.1:9000",
-        "aws_allow_http": "true", "aws_region": "us-east-1"}``; values are taken as their
-        strings (``True`` works as ``"true"``). They win over the environment (``AWS_*``,
-        ``GOOGLE_*``, ``AZURE_*``). pyarrow's and fsspec's S3 names work too (``key``,
-        ``secret``, ``endpoint_override`` with ``scheme``, ``region_name``, ``anon``,
-        ``client_kwargs``). A key the URI's store does not know is an error naming the
-        closest valid key, never silently ignored.
-    int96_timestamp_unit: unit of timestamps stored as (deprecated) INT96: ``"ns"`` (the
-        default, as pyarrow), ``"us"``, ``"ms"`` or ``"s"``. INT96 can hold dates beyond the
-        ±292 years of 64-bit nanoseconds; such values wrap in ``"ns"`` (as in pyarrow), so read
-        Spark/Impala files with dates like 9999-12-31 with ``"us"``.
-    file_extensions: which files of a directory are read (as Ray's ``file_extensions``):
-        names ending in one of these (default ``parquet``, ``parq``, ``pq``), so that a stray
-        ``README`` or ``.csv`` beside the data is not read as Parquet; ``None`` reads every
-        file. Files and globs named explicitly are read whatever their name.
-    schema: for files whose columns differ (a table that gained, dropped or widened columns
-        over time). ``None`` (the default): every file must have the first file's columns
-        and types. A ``pyarrow.Schema``: every file is read as it. ``"union"``: the union of
-        the files' columns, by name in order of first appearance (every footer is read when
-        the dataset opens). A column a file lacks comes out as nulls (the field must be
-        nullable); a type that differs is widened only where no value changes: integers to
-        wider integers that hold them, small integers and float32 to float64, string and
-        binary to their large or view layouts, date32 to date64, timestamps to a finer unit
-        of the same zone, decimals to more precision. Anything else raises
-        ``forebay.SchemaMismatchError`` naming the file, the column and both types.
-        ``columns`` pick among the schema's columns; a filter's columns must be in every file.
-    """
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    path_list = [os.fspath(p) for p in items]
-    if not path_list:
-        raise ValueError("read_parquet: no paths given")
-    if isinstance(columns, str):
-        raise TypeError("columns must be a list of names, not a single string")
-    if columns is not None and len(columns) == 0:
-        raise ValueError(
-            "columns=[] selects no column; name at least one column (or pass None for all; "
-            "count_rows() counts rows without reading any)"
-        )
-    batch_size = integer("batch_size", batch_size, minimum=1)
-    prefetch = optional_integer("prefetch", prefetch, minimum=1)
-    num_threads = optional_integer("num_threads", num_threads, minimum=1)
-    fetch_ahead = optional_integer("fetch_ahead", fetch_ahead, minimum=0)
-    coalesce_gap = optional_integer("coalesce_gap", coalesce_gap, minimum=0)
-    union = isinstance(schema, str) and schema == "union"
-    if schema is not None and not union and not isinstance(schema, pa.Schema):
-        raise TypeError(
-            f"schema must be a pyarrow.Schema, 'union' or None, not {type(schema).__name__}"
-        )
-    inner = _forebay.RsDataset(
-        path_list,
-        list(columns) if columns is not None else None,
-        normalize_filter(filter),
-        int(batch_size),
-        prefetch,
-        num_threads,
-        list(dictionary_columns) if dictionary_columns is not None else None,
-        storage_options,
-        int96_timestamp_unit,
-        None if file_extensions is None else _extensions(file_extensions),
-        None if union else schema,
-        union,
-        fetch_ahead,
-        coalesce_gap,
-    )
-    dataset = Dataset(inner)
-    dataset._read_args = functools.partial(
-        read_parquet,
-        path_list,
-        columns=columns,
-        filter=filter,
-        batch_size=batch_size,
-        prefetch=prefetch,
-        num_threads=num_threads,
-        dictionary_columns=dictionary_columns,
-        storage_options=storage_options,
-        int96_timestamp_unit=int96_timestamp_unit,
-        file_extensions=file_extensions,
-        schema=schema,
-        fetch_ahead=fetch_ahead,
-        coalesce_gap=coalesce_gap,
-    )
-    return dataset
-
-
-def _extensions(file_extensions: Sequence[str]) -> list[str]:
-    if isinstance(file_extensions, str):
-        raise TypeError("file_extensions must be a list of endings, not a single string")
-    return [str(e) for e in file_extensions]

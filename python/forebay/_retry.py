@@ -70,7 +70,8 @@ def retry_dead_letters(
     write: dict[str, Any],
 ) -> dict[str, Any]:
     """See the module docs; ``write``: the other arguments of ``write_parquet``."""
-    from ._dataset import Dataset, _MapStep, read_parquet
+    from ._dataset import Dataset, _MapStep
+    from ._read import read_parquet
 
     if checkpoint is None:
         raise ValueError(
