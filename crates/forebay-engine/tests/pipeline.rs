@@ -549,12 +549,15 @@ fn errored_rows_are_taken_out_counted_and_reported_and_a_limit_fails_the_run() {
 struct Concurrent {
     limit: usize,
     most_in_flight: Arc<AtomicUsize>,
+    collected: Arc<AtomicUsize>,
 }
 
 struct ConcurrentWorker {
     limit: usize,
     running: Vec<(u64, RecordBatch, std::time::Instant)>,
     most_in_flight: Arc<AtomicUsize>,
+    /// Calls handed back by `completed`.
+    collected: Arc<AtomicUsize>,
 }
 
 impl forebay_engine::MapFn for Concurrent {
@@ -566,6 +569,7 @@ impl forebay_engine::MapFn for Concurrent {
             limit: self.limit,
             running: Vec::new(),
             most_in_flight: self.most_in_flight.clone(),
+            collected: self.collected.clone(),
         }))
     }
 }
@@ -620,6 +624,7 @@ impl forebay_engine::MapWorker for ConcurrentWorker {
             .into_iter()
             .partition(|r| r.2 <= now);
         self.running = running;
+        self.collected.fetch_add(done.len(), Ordering::SeqCst);
         Ok(done
             .into_iter()
             .map(|(call, batch, _)| {
@@ -644,6 +649,7 @@ fn a_worker_with_calls_in_flight_keeps_them_full_and_loses_no_row() {
             Concurrent {
                 limit: 16,
                 most_in_flight: most.clone(),
+                collected: Arc::default(),
             },
         )
         .with_batch_size(7);
@@ -671,6 +677,50 @@ fn a_worker_with_calls_in_flight_keeps_them_full_and_loses_no_row() {
             "the calls in flight reach the limit"
         );
     }
+}
+
+/// A worker with calls in flight hands a task's small outputs on as one batch: downstream's
+/// queue of two takes three tasks before the worker waits for it (handed on one by one, the
+/// first task's 100 outputs would stop the worker, and an event loop that stood still would
+/// leave a model server's answers unread).
+#[test]
+fn a_worker_with_calls_in_flight_collects_them_while_downstream_waits() {
+    let source = Source::Batches {
+        schema: schema(),
+        batches: Box::new((0..4).map(|i| Ok::<_, UserError>(batch_of(i * 700..(i + 1) * 700)))),
+    };
+    let collected = Arc::new(AtomicUsize::new(0));
+    let stage = MapStage::new(
+        "endpoint",
+        Concurrent {
+            limit: 16,
+            most_in_flight: Arc::default(),
+            collected: collected.clone(),
+        },
+    )
+    .with_batch_size(7); // 100 calls an input batch (a task)
+    let mut stream = Pipeline::new(source)
+        .map(stage)
+        .iter(IterOptions::default())
+        .unwrap();
+    let first = stream.next().expect("a first batch").unwrap();
+    // Downstream (this test) takes nothing more: tasks 1 and 2 fill the queue of 2 batches,
+    // and the worker collects every call of all four tasks before it waits to hand on the
+    // last.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while collected.load(Ordering::SeqCst) < 400 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        collected.load(Ordering::SeqCst),
+        400,
+        "calls collected while downstream waited"
+    );
+    let mut rest = vec![first];
+    rest.extend(stream.map(|b| b.unwrap()));
+    let mut got = values(&rest);
+    got.sort_unstable();
+    assert_eq!(got, (0..2800).map(|v| v * 2).collect::<Vec<i64>>());
 }
 
 /// A host engine's pool: the run's charges are held in it while they last, the source waits

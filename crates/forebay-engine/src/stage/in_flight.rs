@@ -7,9 +7,16 @@
 //!                 ▲                                      │ completed(≤ 50 ms)
 //!                 └── taken while there is room          ▼
 //!                                      outputs_of_call ──► the task's slot for that chunk
-//!                                      a task whose chunks are all back ──► emit (task order
-//!                                      restored downstream when order is preserved)
+//!                                      a task whose chunks are all back ──► its small outputs
+//!                                      joined ──► emit (task order restored downstream when
+//!                                      order is preserved)
 //! ```
+//!
+//! A task is an input batch's worth of calls (a row group in requests of 16 rows: thousands
+//! of outputs of a few hundred bytes). Handed on one by one into the next stage's queue of
+//! two, they kept this thread (and the event loop it drives) waiting at each task's end,
+//! up to 64 ms, while the answers to the calls in flight went unread; joined, they are one
+//! hand-over (see `outputs::join_small_outputs`).
 //!
 //! A task is taken from the dispatcher only when a call slot is free, so the stage holds at
 //! most its own calls and one task's chunks beyond them: every batch is charged to it.
@@ -17,7 +24,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::outputs::outputs_of_call;
+use super::outputs::{join_small_outputs, outputs_of_call};
 use super::{emit, MapWorker, Running, Task, WorkerContext};
 use crate::batch::EngineBatch;
 use crate::error::{BatchLabel, Result};
@@ -146,9 +153,10 @@ pub(super) fn serve_in_flight(
     }
 }
 
-/// Hand on a task whose chunks are all back, its outputs in chunk order.
+/// Hand on a task whose chunks are all back, its outputs in chunk order (small ones
+/// joined, see [`join_small_outputs`]).
 fn finish_task(r: &Running, open: &mut BTreeMap<u64, OpenTask>, task: u64) -> Result<()> {
     let done = open.remove(&task).expect("an open task");
     let outputs = done.outputs.into_iter().flatten().flatten().collect();
-    emit(r, task, outputs)
+    emit(r, task, join_small_outputs(r, outputs)?)
 }

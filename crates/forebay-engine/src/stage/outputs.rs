@@ -122,6 +122,66 @@ fn count_errored(
     }
 }
 
+/// A task's outputs (of calls in flight) joined into batches of up to this many bytes.
+const JOINED_BYTES: usize = 4 << 20;
+
+/// The outputs of a task's calls, consecutive small ones of one schema joined into one
+/// batch of up to [`JOINED_BYTES`] (its origins those of its parts, in order). A worker with
+/// calls in flight makes one small output a call (a request's rows: 16 rows, a few hundred
+/// bytes), and a task is an input batch's worth of calls: handed on one by one, thousands
+/// of batches would each wait their turn in the next stage's queue of two.
+pub(super) fn join_small_outputs(
+    r: &Running,
+    outputs: Vec<EngineBatch>,
+) -> Result<Vec<EngineBatch>> {
+    let mut joined = Vec::new();
+    let mut group: Vec<EngineBatch> = Vec::new();
+    let mut group_bytes = 0;
+    for batch in outputs {
+        let bytes = batch.batch.get_array_memory_size();
+        let fits = group.first().is_some_and(|first| {
+            first.batch.schema() == batch.batch.schema() && group_bytes + bytes <= JOINED_BYTES
+        });
+        if !fits && !group.is_empty() {
+            joined.push(join(r, std::mem::take(&mut group))?);
+            group_bytes = 0;
+        }
+        group_bytes += bytes;
+        group.push(batch);
+    }
+    if !group.is_empty() {
+        joined.push(join(r, group)?);
+    }
+    Ok(joined)
+}
+
+/// Batches of one schema as one, charged to the stage; the parts are let go.
+fn join(r: &Running, mut parts: Vec<EngineBatch>) -> Result<EngineBatch> {
+    if parts.len() == 1 {
+        return Ok(parts.pop().expect("one part"));
+    }
+    let origin: Vec<Origin> = parts
+        .iter_mut()
+        .flat_map(|p| std::mem::take(&mut p.origin))
+        .collect();
+    let batches: Vec<RecordBatch> = parts.iter().map(|p| p.batch.clone()).collect();
+    let batch = crate::concat::concat_batches(&batches[0].schema(), &batches).map_err(|e| {
+        EngineError::BadOutput {
+            stage: r.stage.name.clone(),
+            batch: crate::batch::label(0, &origin),
+            reason: format!("its calls' outputs cannot be joined into one batch: {e}"),
+        }
+    })?;
+    let reservation = r.holder.reserve_batch(&batch, Admission::Now)?;
+    drop(parts);
+    Ok(EngineBatch {
+        batch,
+        seq: 0,
+        origin,
+        reservation,
+    })
+}
+
 /// The outputs of one call as one batch (they must share a schema).
 fn concat_outputs(
     stage: &MapStage,
