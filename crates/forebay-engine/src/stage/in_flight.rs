@@ -15,8 +15,8 @@
 //! A task is an input batch's worth of calls (a row group in requests of 16 rows: thousands
 //! of outputs of a few hundred bytes). Handed on one by one into the next stage's queue of
 //! two, they kept this thread (and the event loop it drives) waiting at each task's end,
-//! up to 64 ms, while the answers to the calls in flight went unread; joined, they are one
-//! hand-over (see `outputs::join_small_outputs`).
+//! up to 64 ms, while the answers to the calls in flight went unread; joined as they come
+//! back, they are one hand-over (see `outputs::JoinedOutputs`).
 //!
 //! A task is taken from the dispatcher only when a call slot is free, so the stage holds at
 //! most its own calls and one task's chunks beyond them: every batch is charged to it.
@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::outputs::{join_small_outputs, outputs_of_call};
+use super::outputs::{outputs_of_call, JoinedOutputs};
 use super::{emit, MapWorker, Running, Task, WorkerContext};
 use crate::batch::EngineBatch;
 use crate::error::{BatchLabel, Result};
@@ -35,8 +35,13 @@ const WAIT: Duration = Duration::from_millis(50);
 
 /// A task whose chunks are being called.
 struct OpenTask {
-    /// What each chunk became, in the chunk's order (None: not back yet).
+    /// What each chunk back before an earlier one became (None: not back yet, or
+    /// gathered).
     outputs: Vec<Option<Vec<EngineBatch>>>,
+    /// The first chunk not gathered yet.
+    next: usize,
+    /// The outputs of the chunks before `next`, in order.
+    gathered: JoinedOutputs,
     waiting: usize,
 }
 
@@ -96,6 +101,8 @@ pub(super) fn serve_in_flight(
                         task.index,
                         OpenTask {
                             outputs: (0..chunks).map(|_| None).collect(),
+                            next: 0,
+                            gathered: JoinedOutputs::default(),
                             waiting: chunks,
                         },
                     );
@@ -146,6 +153,12 @@ pub(super) fn serve_in_flight(
                 .expect("a call's task stays open until it is back");
             slot.outputs[chunk] = Some(ready);
             slot.waiting -= 1;
+            while let Some(outputs) = slot.outputs.get_mut(slot.next).and_then(Option::take) {
+                for output in outputs {
+                    slot.gathered.push(r, output)?;
+                }
+                slot.next += 1;
+            }
             if slot.waiting == 0 {
                 finish_task(r, &mut open, task)?;
             }
@@ -153,10 +166,10 @@ pub(super) fn serve_in_flight(
     }
 }
 
-/// Hand on a task whose chunks are all back, its outputs in chunk order (small ones
-/// joined, see [`join_small_outputs`]).
+/// Hand on a task whose chunks are all back (and gathered), its outputs in chunk order,
+/// small ones joined (see [`JoinedOutputs`]).
 fn finish_task(r: &Running, open: &mut BTreeMap<u64, OpenTask>, task: u64) -> Result<()> {
     let done = open.remove(&task).expect("an open task");
-    let outputs = done.outputs.into_iter().flatten().flatten().collect();
-    emit(r, task, join_small_outputs(r, outputs)?)
+    debug_assert_eq!(done.next, done.outputs.len(), "every chunk gathered");
+    emit(r, task, done.gathered.finish(r)?)
 }

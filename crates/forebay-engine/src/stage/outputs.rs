@@ -125,34 +125,78 @@ fn count_errored(
 /// A task's outputs (of calls in flight) joined into batches of up to this many bytes.
 const JOINED_BYTES: usize = 4 << 20;
 
-/// The outputs of a task's calls, consecutive small ones of one schema joined into one
-/// batch of up to [`JOINED_BYTES`] (its origins those of its parts, in order). A worker with
-/// calls in flight makes one small output a call (a request's rows: 16 rows, a few hundred
-/// bytes), and a task is an input batch's worth of calls: handed on one by one, thousands
-/// of batches would each wait their turn in the next stage's queue of two.
-pub(super) fn join_small_outputs(
-    r: &Running,
-    outputs: Vec<EngineBatch>,
-) -> Result<Vec<EngineBatch>> {
-    let mut joined = Vec::new();
-    let mut group: Vec<EngineBatch> = Vec::new();
-    let mut group_bytes = 0;
-    for batch in outputs {
-        let bytes = batch.batch.get_array_memory_size();
-        let fits = group.first().is_some_and(|first| {
-            first.batch.schema() == batch.batch.schema() && group_bytes + bytes <= JOINED_BYTES
+/// Outputs joined at a time as they come back: their memory (often Python's, freed under
+/// the GIL) is let go a few at a time, not a task's thousands at once.
+const JOIN_EVERY: usize = 64;
+
+/// The outputs of a task's calls, gathered in chunk order as they come back; consecutive
+/// small ones of one schema are joined into batches of up to [`JOINED_BYTES`] (origins those
+/// of their parts, in order). A worker with calls in flight makes one small output a call
+/// (a request's rows: 16 rows, a few hundred bytes), and a task is an input batch's worth of
+/// calls: handed on one by one, thousands of batches would each wait their turn in the next
+/// stage's queue of two; joined only at the task's end, letting go of the parts stopped the
+/// worker's thread (and its event loop) for ~20 ms.
+#[derive(Default)]
+pub(super) struct JoinedOutputs {
+    /// Joined so far, each of up to [`JOIN_EVERY`] outputs.
+    joined: Vec<EngineBatch>,
+    /// Outputs not joined yet: consecutive, of one schema.
+    group: Vec<EngineBatch>,
+    group_bytes: usize,
+}
+
+impl JoinedOutputs {
+    /// The next output in chunk order.
+    pub(super) fn push(&mut self, r: &Running, output: EngineBatch) -> Result<()> {
+        let bytes = output.batch.get_array_memory_size();
+        let fits = self.group.first().is_none_or(|first| {
+            first.batch.schema() == output.batch.schema()
+                && self.group_bytes + bytes <= JOINED_BYTES
         });
-        if !fits && !group.is_empty() {
-            joined.push(join(r, std::mem::take(&mut group))?);
-            group_bytes = 0;
+        if !fits {
+            self.join_group(r)?;
         }
-        group_bytes += bytes;
-        group.push(batch);
+        self.group_bytes += bytes;
+        self.group.push(output);
+        if self.group.len() >= JOIN_EVERY {
+            self.join_group(r)?;
+        }
+        Ok(())
     }
-    if !group.is_empty() {
-        joined.push(join(r, group)?);
+
+    /// Everything gathered, the joined pieces joined again up to [`JOINED_BYTES`] (a copy of
+    /// memory that is the stage's own by now).
+    pub(super) fn finish(mut self, r: &Running) -> Result<Vec<EngineBatch>> {
+        self.join_group(r)?;
+        let mut out = Vec::new();
+        let mut group: Vec<EngineBatch> = Vec::new();
+        let mut group_bytes = 0;
+        for piece in self.joined {
+            let bytes = piece.batch.get_array_memory_size();
+            let fits = group.first().is_some_and(|first| {
+                first.batch.schema() == piece.batch.schema() && group_bytes + bytes <= JOINED_BYTES
+            });
+            if !fits && !group.is_empty() {
+                out.push(join(r, std::mem::take(&mut group))?);
+                group_bytes = 0;
+            }
+            group_bytes += bytes;
+            group.push(piece);
+        }
+        if !group.is_empty() {
+            out.push(join(r, group)?);
+        }
+        Ok(out)
     }
-    Ok(joined)
+
+    fn join_group(&mut self, r: &Running) -> Result<()> {
+        if !self.group.is_empty() {
+            let joined = join(r, std::mem::take(&mut self.group))?;
+            self.joined.push(joined);
+            self.group_bytes = 0;
+        }
+        Ok(())
+    }
 }
 
 /// Batches of one schema as one, charged to the stage; the parts are let go.
