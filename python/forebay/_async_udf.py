@@ -16,8 +16,7 @@ keeps a quarter more calls submitted than there are lanes (``forebay_engine``'s
 ``stage::in_flight``): a lane whose call finishes takes the next at once, in the same turn
 of the loop, not after the engine's next turn. A lane is one coroutine for the worker's
 life, not a task a call: fewer objects a call, and a third of the garbage collections
-(against a server of 256 slots answering in 50 ms: 235-237 of its slots busy on average,
-216 with a task a call and every call handed back before the next was submitted).
+(each full one stops the loop; BENCHMARKS.md, "Batch inference at the server's capacity").
 
 Each call: ``call_timeout`` bounds it; an exception or a timeout is retried up to
 ``max_retries`` times (after 0.1 s, 0.2 s, ... up to 2 s; backing off on a 429 is the
