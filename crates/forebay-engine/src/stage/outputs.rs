@@ -136,16 +136,31 @@ const JOIN_EVERY: usize = 64;
 /// calls: handed on one by one, thousands of batches would each wait their turn in the next
 /// stage's queue of two; joined only at the task's end, letting go of the parts stopped the
 /// worker's thread (and its event loop) for ~20 ms.
-#[derive(Default)]
 pub(super) struct JoinedOutputs {
-    /// Joined so far, each of up to [`JOIN_EVERY`] outputs.
+    /// Joined so far, each of up to `join_every` outputs ([`JOIN_EVERY`] as they come back).
     joined: Vec<EngineBatch>,
     /// Outputs not joined yet: consecutive, of one schema.
     group: Vec<EngineBatch>,
     group_bytes: usize,
+    join_every: usize,
+}
+
+impl Default for JoinedOutputs {
+    fn default() -> JoinedOutputs {
+        JoinedOutputs::joining_every(JOIN_EVERY)
+    }
 }
 
 impl JoinedOutputs {
+    fn joining_every(join_every: usize) -> JoinedOutputs {
+        JoinedOutputs {
+            joined: Vec::new(),
+            group: Vec::new(),
+            group_bytes: 0,
+            join_every,
+        }
+    }
+
     /// The next output in chunk order.
     pub(super) fn push(&mut self, r: &Running, output: EngineBatch) -> Result<()> {
         let bytes = output.batch.get_array_memory_size();
@@ -158,7 +173,7 @@ impl JoinedOutputs {
         }
         self.group_bytes += bytes;
         self.group.push(output);
-        if self.group.len() >= JOIN_EVERY {
+        if self.group.len() >= self.join_every {
             self.join_group(r)?;
         }
         Ok(())
@@ -168,25 +183,12 @@ impl JoinedOutputs {
     /// memory that is the stage's own by now).
     pub(super) fn finish(mut self, r: &Running) -> Result<Vec<EngineBatch>> {
         self.join_group(r)?;
-        let mut out = Vec::new();
-        let mut group: Vec<EngineBatch> = Vec::new();
-        let mut group_bytes = 0;
+        let mut whole = JoinedOutputs::joining_every(usize::MAX);
         for piece in self.joined {
-            let bytes = piece.batch.get_array_memory_size();
-            let fits = group.first().is_some_and(|first| {
-                first.batch.schema() == piece.batch.schema() && group_bytes + bytes <= JOINED_BYTES
-            });
-            if !fits && !group.is_empty() {
-                out.push(join(r, std::mem::take(&mut group))?);
-                group_bytes = 0;
-            }
-            group_bytes += bytes;
-            group.push(piece);
+            whole.push(r, piece)?;
         }
-        if !group.is_empty() {
-            out.push(join(r, group)?);
-        }
-        Ok(out)
+        whole.join_group(r)?;
+        Ok(whole.joined)
     }
 
     fn join_group(&mut self, r: &Running) -> Result<()> {
