@@ -307,7 +307,9 @@ class Dataset:
 
     def limit(self, n: int) -> Dataset:
         """The first ``n`` rows (in the order steps produce them); reading stops once they
-        are through."""
+        are through. In a checkpointed ``write_parquet`` the limit is the job's: ``n`` input
+        rows over all its runs, so a resumed run writes only what earlier runs left (and a
+        finished one nothing)."""
         return self._with(_LimitStep(integer("limit", n, minimum=0)))
 
     # ------------------------------------------------------------------ running

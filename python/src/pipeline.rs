@@ -441,6 +441,7 @@ impl RsRunningWrite {
                     resume.set_item("commits_recovered", r.report.commits_recovered)?;
                     resume.set_item("ids_done_before", r.report.ids_done)?;
                     resume.set_item("files_done_before", r.report.files_done)?;
+                    resume.set_item("input_rows_done_before", r.report.input_rows_done)?;
                     resume.set_item("files_changed", r.report.files_changed)?;
                     resume.set_item("rows_skipped_by_id", r.rows_skipped_by_id)?;
                     resume.set_item("rows_skipped_by_position", r.rows_skipped_by_position)?;

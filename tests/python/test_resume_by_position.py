@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import random
 import shutil
@@ -274,6 +275,152 @@ def test_a_limit_after_a_map_in_a_checkpointed_write_is_refused_before_anything_
         .write_parquet(str(tmp_path / "out"), checkpoint=forebay.Checkpoint("id", str(ckpt)))
     )
     assert stats["rows"] == 10
+
+
+LIMITED_JOB = textwrap.dedent(
+    """
+    import json, sys, time
+    import forebay
+
+    def slow(batch):
+        time.sleep(0.02)  # a model's work: the writer commits meanwhile
+        return batch
+
+    if __name__ == "__main__":
+        config = json.loads(sys.argv[1])
+        forebay.configure(progress=False)
+        stats = (
+            forebay.read_parquet(config["input"], batch_size=50)
+            .limit(config["limit"])
+            .map_batches(slow, concurrency=1)
+            .write_parquet(
+                config["output"],
+                rows_per_file=100,
+                concurrency=1,
+                checkpoint=forebay.Checkpoint("id", config["checkpoint"]),
+            )
+        )
+        print(json.dumps(stats), flush=True)
+    """
+)
+
+
+def limited_run(tmp_path: Path, limit: int, env: dict | None = None) -> subprocess.CompletedProcess:
+    script = tmp_path / "limited.py"
+    script.write_text(LIMITED_JOB)
+    config = {
+        "input": str(tmp_path / "in"),
+        "output": str(tmp_path / "out"),
+        "checkpoint": str(tmp_path / "ckpt"),
+        "limit": limit,
+    }
+    return subprocess.run(
+        [sys.executable, str(script), json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def written_ids(out: Path) -> list[int]:
+    return [i for p in out.glob("*.parquet") for i in pq.read_table(p)["id"].to_pylist()]
+
+
+@pytest.mark.parametrize("point", ["staged:2", "recorded:2", "published:3"])
+def test_a_limited_job_killed_and_run_again_writes_its_limit_once_in_total(tmp_path, point):
+    """``limit(n)`` in a checkpointed job is n rows over all its runs: killed after some
+    commits (before a record, after one, after publishing), the rerun writes only what is
+    left, and a rerun of the finished job writes nothing."""
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"id": list(range(1000))}), src / "a.parquet", row_group_size=100)
+    killed = limited_run(tmp_path, 430, {"FOREBAY_CRASH_AT": point})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    before = written_ids(tmp_path / "out")
+    assert 0 < len(before) < 430
+    resumed = limited_run(tmp_path, 430)
+    assert resumed.returncode == 0, resumed.stderr
+    ids = written_ids(tmp_path / "out")
+    assert len(ids) == 430 and len(set(ids)) == 430 and set(before) <= set(ids)
+    # (A commit recorded but not published before the kill is rolled forward, not redone.)
+    stats = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert stats["rows"] in (430 - len(before), 430 - len(before) - 100)
+    # The job is done: a rerun writes nothing and says why.
+    again = limited_run(tmp_path, 430)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["rows"] == 0
+    assert "limited to 430" in again.stderr
+    assert sorted(written_ids(tmp_path / "out")) == sorted(ids)
+    # A larger limit continues the job: 70 more rows, none written before.
+    more = limited_run(tmp_path, 500)
+    assert more.returncode == 0, more.stderr
+    final = written_ids(tmp_path / "out")
+    assert len(final) == 500 and len(set(final)) == 500, more.stderr
+
+
+def test_a_limited_run_marks_no_input_finished_that_it_cut(tmp_path):
+    """A limit stops mid-row-group, with the rest of the cut batch and batches already read
+    never written: those row groups and files must not be recorded as finished (a later
+    run then skipped them, their unwritten rows lost). A slow first call lets the scan run
+    ahead of the writer, as a model's warm-up does."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for f in range(2):
+        table = pa.table({"id": list(range(f * 500, (f + 1) * 500))})
+        pq.write_table(table, src / f"{f}.parquet", row_group_size=100)
+
+    for round_ in range(4):
+        out, ckpt = tmp_path / f"out{round_}", tmp_path / f"ckpt{round_}"
+        calls = 0
+
+        def warming_up(batch):
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                time.sleep(0.2)
+            return batch
+
+        for limit in (230 + 100 * round_, None):
+            ds = forebay.read_parquet(str(src), batch_size=50)
+            if limit is not None:
+                ds = ds.limit(limit)
+            ds.map_batches(warming_up, concurrency=1).write_parquet(
+                str(out), rows_per_file=100, checkpoint=forebay.Checkpoint("id", str(ckpt))
+            )
+        ids = written_ids(out)
+        assert sorted(ids) == list(range(1000)), (round_, len(ids), len(set(ids)))
+
+
+def test_a_limited_job_under_a_new_scan_filter_counts_its_rows_afresh(tmp_path, caplog):
+    """Rows counted under one scan filter are another job's: a checkpoint's limit under a
+    new filter (on_changed_input='reprocess') starts from 0."""
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"id": list(range(1000))}), src / "a.parquet", row_group_size=100)
+
+    def run(limit: int, filter=None) -> dict:
+        return (
+            forebay.read_parquet(str(src), filter=filter)
+            .limit(limit)
+            .write_parquet(
+                str(tmp_path / "out"),
+                checkpoint=forebay.Checkpoint("id", str(tmp_path / "ckpt")),
+                on_changed_input="reprocess",
+            )
+        )
+
+    assert run(100)["rows"] == 100
+    with caplog.at_level(logging.WARNING, logger="forebay"):
+        assert run(100)["rows"] == 0
+    assert any("limited to 100" in r.getMessage() for r in caplog.records), caplog.text
+    stats = run(150)
+    assert stats["rows"] == 50 and stats["resume"]["input_rows_done_before"] == 100
+    # Under a new filter: 100 rows of the rows it keeps, none written before.
+    assert run(100, filter=[("id", ">=", 500)])["rows"] == 100
+    assert run(100, filter=[("id", ">=", 500)])["rows"] == 0
+    ids = written_ids(tmp_path / "out")
+    assert len(ids) == 250 and len(set(ids)) == 250
 
 
 # ---------------------------------------------------------------- no id column

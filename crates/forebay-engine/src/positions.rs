@@ -67,7 +67,6 @@ impl PositionRanges {
     }
 
     /// Positions covered.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {
         self.0.iter().map(|&(s, e)| e - s).sum()
     }
@@ -110,6 +109,11 @@ impl Consumed {
                 .or_default()
                 .insert(first + o.rows.start as u64, first + o.rows.end as u64);
         }
+    }
+
+    /// Positions (input rows) covered.
+    pub(crate) fn rows(&self) -> u64 {
+        self.0.values().map(PositionRanges::len).sum()
     }
 
     pub(crate) fn merge(&mut self, other: Consumed) {

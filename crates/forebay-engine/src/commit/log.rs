@@ -394,13 +394,21 @@ impl CommitLog {
             dead_letters: dead_letters.into_iter().map(record).collect(),
             ids,
         };
-        self.decide_and_publish(commit, files, tickets, Completed::default(), consumed)
+        let input_rows = Some(consumed.rows());
+        self.decide_and_publish(
+            commit,
+            files,
+            tickets,
+            Completed::default(),
+            consumed,
+            input_rows,
+        )
     }
 
     /// Steps 2 and 3 of a commit whose files are staged: one record at a time, holding the
     /// completions its tickets release, `also_completed` (completions decided by the
-    /// caller: readers in other processes) and the positions its rows consumed, then
-    /// publish.
+    /// caller: readers in other processes), the positions its rows consumed and how many
+    /// input rows it accounts for (None: not known), then publish.
     pub(crate) fn decide_and_publish(
         &self,
         commit: &str,
@@ -408,6 +416,7 @@ impl CommitLog {
         tickets: Vec<Arc<UnitTicket>>,
         also_completed: Completed,
         consumed: Consumed,
+        input_rows: Option<u64>,
     ) -> Result<()> {
         // 2. decide.
         let record = {
@@ -425,6 +434,7 @@ impl CommitLog {
                 inputs: self.input_records(&completed, consumed),
                 scan_filter: self.scan_filter.clone(),
                 positions: self.positions.load(Ordering::Relaxed),
+                input_rows,
             };
             if record.output_files().next().is_none()
                 && record.ids.is_none()

@@ -294,6 +294,10 @@ pub struct ResumeReport {
     pub ids_done: u64,
     /// Input files recorded as finished (skipped unread when unchanged).
     pub files_done: usize,
+    /// Input rows the checkpoint's commits account for under this run's scan filter: what
+    /// a `limit()` of the job has used up (see `CommitRecord::input_rows`). None when a
+    /// commit did not count them (forebay.ray's without positions, an older forebay's).
+    pub input_rows_done: Option<u64>,
     /// Input files recorded as finished that are read again: changed since they were
     /// recorded, or finished under another scan filter (`on_changed_input="reprocess"`).
     pub files_changed: Vec<String>,

@@ -145,6 +145,12 @@ impl OpenedState {
             )));
         }
         report.files_done = snapshot.files.values().filter(|s| s.complete).count();
+        // Rows counted under another scan filter belong to another job.
+        report.input_rows_done = if snapshot.scan_filter == scan_filter {
+            snapshot.input_rows
+        } else {
+            Some(0)
+        };
 
         let id_type = match &checkpoint.id_column {
             None => None,

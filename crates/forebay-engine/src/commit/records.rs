@@ -97,6 +97,11 @@ pub(super) struct InputsSnapshot {
     /// Ids published by the commits folded in.
     #[serde(default)]
     pub(super) ids: u64,
+    /// Input rows the commits folded in account for (see [`CommitRecord::input_rows`]),
+    /// under the current scan filter: what a `limit()` of the job has used up. None once a
+    /// commit that did not count them is folded in (or in a snapshot of an older forebay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) input_rows: Option<u64>,
     pub(super) files: BTreeMap<String, InputState>,
     /// The commits whose records the fold that wrote this snapshot folded in. A kill
     /// before their record files were deleted leaves them behind: the next fold deletes
@@ -122,7 +127,10 @@ impl InputsSnapshot {
                 state.consumed.clear();
             }
             self.scan_filter = record.scan_filter.clone();
+            // Another filter is another job: its rows are counted from here.
+            self.input_rows = Some(0);
         }
+        self.input_rows = self.input_rows.zip(record.input_rows).map(|(a, b)| a + b);
         let ids = record.ids.as_ref().map_or(0, |i| i.count);
         self.ids += ids;
         if ids > 0 && !record.positions {
@@ -191,6 +199,12 @@ pub(super) struct CommitRecord {
     /// The run recorded the positions its commits consumed (`inputs[].consumed`).
     #[serde(default)]
     pub(super) positions: bool,
+    /// Input rows this commit accounts for: rows the scan emitted (after its filter) that
+    /// went into its files, its dead letters, or that a map turned into nothing. A resumed
+    /// `limit(n)` passes only the rows the commits have not accounted for. None: not
+    /// counted (a forebay.ray commit of rows without positions, an older forebay's record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) input_rows: Option<u64>,
 }
 
 impl CommitRecord {
@@ -255,11 +269,12 @@ pub(super) fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
             scan_filter: None,
             positions: true,
             ids: 0,
+            input_rows: Some(0),
             files: BTreeMap::new(),
             folded: Vec::new(),
         }),
         Some(bytes) => {
-            let snapshot: InputsSnapshot = serde_json::from_slice(&bytes).map_err(|e| {
+            let mut snapshot: InputsSnapshot = serde_json::from_slice(&bytes).map_err(|e| {
                 corrupt(state.shown(INPUTS), format!("not an inputs snapshot: {e}"))
             })?;
             if snapshot.format != FORMAT {
@@ -267,6 +282,10 @@ pub(super) fn load_inputs(state: &Dir) -> Result<InputsSnapshot> {
                     state.shown(INPUTS),
                     format!("format {} (this forebay reads {FORMAT})", snapshot.format),
                 ));
+            }
+            if snapshot.input_rows.is_none() && snapshot.files.is_empty() && snapshot.ids == 0 {
+                // An older forebay's snapshot of nothing done: nothing to count.
+                snapshot.input_rows = Some(0);
             }
             Ok(snapshot)
         }

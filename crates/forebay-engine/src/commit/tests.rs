@@ -73,6 +73,7 @@ fn record(state: &Dir, commit: &str) -> CommitRecord {
         }],
         scan_filter: None,
         positions: true,
+        input_rows: Some(4),
     }
 }
 
@@ -268,6 +269,26 @@ fn inputs_finished_with_no_scan_filter_stay_finished_under_one() {
         2,
         "every row of a.parquet was read before"
     );
+}
+
+#[test]
+fn the_snapshot_counts_the_input_rows_of_its_commits_per_scan_filter() {
+    let (_tmp, state, output) = dirs();
+    let rows = |state: &Dir| load_inputs(state).unwrap().input_rows;
+    assert_eq!(rows(&state), Some(0), "nothing done");
+    recorded_then_recovered(&state, &output, &record(&state, "c1"));
+    recorded_then_recovered(&state, &output, &record(&state, "c2"));
+    assert_eq!(rows(&state), Some(8));
+    // Another filter is another job: counted from 0.
+    recorded_then_recovered(&state, &output, &under_filter_b(&state, "c3"));
+    assert_eq!(rows(&state), Some(4));
+    // A commit that did not count its rows: the count is unknown from then on.
+    let mut uncounted = under_filter_b(&state, "c4");
+    uncounted.input_rows = None;
+    recorded_then_recovered(&state, &output, &uncounted);
+    assert_eq!(rows(&state), None);
+    recorded_then_recovered(&state, &output, &under_filter_b(&state, "c5"));
+    assert_eq!(rows(&state), None);
 }
 
 #[test]

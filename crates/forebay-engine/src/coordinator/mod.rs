@@ -393,6 +393,8 @@ impl CommitCoordinator {
                 "completion names input file {bad}, but the run has {files} input files"
             )));
         }
+        // Rows counted only when the caller says which they are (or stages no data).
+        let counted = consumed.is_some() || staged.as_ref().is_none_or(|s| s.data.is_none());
         let consumed = match consumed {
             Some(listed) => {
                 let mut positions = Consumed::default();
@@ -452,8 +454,9 @@ impl CommitCoordinator {
             dead_letters: Vec::new(),
             ids,
         };
+        let input_rows = counted.then(|| consumed.rows());
         self.log
-            .decide_and_publish(&commit, files, Vec::new(), completed, consumed)?;
+            .decide_and_publish(&commit, files, Vec::new(), completed, consumed, input_rows)?;
         if let Some(file) = published {
             self.committed
                 .lock()

@@ -28,7 +28,7 @@ pub use stream::{BatchStream, Poll};
 pub use write::RunningWrite;
 
 use run::Run;
-use steps::{limit, shape};
+use steps::{limit, resume_limits, shape};
 use write::{CheckpointRun, DoneFilter};
 
 use std::path::PathBuf;
@@ -405,6 +405,14 @@ impl Pipeline {
                     ),
                 });
             }
+        }
+        let used_up = resume_limits(
+            &mut self.steps,
+            prepared.report.input_rows_done,
+            checkpoint.path(),
+        )?;
+        if let (Some(message), Some(events)) = (used_up, &self.options.events) {
+            events(&PipelineEvent::Warning { message });
         }
         let id_column = checkpoint.id_column.clone();
         let (dataset, done) = match prepared.done {

@@ -4,16 +4,22 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::batch::EngineBatch;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::queue::BatchQueue;
 use crate::rechunk::Rechunker;
 use crate::resources::RunResources;
 use crate::shuffle::LocalShuffler;
 use crate::stats::StageCounters;
 
-use super::IterOptions;
+use super::{IterOptions, Step};
 
 /// Pass `rows` rows through, then stop upstream.
+///
+/// In a checkpointed run, once the limit is reached no input unit or file completes (the
+/// lineage book is poisoned): the rest of a cut batch, batches still queued and rows not
+/// yet read are never written, so a unit whose last written batch is released after this
+/// point must not count as finished. Resumes read such units again and drop their rows
+/// done by position or id.
 pub(super) fn limit(
     rows: u64,
     input: &BatchQueue,
@@ -22,13 +28,25 @@ pub(super) fn limit(
     counters: &StageCounters,
 ) -> Result<()> {
     let cancel = resources.cancel_token();
+    let reached = || {
+        if let Some(book) = resources.lineage() {
+            book.poison();
+        }
+    };
     let mut left = rows;
+    if left == 0 {
+        reached();
+    }
     while left > 0 {
         let Some(mut batch) = input.pop(cancel)? else {
             return Ok(());
         };
         counters.record_in(batch.batch.num_rows());
         let n = batch.batch.num_rows() as u64;
+        if n >= left {
+            // Before the batch goes on: its commit must not complete its unit.
+            reached();
+        }
         if n > left {
             let keep = left as usize;
             batch.batch = batch.batch.slice(0, keep);
@@ -42,6 +60,39 @@ pub(super) fn limit(
     }
     input.close_receiver();
     Ok(())
+}
+
+/// A checkpointed job's `limit(n)` is n input rows over all its runs, not n more each run:
+/// each limit of a resumed run passes only the rows the checkpoint's commits have not
+/// accounted for (`rows_done`; limits come before any map, so they count the same input
+/// rows). Rows of commits that did not happen were not counted: they are passed again.
+/// Returns a message when a limit is used up (the run writes nothing).
+pub(super) fn resume_limits(
+    steps: &mut [Step],
+    rows_done: Option<u64>,
+    checkpoint: &str,
+) -> Result<Option<String>> {
+    let mut used_up = None;
+    for step in steps {
+        let Step::Limit(rows) = step else { continue };
+        let Some(done) = rows_done else {
+            return Err(EngineError::InvalidArgument(format!(
+                "the checkpoint {checkpoint} holds commits that did not count their input \
+                 rows (forebay.ray's of rows without positions, or an older forebay's), so a \
+                 resumed limit({rows}) cannot tell how many rows it has left: drop limit(), \
+                 or start a new checkpoint"
+            )));
+        };
+        if done >= *rows {
+            used_up = Some(format!(
+                "the checkpoint {checkpoint} records {done} input rows written, and this job \
+                 is limited to {rows}: this run writes nothing (delete the checkpoint \
+                 directory to run it again from the start)"
+            ));
+        }
+        *rows = rows.saturating_sub(done);
+    }
+    Ok(used_up)
 }
 
 /// The iter_batches step: re-chunk (into zero-copy pieces) or shuffle, drop the last
