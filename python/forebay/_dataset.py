@@ -232,6 +232,14 @@ class Dataset:
                 f"__call__(self, batch)): it is constructed once per worker, then called on "
                 f"every batch"
             )
+        if not isinstance(fn, type) and (fn_constructor_args or fn_constructor_kwargs):
+            # As Ray Data: arguments no constructor takes are a mistake, not ignored.
+            raise ValueError(
+                "map_batches: fn_constructor_args and fn_constructor_kwargs apply to a class "
+                f"(constructed once per worker); {getattr(fn, '__name__', fn)!r} is not one: "
+                "pass the class itself, or give a function's extra arguments as "
+                "fn_args/fn_kwargs"
+            )
         batch_size = optional_integer("batch_size", batch_size, minimum=1)
         fmt = check_format(batch_format, MAP_FORMATS)
         if compute not in ("threads", "processes"):

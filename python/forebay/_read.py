@@ -100,6 +100,11 @@ def read_parquet(
             "columns=[] selects no column; name at least one column (or pass None for all; "
             "count_rows() counts rows without reading any)"
         )
+    if columns is not None and len(set(columns)) < len(columns):
+        twice = next(c for i, c in enumerate(columns) if c in columns[:i])
+        raise ValueError(
+            f"columns names {twice!r} twice; a column is read once (name each at most once)"
+        )
     batch_size = integer("batch_size", batch_size, minimum=1)
     prefetch = optional_integer("prefetch", prefetch, minimum=1)
     num_threads = optional_integer("num_threads", num_threads, minimum=1)

@@ -321,6 +321,16 @@ class NotCallable:
         (lambda ds: ds.map_batches(lambda b: b, concurrency="2"), TypeError, "concurrency"),
         (lambda ds: ds.map_batches(lambda b: b, concurrency=2.5), TypeError, "concurrency"),
         (lambda ds: ds.map_batches(NotCallable), TypeError, "__call__"),
+        (
+            lambda ds: ds.map_batches(lambda b: b, fn_constructor_args=(1,)),
+            ValueError,
+            "apply to a class",
+        ),
+        (
+            lambda ds: ds.map_batches(lambda b: b, fn_constructor_kwargs={"x": 1}),
+            ValueError,
+            "fn_args/fn_kwargs",
+        ),
         (lambda ds: ds.limit("5"), TypeError, "limit"),
         (lambda ds: ds.limit(-1), ValueError, "limit"),
         (lambda ds: ds.write_parquet("x", rows_per_file=0), ValueError, "rows_per_file"),
@@ -340,6 +350,7 @@ def test_wrong_arguments_are_named(data, call, error, text):
         ({"num_threads": 0}, ValueError, "num_threads"),
         ({"batch_size": "10"}, TypeError, "batch_size"),
         ({"file_extensions": "parquet"}, TypeError, "file_extensions"),
+        ({"columns": ["id", "x", "id"]}, ValueError, "columns names 'id' twice"),
     ],
 )
 def test_wrong_read_arguments_are_named(data, kwargs, error, text):

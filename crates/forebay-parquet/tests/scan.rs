@@ -911,3 +911,16 @@ fn a_located_row_group_reads_only_the_pages_of_a_range() {
         "the first read walks the row group's chunks: {first}"
     );
 }
+
+#[test]
+fn a_column_named_twice_is_refused_before_anything_is_read() {
+    let store = store_with(&[write(&table(10, 1), 10)]);
+    let Err(err) = ParquetDataset::builder(source(store))
+        .with_columns(["id", "val", "id"])
+        .build()
+    else {
+        panic!("a column named twice was accepted");
+    };
+    assert_eq!(err.kind(), forebay_parquet::ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("'id' twice"), "{err}");
+}

@@ -358,6 +358,14 @@ impl ParquetDatasetBuilder {
                     .into(),
             ));
         }
+        if let Some(columns) = &self.columns {
+            let mut seen = std::collections::HashSet::new();
+            if let Some(twice) = columns.iter().find(|c| !seen.insert(c.as_str())) {
+                return Err(ParquetError::InvalidArgument(format!(
+                    "columns names '{twice}' twice; a column is read once (name each at most once)"
+                )));
+            }
+        }
         if self.prefetch == Some(0) || self.num_threads == Some(0) {
             return Err(ParquetError::InvalidArgument(
                 "prefetch and num_threads must be at least 1".into(),
