@@ -430,12 +430,16 @@ SWEEP = textwrap.dedent(
         if shape in ("threads", "processes"):
             mapped = ds.map_batches(identity, batch_size=2000, compute=shape, concurrency=2)
             return sum(len(b) for b in mapped.iter_batches(batch_size=None))
+        if shape == "processes-whole":
+            # The source's batches as they come: one may be larger than the whole store.
+            mapped = ds.map_batches(identity, compute="processes", concurrency=2)
+            return sum(len(b) for b in mapped.iter_batches(batch_size=None))
         shutil.rmtree(scratch, ignore_errors=True)
         checkpoint = forebay.Checkpoint("id", scratch + "/ckpt")
         out = ds.map_batches(identity, batch_size=2000)
         return out.write_parquet(scratch + "/out", checkpoint=checkpoint)["rows"]
 
-    for shape in ("iter", "shuffle", "threads", "processes", "write"):
+    for shape in ("iter", "shuffle", "threads", "processes", "processes-whole", "write"):
         started = time.monotonic()
         try:
             outcome = f"rows {run(shape)}"
@@ -493,6 +497,7 @@ def test_every_pipeline_finishes_or_says_which_cap_would_do(sweep_inputs, tmp_pa
         "shuffle",
         "threads",
         "processes",
+        "processes-whole",
         "write",
     ], result.stdout
     for line in lines:
@@ -500,7 +505,7 @@ def test_every_pipeline_finishes_or_says_which_cap_would_do(sweep_inputs, tmp_pa
         if outcome.startswith("error"):
             # Only a cap too small for the worker processes' exchange may fail, and its
             # message says what to set.
-            assert shape == "processes" and "memory_limit" in outcome, line
+            assert shape.startswith("processes") and "memory_limit" in outcome, line
         else:
             assert outcome == f"rows {rows}", line
 

@@ -147,14 +147,22 @@ impl EngineError {
     /// An error of the run's object store. A full store under a small memory limit is the
     /// limit's doing: it says which limit would do (the store gets a quarter of it).
     pub(crate) fn store(stage: &str, source: forebay_store::StoreError) -> Self {
-        if let forebay_store::StoreError::Full {
-            requested,
-            free,
-            capacity,
-            ..
-        } = &source
-        {
-            let needed = capacity.saturating_sub(*free) + requested;
+        let in_use = match &source {
+            forebay_store::StoreError::Full {
+                requested,
+                free,
+                capacity,
+                ..
+            } => Some((capacity.saturating_sub(*free) + requested, *capacity)),
+            // One batch larger than the whole store.
+            forebay_store::StoreError::TooLarge {
+                requested,
+                capacity,
+                ..
+            } => Some((*requested, *capacity)),
+            _ => None,
+        };
+        if let Some((needed, capacity)) = in_use {
             // Twice what was in use at once, as the store's quarter of the limit, in MiB.
             let suggested_mib = (needed * 2 * 4).div_ceil(1 << 20).max(1);
             return EngineError::MemoryLimit {
