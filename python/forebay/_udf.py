@@ -84,6 +84,9 @@ class Runner:
         self._zero_copy = spec.zero_copy_batch
         #: Whether a failing call is narrowed down to its failing rows (:meth:`isolate`).
         self.isolates = spec.on_error != "raise"
+        #: The input's schema: the types of the columns a numpy or pandas output passes
+        #: on (see :func:`normalize_output`).
+        self._input_schema: pa.Schema | None = None
 
     @property
     def function(self) -> Any:
@@ -91,6 +94,7 @@ class Runner:
         return self._call
 
     def prepare(self, batch: pa.RecordBatch) -> Any:
+        self._input_schema = batch.schema
         prepared = to_format(batch, self._format)
         if self._format == "numpy" and not self._zero_copy:
             # Writable, as Ray's zero_copy_batch=False: views of Arrow memory are copied.
@@ -101,7 +105,7 @@ class Runner:
         return self._call(prepared, *self._args, **self._kwargs)
 
     def finish(self, out: Any) -> list[pa.RecordBatch]:
-        return normalize_output(out, self._stage)
+        return normalize_output(out, self._stage, self._input_schema)
 
     def __call__(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         try:
@@ -227,30 +231,86 @@ def to_torch(table: pa.Table) -> dict[str, Any]:
     return out
 
 
-def _numpy_to_arrow(values: Any) -> pa.Array:
+def _numpy_to_arrow(values: Any, was: pa.DataType | None = None) -> pa.Array:
+    """A column of a numpy batch as Arrow. ``was``: the type of the input column of that
+    name: numpy has no form of its own for maps, structs, decimals, dictionaries or time
+    zones (``column_to_numpy`` gives Python objects, or datetimes without their zone), so a
+    column passed on unchanged converts back to it rather than failing or losing the zone."""
     if isinstance(values, pa.Array | pa.ChunkedArray):
         return values
     array = np.asarray(values)
     if array.ndim > 1:
         inner = _numpy_to_arrow(np.ascontiguousarray(array).reshape((-1, *array.shape[2:])))
         return pa.FixedSizeListArray.from_arrays(inner, array.shape[1])
+    if was is not None and _restores(array.dtype, was):
+        try:
+            return pa.array(array, type=was)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError):
+            pass  # other values now: as they are
     return pa.array(array)
 
 
-def normalize_output(out: Any, stage: str) -> list[pa.RecordBatch]:
-    """A function's result as record batches; ``StageError`` for anything else."""
+def _restores(dtype: np.dtype, was: pa.DataType) -> bool:
+    """Whether a numpy column of ``dtype`` may be the numpy form of a column of type ``was``
+    (then converted back to ``was``; a column whose numpy type the function changed keeps
+    its new type)."""
+    if dtype.kind == "O":
+        return True
+    if pa.types.is_timestamp(was) and was.tz is not None:
+        return bool(dtype == np.dtype(f"datetime64[{was.unit}]"))
+    return False
+
+
+def _pandas_to_arrow(frame: Any, schema: pa.Schema | None) -> pa.Table:
+    """A DataFrame output as Arrow; columns pyarrow cannot infer (Python objects of a
+    map, say) are converted back to their input column's type (see ``_numpy_to_arrow``)."""
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        if schema is None:
+            raise
+    columns = {}
+    for name in frame.columns:
+        was = schema.field(name).type if name in schema.names else None
+        series = frame[name]
+        if was is not None and series.dtype == object:
+            try:
+                columns[str(name)] = pa.array(series, type=was, from_pandas=True)
+                continue
+            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError):
+                pass
+        columns[str(name)] = pa.Table.from_pandas(frame[[name]], preserve_index=False).column(0)
+    return pa.table(columns)
+
+
+def normalize_output(
+    out: Any, stage: str, input_schema: pa.Schema | None = None
+) -> list[pa.RecordBatch]:
+    """A function's result as record batches; ``StageError`` for anything else.
+    ``input_schema``: the batch's the function was given (numpy and pandas outputs take the
+    types of the input columns they pass on where numpy has no form of their own)."""
     if isinstance(out, pa.RecordBatch):
         return [out]
     if isinstance(out, pa.Table):
         return list(out.to_batches())
     if isinstance(out, Mapping):
+        names = input_schema.names if input_schema is not None else ()
+
+        def was(name: str) -> pa.DataType | None:
+            return input_schema.field(name).type if name in names else None  # type: ignore[union-attr]
+
         try:
-            columns = {str(k): _numpy_to_arrow(v) for k, v in out.items()}
+            columns = {str(k): _numpy_to_arrow(v, was(str(k))) for k, v in out.items()}
             return list(pa.Table.from_pydict(columns).to_batches())
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as e:
             raise StageError(f"the function returned a dict that is not a batch: {e}") from None
     if type(out).__name__ == "DataFrame" and hasattr(out, "to_numpy"):
-        return list(pa.Table.from_pandas(out, preserve_index=False).to_batches())
+        try:
+            return list(_pandas_to_arrow(out, input_schema).to_batches())
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise StageError(
+                f"the function returned a DataFrame that is not a batch: {e}"
+            ) from None
     if isinstance(out, types.GeneratorType | Iterable) and not isinstance(out, str | bytes):
         batches: list[pa.RecordBatch] = []
         for i, item in enumerate(out):
@@ -261,7 +321,7 @@ def normalize_output(out: Any, stage: str) -> list[pa.RecordBatch]:
                     f"RecordBatch, a dict of numpy arrays (a column each), a "
                     f"pandas.DataFrame, or a generator of them"
                 )
-            batches.extend(normalize_output(item, stage))
+            batches.extend(normalize_output(item, stage, input_schema))
         return batches
     raise StageError(
         f"the function returned {type(out).__name__}; return a "
