@@ -70,3 +70,20 @@ def test_a_schema_given_is_what_every_file_reads_as(generations):
     with pytest.raises(forebay.SchemaMismatchError, match="neither widens"):
         pq.write_table(pa.table({"id": ["x"]}), generations / "d.parquet")
         forebay.read_parquet(generations, schema="union")
+
+
+def test_files_with_their_columns_in_another_order_say_so_and_read_by_name(tmp_path):
+    pq.write_table(pa.table({"a": [1], "b": ["x"]}), tmp_path / "1.parquet")
+    pq.write_table(pa.table({"b": ["y"], "a": [2]}), tmp_path / "2.parquet")
+    with pytest.raises(forebay.SchemaMismatchError) as raised:
+        forebay.read_parquet(str(tmp_path)).to_arrow()
+    message = str(raised.value)
+    assert "2.parquet" in message and "same columns in another order" in message, message
+    assert 'schema="union"' in message, message
+    table = forebay.read_parquet(str(tmp_path), schema="union").to_arrow()
+    assert table.to_pylist() == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
+    # Columns named pick the same order from every file.
+    assert forebay.read_parquet(str(tmp_path), columns=["b", "a"]).to_arrow().column_names == [
+        "b",
+        "a",
+    ]

@@ -234,6 +234,26 @@ pub(super) fn check_same_schema(
             differences.join(" and ")
         )));
     }
+    let by_name = |s: &Schema| {
+        let mut fields: Vec<(String, DataType)> = s
+            .fields()
+            .iter()
+            .map(|f| (f.name().to_string(), f.data_type().clone()))
+            .collect();
+        fields.sort_by(|a, b| a.0.cmp(&b.0));
+        fields
+    };
+    if first.fields() != this.fields() && by_name(first) == by_name(this) {
+        let names = |s: &Schema| -> Vec<String> {
+            s.fields().iter().map(|f| f.name().to_string()).collect()
+        };
+        return Err(mismatch(format!(
+            "the same columns in another order ({:?} here, {:?} in the first file); pass \
+             schema=\"union\" (Rust: with_union_schema) to read every file's columns by name",
+            names(this),
+            names(first)
+        )));
+    }
     for (a, b) in first.fields().iter().zip(this.fields()) {
         if a.name() != b.name() || a.data_type() != b.data_type() {
             return Err(mismatch(format!(
