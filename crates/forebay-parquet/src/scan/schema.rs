@@ -243,10 +243,10 @@ pub(super) fn check_same_schema(
         fields.sort_by(|a, b| a.0.cmp(&b.0));
         fields
     };
-    if first.fields() != this.fields() && by_name(first) == by_name(this) {
-        let names = |s: &Schema| -> Vec<String> {
-            s.fields().iter().map(|f| f.name().to_string()).collect()
-        };
+    let names =
+        |s: &Schema| -> Vec<String> { s.fields().iter().map(|f| f.name().to_string()).collect() };
+    // (Nullability and metadata may differ: only names and types are compared.)
+    if names(first) != names(this) && by_name(first) == by_name(this) {
         return Err(mismatch(format!(
             "the same columns in another order ({:?} here, {:?} in the first file); pass \
              schema=\"union\" (Rust: with_union_schema) to read every file's columns by name",
@@ -266,4 +266,31 @@ pub(super) fn check_same_schema(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(fields: &[(&str, DataType, bool)]) -> Schema {
+        Schema::new(
+            fields
+                .iter()
+                .map(|(n, t, nullable)| Field::new(*n, t.clone(), *nullable))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn files_differing_only_in_nullability_are_the_same_and_reordered_ones_are_named() {
+        let first = schema(&[("a", DataType::Int64, false), ("b", DataType::Utf8, true)]);
+        let nullable = schema(&[("a", DataType::Int64, true), ("b", DataType::Utf8, true)]);
+        assert!(check_same_schema(&first, &nullable, "2.parquet", "1.parquet").is_ok());
+        let reordered = schema(&[("b", DataType::Utf8, true), ("a", DataType::Int64, true)]);
+        let err = check_same_schema(&first, &reordered, "2.parquet", "1.parquet").unwrap_err();
+        assert!(err.to_string().contains("same columns in another order"), "{err}");
+        let retyped = schema(&[("a", DataType::Int32, true), ("b", DataType::Utf8, true)]);
+        let err = check_same_schema(&first, &retyped, "2.parquet", "1.parquet").unwrap_err();
+        assert!(err.to_string().contains("column 'a' is Int32 here"), "{err}");
+    }
 }
