@@ -288,9 +288,15 @@ mod tests {
         assert!(check_same_schema(&first, &nullable, "2.parquet", "1.parquet").is_ok());
         let reordered = schema(&[("b", DataType::Utf8, true), ("a", DataType::Int64, true)]);
         let err = check_same_schema(&first, &reordered, "2.parquet", "1.parquet").unwrap_err();
-        assert!(err.to_string().contains("same columns in another order"), "{err}");
+        assert!(
+            err.to_string().contains("same columns in another order"),
+            "{err}"
+        );
         let retyped = schema(&[("a", DataType::Int32, true), ("b", DataType::Utf8, true)]);
         let err = check_same_schema(&first, &retyped, "2.parquet", "1.parquet").unwrap_err();
-        assert!(err.to_string().contains("column 'a' is Int32 here"), "{err}");
+        assert!(
+            err.to_string().contains("column 'a' is Int32 here"),
+            "{err}"
+        );
     }
 }
