@@ -261,17 +261,17 @@ def _restores(dtype: np.dtype, was: pa.DataType) -> bool:
     return False
 
 
-def _pandas_to_arrow(frame: Any, schema: pa.Schema | None) -> pa.Table:
+def _pandas_to_arrow(frame: Any, input_types: Mapping[str, pa.DataType]) -> pa.Table:
     """A DataFrame output as Arrow; columns pyarrow cannot infer (Python objects of a
     map, say) are converted back to their input column's type (see ``_numpy_to_arrow``)."""
     try:
         return pa.Table.from_pandas(frame, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        if schema is None:
+        if not input_types:
             raise
     columns = {}
     for name in frame.columns:
-        was = schema.field(name).type if name in schema.names else None
+        was = input_types.get(name)
         series = frame[name]
         if was is not None and series.dtype == object:
             try:
@@ -293,20 +293,16 @@ def normalize_output(
         return [out]
     if isinstance(out, pa.Table):
         return list(out.to_batches())
+    input_types = {f.name: f.type for f in input_schema} if input_schema is not None else {}
     if isinstance(out, Mapping):
-        names = input_schema.names if input_schema is not None else ()
-
-        def was(name: str) -> pa.DataType | None:
-            return input_schema.field(name).type if name in names else None  # type: ignore[union-attr]
-
         try:
-            columns = {str(k): _numpy_to_arrow(v, was(str(k))) for k, v in out.items()}
+            columns = {str(k): _numpy_to_arrow(v, input_types.get(str(k))) for k, v in out.items()}
             return list(pa.Table.from_pydict(columns).to_batches())
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError) as e:
             raise StageError(f"the function returned a dict that is not a batch: {e}") from None
     if type(out).__name__ == "DataFrame" and hasattr(out, "to_numpy"):
         try:
-            return list(_pandas_to_arrow(out, input_schema).to_batches())
+            return list(_pandas_to_arrow(out, input_types).to_batches())
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise StageError(
                 f"the function returned a DataFrame that is not a batch: {e}"
