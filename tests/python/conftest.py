@@ -118,8 +118,9 @@ S3_CREDENTIALS = {
 }
 
 
-def start_moto_server(log_path: Path):
-    """Start moto's S3-compatible server on a free 127.0.0.1 port.
+def start_moto_server(log_path: Path, server: list[str] | None = None):
+    """Start moto's S3-compatible server on a free 127.0.0.1 port (``server``: the command
+    before moto.server's arguments, ``python -m moto.server`` unless given).
 
     Returns ``(process, endpoint, log file)``; the caller terminates the process. The port is
     free when chosen but another test process (pytest runs two) can take it before moto binds
@@ -131,7 +132,13 @@ def start_moto_server(log_path: Path):
             port = sock.getsockname()[1]
         log = open(log_path, "w")  # noqa: SIM115 - handed to the caller, who closes it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [
+                *(server or [sys.executable, "-m", "moto.server"]),
+                "-H",
+                "127.0.0.1",
+                "-p",
+                str(port),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -153,11 +160,11 @@ def start_moto_server(log_path: Path):
 
 
 @contextlib.contextmanager
-def moto_s3(log_path: Path) -> Iterator[tuple[Any, str]]:
+def moto_s3(log_path: Path, server: list[str] | None = None) -> Iterator[tuple[Any, str]]:
     """A moto S3 server for the block's duration: ``(boto3 client, endpoint)``; its log goes
-    to ``log_path``."""
+    to ``log_path`` (``server``: as in `start_moto_server`)."""
     boto3 = pytest.importorskip("boto3")
-    proc, endpoint, log = start_moto_server(log_path)
+    proc, endpoint, log = start_moto_server(log_path, server)
     try:
         client = boto3.client(
             "s3",
