@@ -5,12 +5,12 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch};
 use async_trait::async_trait;
 use bytes::Bytes;
-use forebay_parquet::{DatasetSource, ParquetDataset};
+use forebay_parquet::{DatasetSource, FileEntry, ParquetDataset, ScanSkip};
 use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -24,7 +24,8 @@ use parquet::file::reader::FileReader;
 use parquet::file::serialized_reader::SerializedFileReader;
 
 /// An in-memory store whose GETs take `delay`, recording each bounded GET's range (data
-/// requests; footers are suffix or whole-object reads) and the most in flight at once.
+/// requests; footers are suffix or whole-object reads) and the most in flight at once, and
+/// when each GET started.
 #[derive(Debug)]
 struct SlowStore {
     inner: InMemory,
@@ -32,6 +33,19 @@ struct SlowStore {
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
     ranges: Mutex<Vec<Range<u64>>>,
+    gets: Mutex<Vec<Get>>,
+    /// The length of each file, by path.
+    lens: Mutex<std::collections::HashMap<String, u64>>,
+    /// How much longer than `delay` the footer requests of files other than the first take.
+    later_footers: Mutex<Duration>,
+}
+
+/// A GET as the store saw it.
+#[derive(Debug, Clone)]
+struct Get {
+    started: Instant,
+    path: String,
+    range: Option<GetRange>,
 }
 
 impl std::fmt::Display for SlowStore {
@@ -48,6 +62,15 @@ impl SlowStore {
             in_flight: AtomicUsize::new(0),
             most_in_flight: AtomicUsize::new(0),
             ranges: Mutex::new(Vec::new()),
+            gets: Mutex::new(Vec::new()),
+            lens: Mutex::new(
+                files
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| (format!("t/part-{i}.parquet"), f.len() as u64))
+                    .collect(),
+            ),
+            later_footers: Mutex::new(Duration::ZERO),
         });
         forebay_parquet::block_on({
             let store = store.clone();
@@ -73,6 +96,38 @@ impl SlowStore {
     fn reset(&self) {
         self.most_in_flight.store(0, Ordering::SeqCst);
         self.ranges.lock().unwrap().clear();
+        self.gets.lock().unwrap().clear();
+    }
+
+    /// Whether a GET of `path` asks for its end: a footer request, whatever its form.
+    fn reaches_end(&self, path: &str, range: &Option<GetRange>) -> bool {
+        let len = self.lens.lock().unwrap()[path];
+        match range {
+            Some(GetRange::Bounded(r)) => r.end == len,
+            Some(GetRange::Suffix(_)) | Some(GetRange::Offset(_)) | None => true,
+        }
+    }
+
+    /// The footer requests made so far.
+    fn footer_gets(&self) -> Vec<Get> {
+        self.gets
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|g| self.reaches_end(&g.path, &g.range))
+            .cloned()
+            .collect()
+    }
+
+    /// The data requests made so far (those not for a file's end).
+    fn data_gets(&self) -> Vec<Get> {
+        self.gets
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|g| !self.reaches_end(&g.path, &g.range))
+            .cloned()
+            .collect()
     }
 }
 
@@ -98,6 +153,11 @@ impl ObjectStore for SlowStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
+        self.gets.lock().unwrap().push(Get {
+            started: Instant::now(),
+            path: location.to_string(),
+            range: options.range.clone(),
+        });
         let data = match &options.range {
             Some(GetRange::Bounded(range)) => Some(range.clone()),
             _ => None,
@@ -107,7 +167,13 @@ impl ObjectStore for SlowStore {
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         }
-        tokio::time::sleep(self.delay).await;
+        let mut delay = self.delay;
+        if location.as_ref() != "t/part-0.parquet"
+            && self.reaches_end(location.as_ref(), &options.range)
+        {
+            delay += *self.later_footers.lock().unwrap();
+        }
+        tokio::time::sleep(delay).await;
         let result = self.inner.get_opts(location, options).await;
         if data.is_some() {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -477,5 +543,98 @@ fn a_row_filter_deciding_by_dictionary_fetches_the_page_before_it_takes_a_core()
         even == (0..n as i64).step_by(2).collect::<Vec<i64>>(),
         "{} rows",
         even.len()
+    );
+}
+
+#[test]
+fn the_first_footers_are_requested_together_not_behind_the_schemas() {
+    // Six files (~1.6 MB: too large to be fetched whole with the footer) behind 200 ms a
+    // request. The dataset's schema comes from the first footer; the scan's next footers
+    // must not wait for it (one more round trip before any data, on every dataset).
+    let files: Vec<Vec<u8>> = (0..6)
+        .map(|k| write(vec![("id", int_column(200_000, 30 + k))], 50_000, false))
+        .collect();
+    let store = SlowStore::with(&files, Duration::from_millis(200));
+    let ds = ParquetDataset::builder(store.source()).build().unwrap();
+    assert_eq!(rows(&ds), 1_200_000);
+    let footers = store.footer_gets();
+    assert_eq!(footers.len(), 6, "one footer request a file: {footers:?}");
+    let first = footers.iter().map(|g| g.started).min().unwrap();
+    let last = footers.iter().map(|g| g.started).max().unwrap();
+    assert!(
+        last - first < Duration::from_millis(100),
+        "footers requested {:?} apart",
+        last - first
+    );
+    assert_eq!(ds.metrics().io.footer_requests, 6);
+}
+
+/// Skips `t/part-5.parquet`.
+struct SkipTheLastFile;
+
+impl ScanSkip for SkipTheLastFile {
+    fn skip_file(&self, file: &FileEntry) -> bool {
+        file.uri().to_string().ends_with("part-5.parquet")
+    }
+    fn skip_row_group(&self, _file: &FileEntry, _row_group: usize) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_skipping_scan_of_a_built_dataset_takes_its_footers_requested_ahead() {
+    // As a resume does: build, then scan with the finished files skipped. The footers
+    // requested while the dataset was built serve the skipping scan; none is requested
+    // twice, and the skipped file's is not waited for.
+    let files: Vec<Vec<u8>> = (0..6)
+        .map(|k| write(vec![("id", int_column(200_000, 40 + k))], 50_000, false))
+        .collect();
+    let store = SlowStore::with(&files, Duration::from_millis(50));
+    let ds = ParquetDataset::builder(store.source()).build().unwrap();
+    let skipping = ds.with_skip(Arc::new(SkipTheLastFile));
+    assert_eq!(rows(&skipping), 1_000_000);
+    let footers = store.footer_gets();
+    assert_eq!(footers.len(), 6, "{footers:?}");
+    // The first dataset scanned afterwards reads its footers again only where it has none.
+    store.reset();
+    assert_eq!(rows(&ds), 1_200_000);
+    assert_eq!(
+        store.footer_gets().len(),
+        6 - 1,
+        "file 0's footer is cached"
+    );
+}
+
+#[test]
+fn units_of_files_opened_while_the_first_unit_waits_are_fetched_at_once() {
+    // Footers come back at different times: the first file's after 100 ms, the others' 50 ms
+    // later, while the first file's data is still on its way (100 ms). Their units' data
+    // must be requested as soon as their footers are read, not after the first unit's
+    // first batch (which would cost one more round trip before most of the data).
+    let files: Vec<Vec<u8>> = (0..4)
+        .map(|k| write(vec![("id", int_column(200_000, 50 + k))], 50_000, false))
+        .collect();
+    let store = SlowStore::with(&files, Duration::from_millis(100));
+    *store.later_footers.lock().unwrap() = Duration::from_millis(50);
+    let ds = ParquetDataset::builder(store.source())
+        .with_num_threads(2)
+        .with_prefetch(4)
+        .build()
+        .unwrap();
+    assert_eq!(rows(&ds), 800_000);
+    let data = store.data_gets();
+    let first_of = |file: &str| {
+        data.iter()
+            .filter(|g| g.path == file)
+            .map(|g| g.started)
+            .min()
+            .unwrap()
+    };
+    let first = first_of("t/part-0.parquet");
+    let second = first_of("t/part-1.parquet");
+    assert!(
+        second - first < Duration::from_millis(90),
+        "the second file's data was requested {:?} after the first's",
+        second - first
     );
 }

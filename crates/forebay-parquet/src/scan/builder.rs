@@ -389,6 +389,7 @@ impl ParquetDatasetBuilder {
                 .unwrap_or(super::fetch_ahead::REMOTE_FETCH_AHEAD),
             coalesce_gap: self.coalesce_gap,
             opened: Mutex::new(HashMap::new()),
+            tails_ahead: Mutex::new(HashMap::new()),
             schema: OnceLock::new(),
             page_buffers: Arc::default(),
             filter_selectivity: Default::default(),
@@ -397,6 +398,7 @@ impl ParquetDatasetBuilder {
         if inner.options.evolves() {
             super::evolve::dataset_schema(&inner).await?;
         } else {
+            inner.request_footers_ahead(0);
             let first = inner.open(0).await?;
             let _ = inner.schema.set(first.output_schema.clone());
         }

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::accounting::{Admission, Charges};
 use super::decode::{check_chunk_sizes, decode_unit};
-use super::fetch_ahead::{fetch_unit, FetchDepth};
+use super::fetch_ahead::{decoded_bytes, fetch_unit, FetchDepth};
 use super::footer::FOOTER_CONCURRENCY;
 use super::runtime::panic_message;
 use super::stream::BatchResult;
@@ -143,6 +143,7 @@ pub(super) async fn drive(
     let mut charges = Charges::new(&inner);
     let mut wanted = RowsWanted::new(&inner);
     let mut depth = FetchDepth::new(fetch_ahead);
+    let mut depth_sized = false;
     loop {
         // Top up: launch units until `prefetch` are in flight, there are no more, the
         // units launched hold the rows a limit wants, or the host's pool wants units in
@@ -212,7 +213,20 @@ pub(super) async fn drive(
             }
         }
         // Ahead of decoding: request the data of the next units, opening more files as far
-        // as their footers are read already (never waiting for one here).
+        // as their footers are read already (never waiting for one here; the wait below
+        // wakes when the next one is).
+        let mut footer_awaited = false;
+        if !depth_sized {
+            // Before the first unit fetched ahead: start as deep as the link needs.
+            let first_remote = pending_units
+                .iter()
+                .find(|p| p.needs_fetch() && inner.fetch_ahead_for(&p.file, 1) > 0);
+            if let Some(first) = first_remote {
+                let bytes = decoded_bytes(&first.file, first.unit.row_group);
+                depth.start_for_link(inner.io.link.round_trip(), bytes, inner.threads);
+                depth_sized = true;
+            }
+        }
         while failed.is_none() && !wanted.reached() {
             // Units holding data or waiting for it (a small file's bytes count for each of
             // its units): what bounds the bytes held ahead.
@@ -248,6 +262,7 @@ pub(super) async fn drive(
                 break;
             }
             let Some(opened) = opening.next().now_or_never() else {
+                footer_awaited = true;
                 break;
             };
             match plan(opened, &mut pending_units) {
@@ -264,10 +279,39 @@ pub(super) async fn drive(
                 return;
             }
         }
-        if !forward_next(&mut in_flight, &mut charges, &out).await {
+        // Wait for the oldest unit's next batch, or, when units could be fetched ahead from
+        // a file whose footer is still on its way, for that footer: on a slow link the
+        // footers of the first files arrive while the first unit's data is still on the
+        // way, and their units' requests should not wait for its first batch.
+        let next = if footer_awaited && !in_flight.is_empty() {
+            let waited = tokio::select! {
+                opened = opening.next() => Waited::Footer(opened),
+                next = next_of_oldest(&mut in_flight) => Waited::Batch(next),
+            };
+            match waited {
+                Waited::Footer(opened) => {
+                    match plan(opened, &mut pending_units) {
+                        Opened::Planned => {}
+                        Opened::Done => files_done = true,
+                        Opened::Failed(err) => failed = Some(err),
+                    }
+                    continue;
+                }
+                Waited::Batch(next) => next,
+            }
+        } else {
+            next_of_oldest(&mut in_flight).await
+        };
+        if !forward(next, &mut in_flight, &mut charges, &out).await {
             return;
         }
     }
+}
+
+/// What the driver's wait ended with.
+enum Waited {
+    Footer(Option<OpenResult>),
+    Batch(Option<Option<BatchResult>>),
 }
 
 /// The rows a scan's limit wants ([`with_limit`](crate::ParquetDatasetBuilder::with_limit)),
@@ -322,10 +366,32 @@ pub(super) async fn forward_next(
     charges: &mut Charges,
     out: &mpsc::Sender<BatchResult>,
 ) -> bool {
-    let Some(front) = in_flight.front_mut() else {
+    let next = next_of_oldest(in_flight).await;
+    forward(next, in_flight, charges, out).await
+}
+
+/// The oldest unit's next result (`Some(None)`: that unit is done; `None`: nothing in
+/// flight). Cancel-safe: dropped before it is ready, it takes nothing.
+async fn next_of_oldest(
+    in_flight: &mut VecDeque<mpsc::Receiver<BatchResult>>,
+) -> Option<Option<BatchResult>> {
+    match in_flight.front_mut() {
+        Some(front) => Some(front.recv().await),
+        None => None,
+    }
+}
+
+/// [`forward_next`]'s second half: forward what [`next_of_oldest`] gave.
+async fn forward(
+    next: Option<Option<BatchResult>>,
+    in_flight: &mut VecDeque<mpsc::Receiver<BatchResult>>,
+    charges: &mut Charges,
+    out: &mpsc::Sender<BatchResult>,
+) -> bool {
+    let Some(next) = next else {
         return false;
     };
-    match front.recv().await {
+    match next {
         Some(Ok(batch)) => out.send(Ok(batch)).await.is_ok(),
         Some(Err(err)) => {
             let _ = out.send(Err(err)).await;

@@ -12,8 +12,10 @@
 //!                     bytes fetched ahead    bytes waiting
 //! ```
 //!
-//! How far ahead is measured, not fixed ([`FetchDepth`]): the scan starts
-//! [`INITIAL_FETCH_AHEAD`] units ahead and doubles that (up to `fetch_ahead`, the most the
+//! How far ahead is measured, not fixed ([`FetchDepth`]): the scan starts as many units
+//! ahead as its cores would decode in one round trip of the link (measured by the footer
+//! requests; [`DECODED_BYTES_PER_SECOND_PER_THREAD`] assumed), at least
+//! [`INITIAL_FETCH_AHEAD`], and doubles that (up to `fetch_ahead`, the most the
 //! caller's memory allows) whenever a unit's turn to decode comes before its data arrived,
 //! i.e. whenever the link, not the cores, made decoding wait. After
 //! [`SHRINK_AFTER_IN_TIME`] units in a row whose data was waiting for them, it holds one
@@ -43,8 +45,13 @@ use crate::io::{plan_requests, FetchedRanges, ObjectFileReader};
 /// which a memory cap narrows (`ParquetDataset::scan_fetching_ahead`).
 pub(super) const REMOTE_FETCH_AHEAD: usize = 32;
 
-/// Units fetched ahead when a scan starts.
+/// The fewest units fetched ahead when a scan starts.
 pub const INITIAL_FETCH_AHEAD: usize = 8;
+
+/// Decoded bytes a core makes of a unit per second, assumed when a scan starts (before
+/// anything is decoded) to size its first requests: what the decoders of flat columns do on
+/// one core, about. The depth then follows what is measured.
+pub const DECODED_BYTES_PER_SECOND_PER_THREAD: f64 = 1e9;
 
 /// Units in a row whose data was there before their decoding started, after which the scan
 /// fetches one unit less ahead.
@@ -67,6 +74,21 @@ impl FetchDepth {
             now: most.min(INITIAL_FETCH_AHEAD),
             in_time_in_a_row: 0,
         }
+    }
+
+    /// Size the start for the link: enough units ahead to keep `threads` cores decoding for
+    /// one `round_trip`, units of `decoded_bytes` each (at least the initial depth, at most
+    /// the most allowed). Only before any unit started.
+    pub(super) fn start_for_link(
+        &mut self,
+        round_trip: std::time::Duration,
+        decoded_bytes: u64,
+        threads: usize,
+    ) {
+        let per_unit = decoded_bytes.max(1) as f64
+            / (DECODED_BYTES_PER_SECOND_PER_THREAD * threads.max(1) as f64);
+        let units = (round_trip.as_secs_f64() / per_unit).ceil() as usize;
+        self.now = units.max(INITIAL_FETCH_AHEAD).min(self.most);
     }
 
     /// Units to fetch ahead now.
@@ -99,6 +121,18 @@ impl DatasetInner {
             0
         }
     }
+}
+
+/// The bytes decoding `row_group` of `file` makes (its read columns' uncompressed size).
+pub(super) fn decoded_bytes(file: &OpenedFile, row_group: usize) -> u64 {
+    let metadata = file.reader_meta.metadata().row_group(row_group);
+    metadata
+        .columns()
+        .iter()
+        .enumerate()
+        .filter(|(leaf, _)| reads(file, *leaf))
+        .map(|(_, column)| column.uncompressed_size().max(0) as u64)
+        .sum()
 }
 
 /// Request the selected column chunks of `unit` (planned as its decoder would), now. (The
@@ -216,5 +250,26 @@ mod tests {
         none.unit_started(false);
         assert_eq!(none.now(), 0);
         assert_eq!(FetchDepth::new(3).now(), 3);
+    }
+
+    #[test]
+    fn a_scan_starts_as_deep_as_its_cores_decode_in_a_round_trip() {
+        let ms = std::time::Duration::from_millis;
+        // 2 cores decode 2 MB units at ~1,000 a second: 80 ms is ~80 units, capped at 32.
+        let mut far = FetchDepth::new(32);
+        far.start_for_link(ms(80), 2_000_000, 2);
+        assert_eq!(far.now(), 32);
+        // 10 ms and 20 MB units: ~1 unit a round trip, so the initial 8.
+        let mut near = FetchDepth::new(32);
+        near.start_for_link(ms(10), 20_000_000, 2);
+        assert_eq!(near.now(), INITIAL_FETCH_AHEAD);
+        // In between: 30 ms, 4 MB units on 2 cores: 15.
+        let mut between = FetchDepth::new(32);
+        between.start_for_link(ms(30), 4_000_000, 2);
+        assert_eq!(between.now(), 15);
+        // Never past the most the caller allows (nor above none).
+        let mut none = FetchDepth::new(0);
+        none.start_for_link(ms(80), 1, 2);
+        assert_eq!(none.now(), 0);
     }
 }

@@ -53,14 +53,66 @@ pub(super) async fn footer_rows(inner: Arc<DatasetInner>) -> Result<u64> {
     Ok(total)
 }
 
+/// The bytes at the end of `entry` its footer request fetches: [`FOOTER_PREFETCH`], or the
+/// whole file when `whole_if_small` and the file is small and remote ([`WHOLE_FILE_MAX`]).
+fn tail_range(entry: &FileEntry, whole_if_small: bool) -> std::ops::Range<u64> {
+    let whole = whole_if_small && entry.local_path.is_none() && entry.size <= WHOLE_FILE_MAX;
+    let tail_len = if whole {
+        entry.size
+    } else {
+        (FOOTER_PREFETCH as u64).min(entry.size)
+    };
+    entry.size - tail_len..entry.size
+}
+
+/// The tail of a file requested before anything asked for its footer (see
+/// [`DatasetInner::request_footers_ahead`]).
+pub(super) type TailAhead = tokio::task::JoinHandle<Result<bytes::Bytes>>;
+
+impl DatasetInner {
+    /// On an object store, request the tails of the files the scan opens first (after file
+    /// `first`, which the caller is opening now), so their footers do not wait a round trip
+    /// behind the first one: a dataset's schema comes from its first footer, and the scan
+    /// opens the others only after that. The scan's own footer reads take these tails
+    /// ([`read_footer`]'s `ahead`) instead of requesting them again. As many as the scan
+    /// opens at once ([`FOOTER_CONCURRENCY`]); files the scan skips are not requested.
+    pub(super) fn request_footers_ahead(self: &Arc<Self>, first: usize) {
+        let whole_if_small = self.options.filter.is_none();
+        let mut ahead = self.tails_ahead.lock().expect("tails lock");
+        for index in self
+            .files_not_skipped()
+            .into_iter()
+            .filter(|&i| i != first && self.files[i].local_path.is_none())
+            .take(FOOTER_CONCURRENCY - 1)
+        {
+            let entry = self.files[index].clone();
+            if entry.size < 12 {
+                continue; // read_footer names it as not Parquet without a request
+            }
+            let reader = ObjectFileReader::for_footer(entry.clone(), self.io.clone());
+            let range = tail_range(&entry, whole_if_small);
+            ahead.insert(
+                index,
+                tokio::spawn(async move { reader.fetch(range).await }),
+            );
+        }
+    }
+
+    /// The tail of file `index` requested ahead, if it was (taken: each is used once).
+    pub(super) fn take_tail_ahead(&self, index: usize) -> Option<TailAhead> {
+        self.tails_ahead.lock().expect("tails lock").remove(&index)
+    }
+}
+
 /// Read `entry`'s footer: one request for its tail (the whole file when `whole_if_small` and
 /// the file is small and remote, see [`WHOLE_FILE_MAX`]), more only when the footer does not
-/// fit in it.
+/// fit in it. `ahead`: that tail, requested earlier ([`DatasetInner::request_footers_ahead`]).
 pub(super) async fn read_footer(
     entry: &FileEntry,
     io: &Arc<IoMetrics>,
     with_page_index: bool,
     whole_if_small: bool,
+    ahead: Option<TailAhead>,
 ) -> Result<Footer> {
     let path = entry.uri.to_string();
     if entry.size < 12 {
@@ -72,14 +124,17 @@ pub(super) async fn read_footer(
     // One request for the file's tail; the metadata reader is served from it when the
     // footer (and page index) fit, and goes back to the store only for what does not.
     let reader = ObjectFileReader::for_footer(entry.clone(), io.clone());
+    let wanted = tail_range(entry, whole_if_small);
     let whole = whole_if_small && entry.local_path.is_none() && entry.size <= WHOLE_FILE_MAX;
-    let tail_len = if whole {
-        entry.size
-    } else {
-        (FOOTER_PREFETCH as u64).min(entry.size)
+    let tail = match ahead {
+        // Requested for the same use: the scan's (a small file whole when unfiltered).
+        Some(task) => match task.await {
+            Ok(fetched) => fetched?,
+            Err(_cancelled) => reader.fetch(wanted.clone()).await?,
+        },
+        None => reader.fetch(wanted.clone()).await?,
     };
-    let tail_start = entry.size - tail_len;
-    let tail = reader.fetch(tail_start..entry.size).await?;
+    let tail_start = entry.size - tail.len() as u64;
     let magic = &tail[tail.len() - 4..];
     if magic != b"PAR1" {
         let reason = if magic == b"PARE" {

@@ -140,6 +140,9 @@ struct DatasetInner {
     coalesce_gap: Option<u64>,
     /// Footer + plan per file index: each footer is read once per dataset.
     opened: Mutex<HashMap<usize, Arc<OpenedFile>>>,
+    /// Tails of files requested before their footers are read (see
+    /// `DatasetInner::request_footers_ahead`), by file index.
+    tails_ahead: Mutex<HashMap<usize, footer::TailAhead>>,
     schema: OnceLock<SchemaRef>,
     /// Decompression buffers recycled from page to page (see `pages`).
     page_buffers: Arc<PageBuffers>,
@@ -292,6 +295,18 @@ impl ParquetDataset {
             let _ = schema.set(s.clone());
         }
         let opened = inner.opened.lock().expect("cache lock").clone();
+        // Tails requested ahead go to the dataset scanned next (this one's scans would
+        // request them again); those of files it skips are cancelled.
+        let mut tails_ahead = std::mem::take(&mut *inner.tails_ahead.lock().expect("tails lock"));
+        if let Some(skip) = &options.skip {
+            tails_ahead.retain(|&index, tail| {
+                let skipped = skip.0.skip_file(&inner.files[index]);
+                if skipped {
+                    tail.abort();
+                }
+                !skipped
+            });
+        }
         ParquetDataset {
             inner: Arc::new(DatasetInner {
                 options,
@@ -303,6 +318,7 @@ impl ParquetDataset {
                 fetch_ahead: inner.fetch_ahead,
                 coalesce_gap: inner.coalesce_gap,
                 opened: Mutex::new(opened),
+                tails_ahead: Mutex::new(tails_ahead),
                 schema,
                 page_buffers: inner.page_buffers.clone(),
                 filter_selectivity: Default::default(),

@@ -108,7 +108,14 @@ impl DatasetInner {
         whole_if_small: bool,
     ) -> Result<(OpenedFile, Option<Bytes>)> {
         let path = entry.uri.to_string();
-        let footer = read_footer(&entry, &self.io, self.wants_page_index(), whole_if_small).await?;
+        let footer = read_footer(
+            &entry,
+            &self.io,
+            self.wants_page_index(),
+            whole_if_small,
+            self.take_tail_ahead(index),
+        )
+        .await?;
         let metadata = footer.metadata;
         let file_schema = {
             let plain = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
