@@ -48,9 +48,11 @@ def read_parquet(
         group's, at most 8,192 rows each: the first batch arrives sooner).
     prefetch: row groups in flight at once (bounds memory); default threads + 2.
     fetch_ahead: on an object store, the most row groups whose column chunks are requested
-        ahead of their decoding, beyond ``prefetch`` (default 32; 0: none). Each request
-        waits a round trip before its first byte, so more in flight keep a slow link busy;
-        how many are is measured (8 at first, deeper whenever decoding waits for data). A
+        ahead of their decoding, beyond ``prefetch`` (0: none; default: as many of the
+        first file's row groups as 256 MiB of their selected chunks holds, 32 to 256). Each
+        request waits a round trip before its first byte, so more in flight keep a slow
+        link busy; how many are is measured (at first as many as the cores decode in a
+        round trip, at least 8; deeper whenever decoding waits for data). A
         pipeline scans with fewer when their bytes would not fit a quarter of its memory
         cap. Not for row groups whose pages a page index pruned (their decoder reads only
         the pages it needs).

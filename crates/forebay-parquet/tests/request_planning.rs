@@ -638,3 +638,23 @@ fn units_of_files_opened_while_the_first_unit_waits_are_fetched_at_once() {
         second - first
     );
 }
+
+#[test]
+fn the_default_fetch_ahead_is_a_budget_of_bytes_in_row_groups() {
+    // Row groups of ~80 KB selected: 256 MiB would be thousands; at most 256 by default.
+    let small = write(vec![("id", int_column(100_000, 60))], 10_000, false);
+    let store = SlowStore::with(&[small], Duration::ZERO);
+    let ds = ParquetDataset::builder(store.source()).build().unwrap();
+    assert_eq!(ds.fetch_ahead(), 256);
+    // Row groups of ~16 MB: 256 MiB holds 16, but a scan may start 32 ahead.
+    let large = write(vec![("id", int_column(2_000_000, 61))], 2_000_000, false);
+    let store = SlowStore::with(&[large], Duration::ZERO);
+    let ds = ParquetDataset::builder(store.source()).build().unwrap();
+    assert_eq!(ds.fetch_ahead(), 32);
+    // What the caller sets, it gets.
+    let ds = ParquetDataset::builder(store.source())
+        .with_fetch_ahead(5)
+        .build()
+        .unwrap();
+    assert_eq!(ds.fetch_ahead(), 5);
+}

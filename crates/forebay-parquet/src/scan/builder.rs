@@ -1,6 +1,7 @@
 //! How a dataset is read: the builder's options, and the skip a resume passes in.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_schema::{SchemaRef, TimeUnit};
@@ -145,10 +146,12 @@ impl ParquetDatasetBuilder {
     }
 
     /// The most row groups whose column chunks are requested ahead of their decoding when
-    /// they are on an object store, beyond the `prefetch` ones decoding (default 32; 0:
-    /// none). Each request waits a round trip before its first byte: more in flight keep a
-    /// slow link busy. How many are is measured: a scan starts 8 ahead and goes deeper
-    /// whenever decoding waits for data, shallower while data waits for decoding. Applies
+    /// they are on an object store, beyond the `prefetch` ones decoding (0: none; default:
+    /// as many of the first file's row groups as 256 MiB of their selected chunks holds,
+    /// 32 to 256). Each request waits a round trip before its first byte: more in flight
+    /// keep a slow link busy. How many are is measured: a scan starts as many ahead as its
+    /// cores decode in a round trip (at least 8) and goes deeper whenever decoding waits
+    /// for data, shallower while data waits for decoding. Applies
     /// to scans without a row filter, to row groups without a page selection (a filter's
     /// columns are fetched with the returned ones); the most is counted in
     /// [`ParquetDataset::scan_window_bytes`].
@@ -384,9 +387,10 @@ impl ParquetDatasetBuilder {
             scan_metrics: ScanMetrics::default(),
             threads,
             prefetch: self.prefetch.unwrap_or(threads + 2),
-            fetch_ahead: self
-                .fetch_ahead
-                .unwrap_or(super::fetch_ahead::REMOTE_FETCH_AHEAD),
+            fetch_ahead: AtomicUsize::new(
+                self.fetch_ahead
+                    .unwrap_or(*super::fetch_ahead::REMOTE_FETCH_AHEAD_UNITS.start()),
+            ),
             coalesce_gap: self.coalesce_gap,
             opened: Mutex::new(HashMap::new()),
             tails_ahead: Mutex::new(HashMap::new()),
@@ -401,6 +405,12 @@ impl ParquetDatasetBuilder {
             inner.request_footers_ahead(0);
             let first = inner.open(0).await?;
             let _ = inner.schema.set(first.output_schema.clone());
+        }
+        if inner.options.fetch_ahead.is_none() {
+            if let Some(first) = inner.opened.lock().expect("cache lock").get(&0) {
+                let units = super::fetch_ahead::default_fetch_ahead(first);
+                inner.fetch_ahead.store(units, Ordering::Relaxed);
+            }
         }
         Ok(ParquetDataset { inner })
     }

@@ -40,10 +40,27 @@ use super::{DatasetInner, OpenedFile, Unit};
 use crate::error::Result;
 use crate::io::{plan_requests, FetchedRanges, ObjectFileReader};
 
-/// The most units fetched ahead of decoding on object stores by default (how many are is
-/// measured: [`FetchDepth`]). At ~1-4 MB a row group that is up to ~32-128 MB waiting,
-/// which a memory cap narrows (`ParquetDataset::scan_fetching_ahead`).
-pub(super) const REMOTE_FETCH_AHEAD: usize = 32;
+/// The most bytes of column chunks fetched ahead of decoding on object stores by default:
+/// the most units fetched ahead is as many of the first file's row groups (their selected
+/// chunks) as this holds, within [`REMOTE_FETCH_AHEAD_UNITS`] (how many are is measured:
+/// [`FetchDepth`]). A memory cap narrows it (`ParquetDataset::scan_fetching_ahead`).
+pub const REMOTE_FETCH_AHEAD_BYTES: u64 = 256 << 20;
+
+/// The fewest and the most units fetched ahead by default, whatever their size: at least as
+/// deep as a scan may start, and not so many requests at once that a store throttles them.
+pub const REMOTE_FETCH_AHEAD_UNITS: std::ops::RangeInclusive<usize> = 32..=256;
+
+/// The default most units fetched ahead for a dataset whose first file is `file` (see
+/// [`REMOTE_FETCH_AHEAD_BYTES`]).
+pub(super) fn default_fetch_ahead(file: &OpenedFile) -> usize {
+    let sizes = super::SelectedSizes::of(file);
+    let per_unit = (sizes.compressed / sizes.groups.max(1)).max(1);
+    let units = (REMOTE_FETCH_AHEAD_BYTES / per_unit).min(usize::MAX as u64) as usize;
+    units.clamp(
+        *REMOTE_FETCH_AHEAD_UNITS.start(),
+        *REMOTE_FETCH_AHEAD_UNITS.end(),
+    )
+}
 
 /// The fewest units fetched ahead when a scan starts.
 pub const INITIAL_FETCH_AHEAD: usize = 8;

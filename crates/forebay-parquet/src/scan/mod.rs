@@ -67,7 +67,7 @@ pub use stream::{BatchProvenance, BlockingScan, ProvenancedBatch, RecordBatchIte
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::RecordBatch;
@@ -135,8 +135,8 @@ struct DatasetInner {
     threads: usize,
     prefetch: usize,
     /// Units whose data is fetched ahead of their decoding, on object stores (see
-    /// `fetch_ahead`).
-    fetch_ahead: usize,
+    /// `fetch_ahead`): the builder's, else set from the first file once it is open.
+    fetch_ahead: AtomicUsize,
     coalesce_gap: Option<u64>,
     /// Footer + plan per file index: each footer is read once per dataset.
     opened: Mutex<HashMap<usize, Arc<OpenedFile>>>,
@@ -315,7 +315,7 @@ impl ParquetDataset {
                 scan_metrics: ScanMetrics::default(),
                 threads: inner.threads,
                 prefetch: inner.prefetch,
-                fetch_ahead: inner.fetch_ahead,
+                fetch_ahead: AtomicUsize::new(inner.fetch_ahead.load(Ordering::Relaxed)),
                 coalesce_gap: inner.coalesce_gap,
                 opened: Mutex::new(opened),
                 tails_ahead: Mutex::new(tails_ahead),
@@ -369,7 +369,7 @@ impl ParquetDataset {
     /// waiting in each row group's channel (up to 2) and in the scan's output channel (2).
     /// A caller that accounts for memory (the engine) reserves this for the scan as a whole.
     pub fn scan_window_bytes(&self) -> u64 {
-        self.scan_window_bytes_fetching_ahead(self.inner.fetch_ahead)
+        self.scan_window_bytes_fetching_ahead(self.fetch_ahead())
     }
 
     /// [`scan_window_bytes`](Self::scan_window_bytes) of a scan fetching at most `units` row
@@ -379,18 +379,12 @@ impl ParquetDataset {
         let Some(file) = opened.get(&0) else {
             return 0;
         };
-        let metadata = file.reader_meta.metadata();
-        let (mut compressed, mut uncompressed, mut rows, mut groups) = (0u64, 0u64, 0u64, 0u64);
-        for rg in metadata.row_groups() {
-            groups += 1;
-            rows += rg.num_rows().max(0) as u64;
-            for (leaf, column) in rg.columns().iter().enumerate() {
-                if file.projection.leaf_included(leaf) {
-                    compressed += column.compressed_size().max(0) as u64;
-                    uncompressed += column.uncompressed_size().max(0) as u64;
-                }
-            }
-        }
+        let SelectedSizes {
+            compressed,
+            uncompressed,
+            rows,
+            groups,
+        } = SelectedSizes::of(file);
         if groups == 0 || rows == 0 {
             return 0;
         }
@@ -446,7 +440,7 @@ impl ParquetDataset {
     /// Row groups whose data a scan requests ahead of their decoding on object stores (see
     /// [`ParquetDatasetBuilder::with_fetch_ahead`]).
     pub fn fetch_ahead(&self) -> usize {
-        self.inner.fetch_ahead
+        self.inner.fetch_ahead.load(Ordering::Relaxed)
     }
 
     pub fn decode_threads(&self) -> usize {
@@ -505,7 +499,7 @@ impl ParquetDataset {
 
     /// Stream the dataset's batches in order (file, then row group).
     pub fn scan(&self) -> ScanStream {
-        self.scan_fetching_ahead(self.inner.fetch_ahead)
+        self.scan_fetching_ahead(self.fetch_ahead())
     }
 
     /// [`scan`](Self::scan), requesting the data of at most `units` row groups ahead of
@@ -535,6 +529,36 @@ impl ParquetDataset {
     /// The most rows a scan yields ([`with_limit`](ParquetDatasetBuilder::with_limit)).
     pub fn limit(&self) -> Option<u64> {
         self.inner.options.limit
+    }
+}
+
+/// The selected column chunks of a file, summed over its row groups.
+struct SelectedSizes {
+    compressed: u64,
+    uncompressed: u64,
+    rows: u64,
+    groups: u64,
+}
+
+impl SelectedSizes {
+    fn of(file: &OpenedFile) -> Self {
+        let mut sizes = SelectedSizes {
+            compressed: 0,
+            uncompressed: 0,
+            rows: 0,
+            groups: 0,
+        };
+        for rg in file.reader_meta.metadata().row_groups() {
+            sizes.groups += 1;
+            sizes.rows += rg.num_rows().max(0) as u64;
+            for (leaf, column) in rg.columns().iter().enumerate() {
+                if file.projection.leaf_included(leaf) {
+                    sizes.compressed += column.compressed_size().max(0) as u64;
+                    sizes.uncompressed += column.uncompressed_size().max(0) as u64;
+                }
+            }
+        }
+        sizes
     }
 }
 
