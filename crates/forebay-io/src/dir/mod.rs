@@ -726,16 +726,20 @@ fn path_error(e: crate::durable::PathError) -> DirError {
     }
 }
 
-/// `rm -r`, retried for up to ~2 s while a writer still adds files ("directory not
-/// empty"); a tree already gone is fine.
+/// `rm -r`, retried for up to 2 s while a writer still adds files ("directory not
+/// empty"); a tree already gone is fine. The 2 s are of wall time, the attempts' own
+/// deleting included: a writer adding files as fast as they are deleted makes each attempt
+/// long, and a count of attempts then took up to 9 s on a loaded machine.
 fn remove_local_tree(path: &Path) -> std::io::Result<()> {
-    let mut attempts = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
         match fs::remove_dir_all(path) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempts < 40 => {
-                attempts += 1;
+            Err(e)
+                if e.kind() == std::io::ErrorKind::DirectoryNotEmpty
+                    && std::time::Instant::now() < deadline =>
+            {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
             Err(e) => return Err(e),
