@@ -658,3 +658,29 @@ fn the_default_fetch_ahead_is_a_budget_of_bytes_in_row_groups() {
         .unwrap();
     assert_eq!(ds.fetch_ahead(), 5);
 }
+
+#[test]
+fn small_files_fetched_whole_are_requested_as_far_ahead_as_row_groups_would_be() {
+    // 64 files of ~80 KB, each fetched whole with its footer (one request a file), behind
+    // 50 ms a request: 16 at a time would be 4 round trips one after another.
+    let files: Vec<Vec<u8>> = (0..64)
+        .map(|k| write(vec![("id", int_column(10_000, 70 + k))], 10_000, false))
+        .collect();
+    let store = SlowStore::with(&files, Duration::from_millis(50));
+    let scan_with = |most_ahead: Option<usize>| {
+        let mut builder = ParquetDataset::builder(store.source());
+        if let Some(most) = most_ahead {
+            builder = builder.with_fetch_ahead(most);
+        }
+        let ds = builder.build().unwrap();
+        store.reset();
+        assert_eq!(rows(&ds), 640_000);
+        // Each file came whole, but the first: its footer was read alone, for the schema.
+        assert_eq!(ds.metrics().io.data_requests, 1);
+        store.most_in_flight.load(Ordering::SeqCst)
+    };
+    let default = scan_with(None);
+    assert!(default >= 48, "{default} in flight");
+    let none = scan_with(Some(0));
+    assert!(none <= 16, "{none} in flight without fetching ahead");
+}

@@ -14,7 +14,6 @@ use tokio::task::JoinHandle;
 use super::accounting::{Admission, Charges};
 use super::decode::{check_chunk_sizes, decode_unit};
 use super::fetch_ahead::{decoded_bytes, fetch_unit, FetchDepth};
-use super::footer::FOOTER_CONCURRENCY;
 use super::runtime::panic_message;
 use super::stream::BatchResult;
 use super::{DatasetInner, OpenedFile, Unit};
@@ -93,7 +92,7 @@ pub(super) async fn drive(
             let inner = inner.clone();
             tokio::spawn(async move { inner.open_for_scan(i).await })
         })
-        .buffered(FOOTER_CONCURRENCY);
+        .buffered(inner.files_opened_ahead(fetch_ahead));
     futures::pin_mut!(opening);
     // Units with their file's bytes when the file was fetched whole with its footer (held
     // until the file's units are decoded: at most the files opened ahead of the scan), or

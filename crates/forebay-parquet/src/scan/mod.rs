@@ -397,11 +397,8 @@ impl ParquetDataset {
         let prefetch = self.inner.prefetch as u64;
         // Small remote files fetched whole with their footers wait for their units: at most
         // the files opened ahead of the scan.
-        let whole_files_ahead = if file.entry.local_path.is_none()
-            && file.entry.size <= footer::WHOLE_FILE_MAX
-            && self.inner.options.filter.is_none()
-        {
-            footer::FOOTER_CONCURRENCY as u64 * file.entry.size
+        let whole_files_ahead = if self.inner.fetched_whole(&file.entry) {
+            self.inner.files_opened_ahead_after(&file.entry, units) as u64 * file.entry.size
         } else {
             0
         };
