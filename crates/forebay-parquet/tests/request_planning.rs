@@ -675,12 +675,27 @@ fn small_files_fetched_whole_are_requested_as_far_ahead_as_row_groups_would_be()
         let ds = builder.build().unwrap();
         store.reset();
         assert_eq!(rows(&ds), 640_000);
-        // Each file came whole, but the first: its footer was read alone, for the schema.
-        assert_eq!(ds.metrics().io.data_requests, 1);
+        // Each file came whole, but the first 16: the first's footer was read alone (for
+        // the schema), and the next 15 files' tails were requested with it (tails only).
+        assert_eq!(ds.metrics().io.data_requests, 16);
         store.most_in_flight.load(Ordering::SeqCst)
     };
     let default = scan_with(None);
     assert!(default >= 48, "{default} in flight");
     let none = scan_with(Some(0));
     assert!(none <= 16, "{none} in flight without fetching ahead");
+}
+
+#[test]
+fn counting_the_rows_of_many_remote_files_reads_their_footers_many_at_once() {
+    // count_rows() reads every footer: 64 files behind 50 ms a request, not 16 at a time.
+    let files: Vec<Vec<u8>> = (0..64)
+        .map(|k| write(vec![("id", int_column(1_000, 80 + k))], 1_000, false))
+        .collect();
+    let store = SlowStore::with(&files, Duration::from_millis(50));
+    let ds = ParquetDataset::builder(store.source()).build().unwrap();
+    store.reset();
+    assert_eq!(ds.count_rows().unwrap(), 64_000);
+    let most = store.most_in_flight.load(Ordering::SeqCst);
+    assert!(most >= 32, "{most} footers in flight");
 }

@@ -11,7 +11,7 @@ use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
 
 use super::evolve::Adapter;
-use super::footer::{read_footer, FOOTER_CONCURRENCY};
+use super::footer::{read_footer, FOOTER_CONCURRENCY, MOST_FILES_OPENED_AHEAD};
 use super::page_locations::PageLocations;
 use super::runtime::panic_message;
 use super::schema::{
@@ -34,18 +34,27 @@ impl DatasetInner {
     }
 
     /// Footers and read plans of files `indices`, in that order, `FOOTER_CONCURRENCY` read at
-    /// once (each from the cache or read now).
+    /// once locally, [`MOST_FILES_OPENED_AHEAD`] on an object store, where each waits a round
+    /// trip (each from the cache or read now).
     pub(super) fn open_in_order(
         self: &Arc<Self>,
         indices: Vec<usize>,
     ) -> impl futures::Stream<Item = Result<Arc<OpenedFile>>> {
+        let remote = indices
+            .first()
+            .is_some_and(|&i| self.files[i].local_path.is_none());
+        let at_once = if remote {
+            MOST_FILES_OPENED_AHEAD
+        } else {
+            FOOTER_CONCURRENCY
+        };
         let inner = self.clone();
         futures::stream::iter(indices)
             .map(move |i| {
                 let inner = inner.clone();
                 async move { inner.open(i).await }
             })
-            .buffered(FOOTER_CONCURRENCY)
+            .buffered(at_once)
     }
 
     /// Footer and read plan of file `index`, from the cache or read now.
