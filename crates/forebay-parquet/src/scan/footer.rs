@@ -83,11 +83,13 @@ impl DatasetInner {
     /// behind the first one: a dataset's schema comes from its first footer, and the scan
     /// opens the others only after that. The scan's own footer reads take these tails
     /// ([`read_footer`]'s `ahead`) instead of requesting them again. As many as the scan
-    /// opens at once ([`FOOTER_CONCURRENCY`]); files the scan skips are not requested. Only
-    /// the tails ([`FOOTER_PREFETCH`]), never a small file whole: a dataset built only to
-    /// list its files or learn its schema (as `forebay.ray`'s driver does) wastes at most
-    /// 15 of those.
+    /// opens at once ([`FOOTER_CONCURRENCY`]); files the scan skips are not requested. A
+    /// small file is requested whole, as the scan would ([`WHOLE_FILE_MAX`]; with a tail
+    /// alone its data would cost another round trip): a dataset built only to list its
+    /// files or learn its schema (as `forebay.ray`'s driver does) fetches up to 15 MiB for
+    /// nothing, in parallel, once.
     pub(super) fn request_footers_ahead(self: &Arc<Self>, first: usize) {
+        let whole_if_small = self.options.filter.is_none();
         let mut ahead = self.tails_ahead.lock().expect("tails lock");
         for index in self
             .files_not_skipped()
@@ -100,7 +102,7 @@ impl DatasetInner {
                 continue; // read_footer names it as not Parquet without a request
             }
             let reader = ObjectFileReader::for_footer(entry.clone(), self.io.clone());
-            let range = tail_range(&entry, false);
+            let range = tail_range(&entry, whole_if_small);
             ahead.insert(
                 index,
                 tokio::spawn(async move { reader.fetch(range).await }),
@@ -167,8 +169,8 @@ pub(super) async fn read_footer(
     let wanted = tail_range(entry, whole_if_small);
     let whole = whole_if_small && entry.local_path.is_none() && entry.size <= WHOLE_FILE_MAX;
     let tail = match ahead {
-        // Only the tail, even where this read would take a small file whole: its data is
-        // then fetched as any other file's.
+        // Requested for the scan (a small file whole when unfiltered); read otherwise (no
+        // whole file wanted, or a tail where one was), it serves as well.
         Some(task) => match task.await {
             Ok(fetched) => fetched?,
             Err(_cancelled) => reader.fetch(wanted.clone()).await?,
