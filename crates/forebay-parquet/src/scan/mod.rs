@@ -150,6 +150,19 @@ struct DatasetInner {
     filter_selectivity: Arc<selectivity::FilterSelectivity>,
 }
 
+impl Drop for DatasetInner {
+    /// Requests made ahead for footers nobody will read stop with the dataset.
+    fn drop(&mut self) {
+        let tails = self
+            .tails_ahead
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner());
+        for tail in tails.values() {
+            tail.abort();
+        }
+    }
+}
+
 /// Everything needed to read one file's row groups, derived once from its footer.
 struct OpenedFile {
     entry: FileEntry,
@@ -295,18 +308,26 @@ impl ParquetDataset {
             let _ = schema.set(s.clone());
         }
         let opened = inner.opened.lock().expect("cache lock").clone();
-        // Tails requested ahead go to the dataset scanned next (this one's scans would
-        // request them again); those of files it skips are cancelled.
-        let mut tails_ahead = std::mem::take(&mut *inner.tails_ahead.lock().expect("tails lock"));
-        if let Some(skip) = &options.skip {
-            tails_ahead.retain(|&index, tail| {
-                let skipped = skip.0.skip_file(&inner.files[index]);
-                if skipped {
-                    tail.abort();
-                }
-                !skipped
-            });
-        }
+        // Tails requested ahead go to the derived dataset, which is the one scanned (as a
+        // resume or a hashing worker does); those of files it skips stay here, for another
+        // derived dataset (each worker of a checkpoint load skips the others' files).
+        let tails_ahead: HashMap<usize, footer::TailAhead> = {
+            let mut here = inner.tails_ahead.lock().expect("tails lock");
+            let wanted: Vec<usize> = here
+                .keys()
+                .copied()
+                .filter(|&index| {
+                    options
+                        .skip
+                        .as_ref()
+                        .is_none_or(|skip| !skip.0.skip_file(&inner.files[index]))
+                })
+                .collect();
+            wanted
+                .into_iter()
+                .filter_map(|index| here.remove(&index).map(|tail| (index, tail)))
+                .collect()
+        };
         ParquetDataset {
             inner: Arc::new(DatasetInner {
                 options,
