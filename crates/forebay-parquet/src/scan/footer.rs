@@ -1,5 +1,7 @@
 //! Reading footers: one request for most files, a lenient retry for odd ones, and the row
-//! counts footers alone give.
+//! counts footers alone give. On an object store the first files' footers are requested
+//! while the dataset's schema (the first footer) is read, not one round trip after it
+//! ([`DatasetInner::request_footers_ahead`]).
 
 use std::sync::Arc;
 

@@ -21,13 +21,15 @@
 //! | module    | phase                                                                     |
 //! |-----------|---------------------------------------------------------------------------|
 //! | `builder` | the options ([`ParquetDatasetBuilder`]) and a resume's [`ScanSkip`]        |
-//! | `footer`  | reading a footer (one request for most files), row counts from footers     |
+//! | `footer`  | reading a footer (one request for most files; on object stores the first |
+//! |           | files' requested together, while the schema's is read), row counts       |
 //! | `evolve`  | files of differing schemas read as one: nulls, widening (a visible rule)   |
 //! | `schema`  | a file's schema for the scan: options applied, projection, flat columns    |
 //! | `open`    | a file's footer turned into its read plan (`OpenedFile`), cached           |
 //! | `prune`   | the units of a file a filter may match (statistics, page index)            |
 //! | `plan`    | the units as a host engine sees them ([`ScanUnit`]), a scan of some of them |
 //! | `driver`  | units in flight under `prefetch`, their batches forwarded in order         |
+//! | `fetch_ahead` | on object stores: units' chunks requested ahead of decoding, how far measured |
 //! | `accounting` | what a scan charges to a host's memory pool, unit by unit               |
 //! | `decode`  | one unit decoded: forebay's flat decoders, the parquet crate for the rest  |
 //! | `row_ranges` | chosen rows of chosen row groups, in the caller's order (training)      |
