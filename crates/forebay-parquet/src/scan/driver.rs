@@ -65,6 +65,17 @@ enum Opened {
     Failed(ParquetError),
 }
 
+impl Opened {
+    /// Note in the driver's state that the files are done, or the error the scan ends with.
+    fn note(self, files_done: &mut bool, failed: &mut Option<ParquetError>) {
+        match self {
+            Opened::Planned => {}
+            Opened::Done => *files_done = true,
+            Opened::Failed(err) => *failed = Some(err),
+        }
+    }
+}
+
 /// The scan driver: opens files ahead, keeps up to `prefetch` units decoding and, on object
 /// stores, more fetching their data (as many as decoding needs, at most `fetch_ahead`: see
 /// `FetchDepth`), and forwards their batches in order.
@@ -205,11 +216,7 @@ pub(super) async fn drive(
             if files_done || failed.is_some() {
                 break;
             }
-            match plan(opening.next().await, &mut pending_units) {
-                Opened::Planned => {}
-                Opened::Done => files_done = true,
-                Opened::Failed(err) => failed = Some(err),
-            }
+            plan(opening.next().await, &mut pending_units).note(&mut files_done, &mut failed);
         }
         // Ahead of decoding: request the data of the next units, opening more files as far
         // as their footers are read already (never waiting for one here; the wait below
@@ -264,11 +271,7 @@ pub(super) async fn drive(
                 footer_awaited = true;
                 break;
             };
-            match plan(opened, &mut pending_units) {
-                Opened::Planned => {}
-                Opened::Done => files_done = true,
-                Opened::Failed(err) => failed = Some(err),
-            }
+            plan(opened, &mut pending_units).note(&mut files_done, &mut failed);
         }
         if pending_units.is_empty() {
             if let Some(err) = failed.take() {
@@ -289,11 +292,7 @@ pub(super) async fn drive(
             };
             match waited {
                 Waited::Footer(opened) => {
-                    match plan(opened, &mut pending_units) {
-                        Opened::Planned => {}
-                        Opened::Done => files_done = true,
-                        Opened::Failed(err) => failed = Some(err),
-                    }
+                    plan(opened, &mut pending_units).note(&mut files_done, &mut failed);
                     continue;
                 }
                 Waited::Batch(next) => next,
