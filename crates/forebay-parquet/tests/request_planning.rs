@@ -548,12 +548,10 @@ fn a_row_filter_deciding_by_dictionary_fetches_the_page_before_it_takes_a_core()
 
 #[test]
 fn the_first_footers_are_requested_together_not_behind_the_schemas() {
-    // Six files (~1.6 MB: too large to be fetched whole with the footer) behind 200 ms a
+    // Six files (too large to be fetched whole with the footer) behind 200 ms a
     // request. The dataset's schema comes from the first footer; the scan's next footers
     // must not wait for it (one more round trip before any data, on every dataset).
-    let files: Vec<Vec<u8>> = (0..6)
-        .map(|k| write(vec![("id", int_column(200_000, 30 + k))], 50_000, false))
-        .collect();
+    let files = files_of_200k_ids(6, 30);
     let store = SlowStore::with(&files, Duration::from_millis(200));
     let ds = ParquetDataset::builder(store.source()).build().unwrap();
     assert_eq!(rows(&ds), 1_200_000);
@@ -569,16 +567,29 @@ fn the_first_footers_are_requested_together_not_behind_the_schemas() {
     assert_eq!(ds.metrics().io.footer_requests, 6);
 }
 
-/// Skips `t/part-5.parquet`.
-struct SkipTheLastFile;
+/// Skips the files `t/part-{i}.parquet` whose `i` it says to, as a resume skips finished
+/// files or a worker of a checkpoint load the other workers'.
+struct SkipFiles(fn(usize) -> bool);
 
-impl ScanSkip for SkipTheLastFile {
+impl ScanSkip for SkipFiles {
     fn skip_file(&self, file: &FileEntry) -> bool {
-        file.uri().to_string().ends_with("part-5.parquet")
+        let name = file.uri().to_string();
+        let i = name[name.rfind("part-").unwrap() + 5..name.len() - ".parquet".len()]
+            .parse()
+            .unwrap();
+        (self.0)(i)
     }
     fn skip_row_group(&self, _file: &FileEntry, _row_group: usize) -> bool {
         false
     }
+}
+
+/// `n` files of 200,000 ids in row groups of 50,000 (~1.6 MB: too large to be fetched whole
+/// with the footer).
+fn files_of_200k_ids(n: u64, seed: u64) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|k| write(vec![("id", int_column(200_000, seed + k))], 50_000, false))
+        .collect()
 }
 
 #[test]
@@ -586,12 +597,10 @@ fn a_skipping_scan_of_a_built_dataset_takes_its_footers_requested_ahead() {
     // As a resume does: build, then scan with the finished files skipped. The footers
     // requested while the dataset was built serve the skipping scan; none is requested
     // twice, and the skipped file's is not waited for.
-    let files: Vec<Vec<u8>> = (0..6)
-        .map(|k| write(vec![("id", int_column(200_000, 40 + k))], 50_000, false))
-        .collect();
+    let files = files_of_200k_ids(6, 40);
     let store = SlowStore::with(&files, Duration::from_millis(50));
     let ds = ParquetDataset::builder(store.source()).build().unwrap();
-    let skipping = ds.with_skip(Arc::new(SkipTheLastFile));
+    let skipping = ds.with_skip(Arc::new(SkipFiles(|i| i == 5)));
     assert_eq!(rows(&skipping), 1_000_000);
     let footers = store.footer_gets();
     assert_eq!(footers.len(), 6, "{footers:?}");
@@ -602,32 +611,13 @@ fn a_skipping_scan_of_a_built_dataset_takes_its_footers_requested_ahead() {
     assert_eq!(store.footer_gets().len(), 4);
 }
 
-/// Skips the files of the other half (`t/part-{i}`: i even or odd), as a worker of a
-/// checkpoint load skips the other workers' files.
-struct HalfOfTheFiles(usize);
-
-impl ScanSkip for HalfOfTheFiles {
-    fn skip_file(&self, file: &FileEntry) -> bool {
-        let name = file.uri().to_string();
-        let i: usize = name[name.rfind("part-").unwrap() + 5..name.len() - 8]
-            .parse()
-            .unwrap();
-        i % 2 != self.0
-    }
-    fn skip_row_group(&self, _file: &FileEntry, _row_group: usize) -> bool {
-        false
-    }
-}
-
 #[test]
 fn datasets_derived_for_each_worker_share_the_footers_requested_ahead() {
-    let files: Vec<Vec<u8>> = (0..6)
-        .map(|k| write(vec![("id", int_column(200_000, 90 + k))], 50_000, false))
-        .collect();
+    let files = files_of_200k_ids(6, 90);
     let store = SlowStore::with(&files, Duration::from_millis(20));
     let ds = ParquetDataset::builder(store.source()).build().unwrap();
-    let even = ds.with_skip(Arc::new(HalfOfTheFiles(0)));
-    let odd = ds.with_skip(Arc::new(HalfOfTheFiles(1)));
+    let even = ds.with_skip(Arc::new(SkipFiles(|i| i % 2 == 1)));
+    let odd = ds.with_skip(Arc::new(SkipFiles(|i| i % 2 == 0)));
     assert_eq!(rows(&odd) + rows(&even), 1_200_000);
     assert_eq!(store.footer_gets().len(), 6, "each footer requested once");
 }
@@ -638,9 +628,7 @@ fn units_of_files_opened_while_the_first_unit_waits_are_fetched_at_once() {
     // later, while the first file's data is still on its way (100 ms). Their units' data
     // must be requested as soon as their footers are read, not after the first unit's
     // first batch (which would cost one more round trip before most of the data).
-    let files: Vec<Vec<u8>> = (0..4)
-        .map(|k| write(vec![("id", int_column(200_000, 50 + k))], 50_000, false))
-        .collect();
+    let files = files_of_200k_ids(4, 50);
     let store = SlowStore::with(&files, Duration::from_millis(100));
     *store.later_footers.lock().unwrap() = Duration::from_millis(50);
     let ds = ParquetDataset::builder(store.source())
