@@ -169,7 +169,6 @@ pub(super) async fn read_footer(
     // footer (and page index) fit, and goes back to the store only for what does not.
     let reader = ObjectFileReader::for_footer(entry.clone(), io.clone());
     let wanted = tail_range(entry, whole_if_small);
-    let whole = whole_if_small && entry.local_path.is_none() && entry.size <= WHOLE_FILE_MAX;
     let tail = match ahead {
         // Requested for the scan (a small file whole when unfiltered); read otherwise (no
         // whole file wanted, or a tail where one was), it serves as well.
@@ -237,7 +236,9 @@ pub(super) async fn read_footer(
     let metadata = repair::measure_short_chunks(metadata, &fetch.reader, entry.size, &path).await?;
     Ok(Footer {
         metadata: Arc::new(metadata),
-        whole_file: (whole && fetch.tail_start == 0).then_some(fetch.tail),
+        // The whole file, when it was wanted and the tail is all of it (a small remote file).
+        whole_file: (whole_if_small && entry.local_path.is_none() && fetch.tail_start == 0)
+            .then_some(fetch.tail),
     })
 }
 
