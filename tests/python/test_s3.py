@@ -362,3 +362,33 @@ def test_pyarrow_and_fsspec_style_options_are_understood(s3):
     for style in (pyarrow_style, fsspec_style):
         ds = forebay.read_parquet("s3://forebay-test/data/", columns=["id"], storage_options=style)
         assert ds.count_rows() == expected.num_rows, style
+
+
+def test_a_limit_after_the_read_fetches_only_the_row_groups_it_needs(s3):
+    # take()/limit(n) right after the read: the scan stops at the row groups holding n rows
+    # instead of fetching ahead as a whole scan does (8+ row groups at once on a store).
+    options, _, _ = s3
+    boto3 = pytest.importorskip("boto3")
+    client = boto3.client(
+        "s3",
+        endpoint_url=options["aws_endpoint"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.create_bucket(Bucket="forebay-limit")
+    rng = np.random.default_rng(7)
+    table = pa.table({"x": rng.random(1_000_000), "y": rng.random(1_000_000)})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=50_000)  # 20 row groups of ~800 KB
+    client.put_object(Bucket="forebay-limit", Key="t/big.parquet", Body=buf.getvalue())
+
+    ds = forebay.read_parquet("s3://forebay-limit/t/", storage_options=options)
+    assert ds.limit(5).to_arrow() == table.slice(0, 5)
+    assert ds.take(3) == table.slice(0, 3).to_pylist()
+    first = ds.metrics()["data_requests"]
+    assert first <= 2 * 2, ds.metrics()  # one row group, each time, two columns at most
+
+    # A whole scan of the same dataset does fetch ahead (what the limit saved).
+    assert ds.to_arrow().num_rows == 1_000_000
+    assert ds.metrics()["data_requests"] - first >= 20

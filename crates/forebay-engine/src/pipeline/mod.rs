@@ -82,6 +82,17 @@ fn check_dead_letters(steps: &[Step], sink_name: &str) -> Result<bool> {
     Ok(wanted)
 }
 
+/// The fewest rows the limits before the first map let through (None: no such limit).
+fn leading_limit(steps: &[Step]) -> Option<u64> {
+    steps
+        .iter()
+        .map_while(|step| match step {
+            Step::Limit(rows) => Some(*rows),
+            Step::Map(_) => None,
+        })
+        .min()
+}
+
 /// Default memory limit of a run: a quarter of the machine's memory, at least 256 MiB.
 pub fn default_memory_limit() -> usize {
     let total = total_memory().unwrap_or(8 << 30);
@@ -521,6 +532,18 @@ impl Pipeline {
             steps,
             options,
         } = self;
+        // A limit before any map bounds the rows the scan must yield: pushed into it, the
+        // scan neither starts nor fetches ahead row groups past them (a `take(5)` of a
+        // dataset on an object store fetches a row group, not the 32+ a scan fetches ahead).
+        // Not in checkpointed runs: they drop rows (done ids, done positions) between the
+        // scan and the limit, which must count the rows it gets.
+        let source = match (source, lineage.is_none() && positions.is_none()) {
+            (Source::Parquet(dataset), true) => match leading_limit(&steps) {
+                Some(rows) => Source::Parquet(dataset.with_limit(rows)),
+                None => Source::Parquet(dataset),
+            },
+            (source, _) => source,
+        };
         if options.memory_limit == 0 {
             return Err(EngineError::InvalidArgument(
                 "memory_limit must be positive".into(),

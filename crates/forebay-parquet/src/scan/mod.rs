@@ -279,6 +279,17 @@ impl ParquetDataset {
         self.with_options(options)
     }
 
+    /// The same dataset (its files and cached footers) yielding at most `rows` rows a scan
+    /// (the smaller of this and a limit it has; see
+    /// [`ParquetDatasetBuilder::with_limit`]): a host's limit right after the scan, pushed
+    /// into it, so that it neither starts nor fetches ahead row groups past the limit. Its
+    /// metrics start from zero.
+    pub fn with_limit(&self, rows: u64) -> ParquetDataset {
+        let mut options = self.inner.options.clone();
+        options.limit = Some(options.limit.map_or(rows, |limit| limit.min(rows)));
+        self.with_options(options)
+    }
+
     /// The same dataset (its files and cached footers) skipping what `skip` says on top of
     /// what it skips already (a task's [`ByteRangeSplit`](crate::ByteRangeSplit) after a
     /// resume's finished input). Its metrics start from zero.
@@ -447,7 +458,8 @@ impl ParquetDataset {
         if self.inner.options.filter.is_some() {
             return None;
         }
-        self.block_on(footer_rows(self.inner.clone())).ok()
+        let all = self.block_on(footer_rows(self.inner.clone())).ok()?;
+        Some(self.inner.options.limit.map_or(all, |limit| all.min(limit)))
     }
 
     /// Row groups a scan keeps in flight (fetched or decoding; bounds its memory).
