@@ -388,6 +388,8 @@ def test_a_limit_after_the_read_fetches_only_the_row_groups_it_needs(s3):
     assert ds.take(3) == table.slice(0, 3).to_pylist()
     first = ds.metrics()["data_requests"]
     assert first <= 2 * 2, ds.metrics()  # one row group, each time, two columns at most
+    # The limit's scan counts in the dataset's metrics like any other of its scans.
+    assert ds.metrics()["row_groups_total"] == 2 * 20, ds.metrics()
 
     # A whole scan of the same dataset does fetch ahead (what the limit saved).
     assert ds.to_arrow().num_rows == 1_000_000

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use arrow_schema::{SchemaRef, TimeUnit};
 use parquet::file::metadata::ParquetMetaData;
 
-use super::metrics::ScanMetrics;
 use super::runtime::default_threads;
 use super::{DatasetInner, ParquetDataset};
 use crate::error::{ParquetError, Result};
@@ -384,7 +383,7 @@ impl ParquetDatasetBuilder {
         let inner = Arc::new(DatasetInner {
             files,
             io,
-            scan_metrics: ScanMetrics::default(),
+            scan_metrics: Arc::default(),
             threads,
             prefetch: self.prefetch.unwrap_or(threads + 2),
             fetch_ahead: AtomicUsize::new(

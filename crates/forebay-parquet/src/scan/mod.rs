@@ -133,7 +133,8 @@ struct DatasetInner {
     options: ParquetDatasetBuilder,
     files: Vec<FileEntry>,
     io: Arc<IoMetrics>,
-    scan_metrics: ScanMetrics,
+    /// Shared with a dataset derived only to push a limit down (`with_limit`).
+    scan_metrics: Arc<ScanMetrics>,
     threads: usize,
     prefetch: usize,
     /// Units whose data is fetched ahead of their decoding, on object stores (see
@@ -287,7 +288,8 @@ impl ParquetDataset {
     pub fn with_limit(&self, rows: u64) -> ParquetDataset {
         let mut options = self.inner.options.clone();
         options.limit = Some(options.limit.map_or(rows, |limit| limit.min(rows)));
-        self.with_options(options)
+        // The same scan as far as the caller can tell: its counters are this dataset's.
+        self.derived(options, self.inner.scan_metrics.clone())
     }
 
     /// The same dataset (its files and cached footers) skipping what `skip` says on top of
@@ -313,8 +315,17 @@ impl ParquetDataset {
     }
 
     /// This dataset's files and cached footers under other scan options (ones that change
-    /// neither the files nor how a footer is planned).
+    /// neither the files nor how a footer is planned); its metrics start from zero.
     fn with_options(&self, options: ParquetDatasetBuilder) -> ParquetDataset {
+        self.derived(options, Arc::default())
+    }
+
+    /// [`with_options`](Self::with_options), counting scans in `scan_metrics`.
+    fn derived(
+        &self,
+        options: ParquetDatasetBuilder,
+        scan_metrics: Arc<ScanMetrics>,
+    ) -> ParquetDataset {
         let inner = &self.inner;
         let schema = OnceLock::new();
         if let Some(s) = inner.schema.get() {
@@ -346,7 +357,7 @@ impl ParquetDataset {
                 options,
                 files: inner.files.clone(),
                 io: inner.io.clone(),
-                scan_metrics: ScanMetrics::default(),
+                scan_metrics,
                 threads: inner.threads,
                 prefetch: inner.prefetch,
                 fetch_ahead: AtomicUsize::new(inner.fetch_ahead.load(Ordering::Relaxed)),
