@@ -551,7 +551,7 @@ fn the_first_footers_are_requested_together_not_behind_the_schemas() {
     // Six files (too large to be fetched whole with the footer) behind 200 ms a
     // request. The dataset's schema comes from the first footer; the scan's next footers
     // must not wait for it (one more round trip before any data, on every dataset).
-    let files = files_of_200k_ids(6, 30);
+    let files = files_of_ids(6, 200_000, 50_000, 30);
     let store = SlowStore::with(&files, Duration::from_millis(200));
     let ds = ParquetDataset::builder(store.source()).build().unwrap();
     assert_eq!(rows(&ds), 1_200_000);
@@ -584,11 +584,11 @@ impl ScanSkip for SkipFiles {
     }
 }
 
-/// `n` files of 200,000 ids in row groups of 50,000 (~1.6 MB: too large to be fetched whole
-/// with the footer).
-fn files_of_200k_ids(n: u64, seed: u64) -> Vec<Vec<u8>> {
+/// `n` files of `rows` random int64 ids each, in row groups of `group_rows` (8 bytes a row:
+/// 200,000 rows is ~1.6 MB, too large to be fetched whole with the footer).
+fn files_of_ids(n: u64, rows: usize, group_rows: usize, seed: u64) -> Vec<Vec<u8>> {
     (0..n)
-        .map(|k| write(vec![("id", int_column(200_000, seed + k))], 50_000, false))
+        .map(|k| write(vec![("id", int_column(rows, seed + k))], group_rows, false))
         .collect()
 }
 
@@ -597,7 +597,7 @@ fn a_skipping_scan_of_a_built_dataset_takes_its_footers_requested_ahead() {
     // As a resume does: build, then scan with the finished files skipped. The footers
     // requested while the dataset was built serve the skipping scan; none is requested
     // twice, and the skipped file's is not waited for.
-    let files = files_of_200k_ids(6, 40);
+    let files = files_of_ids(6, 200_000, 50_000, 40);
     let store = SlowStore::with(&files, Duration::from_millis(50));
     let ds = ParquetDataset::builder(store.source()).build().unwrap();
     let skipping = ds.with_skip(Arc::new(SkipFiles(|i| i == 5)));
@@ -613,7 +613,7 @@ fn a_skipping_scan_of_a_built_dataset_takes_its_footers_requested_ahead() {
 
 #[test]
 fn datasets_derived_for_each_worker_share_the_footers_requested_ahead() {
-    let files = files_of_200k_ids(6, 90);
+    let files = files_of_ids(6, 200_000, 50_000, 90);
     let store = SlowStore::with(&files, Duration::from_millis(20));
     let ds = ParquetDataset::builder(store.source()).build().unwrap();
     let even = ds.with_skip(Arc::new(SkipFiles(|i| i % 2 == 1)));
@@ -628,7 +628,7 @@ fn units_of_files_opened_while_the_first_unit_waits_are_fetched_at_once() {
     // later, while the first file's data is still on its way (100 ms). Their units' data
     // must be requested as soon as their footers are read, not after the first unit's
     // first batch (which would cost one more round trip before most of the data).
-    let files = files_of_200k_ids(4, 50);
+    let files = files_of_ids(4, 200_000, 50_000, 50);
     let store = SlowStore::with(&files, Duration::from_millis(100));
     *store.later_footers.lock().unwrap() = Duration::from_millis(50);
     let ds = ParquetDataset::builder(store.source())
@@ -678,9 +678,7 @@ fn the_default_fetch_ahead_is_a_budget_of_bytes_in_row_groups() {
 fn small_files_fetched_whole_are_requested_as_far_ahead_as_row_groups_would_be() {
     // 64 files of ~80 KB, each fetched whole with its footer (one request a file), behind
     // 50 ms a request: 16 at a time would be 4 round trips one after another.
-    let files: Vec<Vec<u8>> = (0..64)
-        .map(|k| write(vec![("id", int_column(10_000, 70 + k))], 10_000, false))
-        .collect();
+    let files = files_of_ids(64, 10_000, 10_000, 70);
     let store = SlowStore::with(&files, Duration::from_millis(50));
     let scan_with = |most_ahead: Option<usize>| {
         let mut builder = ParquetDataset::builder(store.source());
@@ -703,9 +701,7 @@ fn small_files_fetched_whole_are_requested_as_far_ahead_as_row_groups_would_be()
 #[test]
 fn counting_the_rows_of_many_remote_files_reads_their_footers_many_at_once() {
     // count_rows() reads every footer: 64 files behind 50 ms a request, not 16 at a time.
-    let files: Vec<Vec<u8>> = (0..64)
-        .map(|k| write(vec![("id", int_column(1_000, 80 + k))], 1_000, false))
-        .collect();
+    let files = files_of_ids(64, 1_000, 1_000, 80);
     let store = SlowStore::with(&files, Duration::from_millis(50));
     let ds = ParquetDataset::builder(store.source()).build().unwrap();
     store.reset();
