@@ -421,11 +421,17 @@ impl ShardTable {
     /// allocated and filled one partition (tens of KB, in cache) at a time. The most this
     /// holds at once is twice the packed input (12 bytes an id), never the unpacked
     /// fingerprints (16) beside the scratch and the table.
+    ///
+    /// `scratch` is the caller's to keep between builds (its contents do not matter): a
+    /// thread building many shards reuses its pages instead of faulting in fresh zeroed ones
+    /// for each shard (a fresh page costs ~0.5 ms a MB on this project's VM; the seed's
+    /// 8 M-id load takes ~6,000 fewer page faults, BENCHMARKS.md, session 46).
     pub(crate) fn build_from_packed(
         parts: Vec<Vec<Packed96>>,
         part_bits: u32,
         shard_bits: u32,
         shard: usize,
+        scratch: &mut Vec<Packed96>,
     ) -> Result<ShardTable> {
         let local_bits = FINGERPRINT_BITS - shard_bits;
         let packed_bits = local_bits - part_bits;
@@ -470,8 +476,11 @@ impl ShardTable {
         }
         let mut next = partition_start[..partitions].to_vec();
         let below_mask = (1u128 << below_first) - 1;
-        let mut scratch = Vec::with_capacity(n as usize);
-        advise_huge_pages(&scratch);
+        scratch.clear();
+        if scratch.capacity() < n as usize {
+            *scratch = Vec::with_capacity(n as usize);
+            advise_huge_pages(scratch);
+        }
         scratch.resize(n as usize, Packed96::default());
         for (p, part) in parts.into_iter().enumerate() {
             for v in part {
@@ -526,7 +535,6 @@ impl ShardTable {
                 dir[(q << second_bits) + b + 1] = remainders.len() as u32;
             }
         }
-        drop(scratch);
         Ok(ShardTable::from_parts(
             local_bits,
             bucket_bits,
@@ -747,6 +755,7 @@ mod tests {
     #[test]
     fn a_build_from_packed_parts_makes_the_same_table_as_a_plain_build() {
         let mut seed = 23;
+        let mut scratch = Vec::new();
         for (n, shard_bits) in [
             (0usize, 0u32),
             (3, 0),
@@ -771,7 +780,21 @@ mod tests {
                 parts[(id >> packed_bits) as usize]
                     .push(Packed96::new(id & ((1u128 << packed_bits) - 1)));
             }
-            let packed = ShardTable::build_from_packed(parts, part_bits, shard_bits, 0).unwrap();
+            // Built twice, with a scratch buffer left dirty by the previous round's builds
+            // (larger or smaller than this one needs): the same table each time.
+            let packed = ShardTable::build_from_packed(
+                parts.clone(),
+                part_bits,
+                shard_bits,
+                0,
+                &mut scratch,
+            )
+            .unwrap();
+            let again =
+                ShardTable::build_from_packed(parts, part_bits, shard_bits, 0, &mut scratch)
+                    .unwrap();
+            assert_eq!(again.dir, packed.dir);
+            assert!(again.remainders.bytes == packed.remainders.bytes);
             let plain = ShardTable::build(ids.clone(), shard_bits, 0).unwrap();
             let what = format!("n={n} shard_bits={shard_bits}");
             assert_eq!(packed.bucket_bits, plain.bucket_bits, "{what}");
