@@ -397,23 +397,33 @@ impl CheckpointLoader {
         let build_error: Mutex<Option<CheckpointError>> = Mutex::new(None);
         std::thread::scope(|scope| {
             for _ in 0..self.threads.min(num_shards) {
-                scope.spawn(|| loop {
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    if k >= num_shards {
-                        break;
-                    }
-                    if !owned[k] {
-                        continue;
-                    }
-                    let parts = collected[k << part_bits..(k + 1) << part_bits]
-                        .iter()
-                        .map(|part| std::mem::take(&mut *part.lock().expect("shard lock")))
-                        .collect();
-                    // The build refuses shards over its capacity (ShardTooLarge).
-                    match ShardTable::build_from_packed(parts, part_bits, shard_bits, k) {
-                        Ok(t) => *tables[k].lock().expect("lock") = Some(t),
-                        Err(e) => {
-                            build_error.lock().expect("lock").get_or_insert(e);
+                // One scratch buffer a thread, reused for each of its shards.
+                scope.spawn(|| {
+                    let mut scratch = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= num_shards {
+                            break;
+                        }
+                        if !owned[k] {
+                            continue;
+                        }
+                        let parts = collected[k << part_bits..(k + 1) << part_bits]
+                            .iter()
+                            .map(|part| std::mem::take(&mut *part.lock().expect("shard lock")))
+                            .collect();
+                        // The build refuses shards over its capacity (ShardTooLarge).
+                        match ShardTable::build_from_packed(
+                            parts,
+                            part_bits,
+                            shard_bits,
+                            k,
+                            &mut scratch,
+                        ) {
+                            Ok(t) => *tables[k].lock().expect("lock") = Some(t),
+                            Err(e) => {
+                                build_error.lock().expect("lock").get_or_insert(e);
+                            }
                         }
                     }
                 });
