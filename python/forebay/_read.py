@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,12 @@ from . import _forebay
 from ._args import integer, optional_integer
 from ._dataset import Dataset
 from ._filters import normalize_filter
+
+
+class HivePartitionWarning(UserWarning):
+    """The files read sit under hive-style ``key=value`` directories, whose keys forebay does
+    not add as columns (pyarrow, polars, DuckDB and Ray Data do). Silence it with
+    ``warnings.filterwarnings("ignore", category=forebay.HivePartitionWarning)``."""
 
 
 def read_parquet(
@@ -90,6 +97,12 @@ def read_parquet(
         of the same zone, decimals to more precision. Anything else raises
         ``forebay.SchemaMismatchError`` naming the file, the column and both types.
         ``columns`` pick among the schema's columns; a filter's columns must be in every file.
+
+    Hive-style directories (``table/year=2024/part-0.parquet``) are read as any directory:
+    their files' own columns, without a ``year`` column made from the path (pyarrow, polars,
+    DuckDB and Ray Data add one). Such a layout under a directory given here raises a
+    :class:`forebay.HivePartitionWarning` naming the keys, and asking for one of them in
+    ``columns`` or ``filter`` is a ``forebay.ColumnNotFoundError`` that says why.
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in items]
@@ -133,6 +146,7 @@ def read_parquet(
         fetch_ahead,
         coalesce_gap,
     )
+    _warn_of_partition_directories(path_list, inner.files())
     dataset = Dataset(inner)
     dataset._read_args = functools.partial(
         read_parquet,
@@ -157,3 +171,35 @@ def _extensions(file_extensions: Sequence[str]) -> list[str]:
     if isinstance(file_extensions, str):
         raise TypeError("file_extensions must be a list of endings, not a single string")
     return [str(e) for e in file_extensions]
+
+
+def _warn_of_partition_directories(given: list[str], files: list[str]) -> None:
+    """Warn when files sit in ``key=value`` directories below a directory (or glob) given:
+    columns a user of pyarrow, polars, DuckDB or Ray Data would expect from the path."""
+    roots = []
+    for path in given:
+        if "://" not in path:
+            path = os.path.abspath(path)
+        glob_at = min((i for i in map(path.find, "*?[") if i >= 0), default=-1)
+        if glob_at >= 0:
+            path = path[:glob_at].rsplit("/", 1)[0]
+        roots.append(path.rstrip("/") + "/")
+    keys: dict[str, str] = {}
+    for file in files:
+        root = next((r for r in roots if file.startswith(r)), None)
+        if root is None:
+            continue
+        for directory in file[len(root) :].split("/")[:-1]:
+            key, equals, _ = directory.partition("=")
+            if equals and key and key not in keys:
+                keys[key] = directory
+    if keys:
+        shown = ", ".join(f"{k!r} ({d}/)" for k, d in list(keys.items())[:5])
+        warnings.warn(
+            f"read_parquet: files under hive-style partition directories {shown}: forebay "
+            "reads the columns stored in the files and does not add columns named by "
+            "directories (pyarrow, polars, DuckDB and Ray Data do), so these keys are not "
+            "columns of this dataset",
+            HivePartitionWarning,
+            stacklevel=3,
+        )

@@ -4,6 +4,7 @@ zero-copy consumers, and clean errors for bad input."""
 from __future__ import annotations
 
 import os
+import warnings
 from decimal import Decimal
 
 import numpy as np
@@ -220,6 +221,39 @@ def test_unknown_column_and_bad_filters(dataset_dir):
         forebay.read_parquet(str(root), filter=[("id", "==", None)])
     with pytest.raises(forebay.InvalidFilterError):
         forebay.read_parquet(str(root), filter=[("id", "in", 3)])
+
+
+def test_hive_partition_directories_warn_and_explain_a_missing_column(tmp_path, monkeypatch):
+    """forebay does not make columns of key=value directories (pyarrow, polars, DuckDB and Ray
+    Data do): a read of such a layout says so, and asking for a key says why it is missing."""
+    table = pa.table({"x": list(range(6)), "year": [2023, 2023, 2024, 2024, 2024, 2025]})
+    root = tmp_path / "table"
+    pq.write_to_dataset(table, str(root), partition_cols=["year"])
+    with pytest.warns(forebay.HivePartitionWarning, match=r"'year' \(year=202\d/\)"):
+        ds = forebay.read_parquet(str(root))
+    assert ds.schema.names == ["x"]
+    assert sorted(ds.to_arrow()["x"].to_pylist()) == list(range(6))
+    for wrong in ({"columns": ["x", "year"]}, {"filter": [("year", "=", 2024)]}):
+        with pytest.raises(forebay.ColumnNotFoundError) as raised:
+            forebay.read_parquet(str(root), **wrong).to_arrow()
+        message = str(raised.value)
+        assert "'year' is a hive-style partition directory" in message, message
+        assert "write it into the files as a column" in message, message
+    # A relative directory and a glob over the partitions warn too; a glob inside one
+    # partition, explicit files and a plain column that is missing do not.
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(forebay.HivePartitionWarning):
+        forebay.read_parquet("table")
+    with pytest.warns(forebay.HivePartitionWarning):
+        forebay.read_parquet(str(root / "*" / "*.parquet"))
+    files = sorted(str(p) for p in root.rglob("*.parquet"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        forebay.read_parquet(str(root / "year=2024" / "*.parquet")).to_arrow()
+        forebay.read_parquet(files).to_arrow()
+        with pytest.raises(forebay.ColumnNotFoundError) as raised:
+            forebay.read_parquet(files, columns=["nope"])
+        assert str(raised.value).endswith("available columns: x")
 
 
 def test_schema_mismatch_names_both_files(tmp_path):

@@ -162,6 +162,25 @@ def test_s3_missing_object(s3):
         forebay.read_parquet("s3://forebay-test/nope/x.parquet", storage_options=options)
 
 
+def test_s3_hive_partition_directories_warn(s3):
+    options, _, _ = s3
+    client = boto3.client(
+        "s3",
+        endpoint_url=options["aws_endpoint"],
+        region_name=S3_CREDENTIALS["aws_region"],
+        aws_access_key_id=S3_CREDENTIALS["aws_access_key_id"],
+        aws_secret_access_key=S3_CREDENTIALS["aws_secret_access_key"],
+    )
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"x": [1, 2]}), buf)
+    client.put_object(Bucket="forebay-test", Key="hive/day=01/a.parquet", Body=buf.getvalue())
+    with pytest.warns(forebay.HivePartitionWarning, match=r"'day' \(day=01/\)"):
+        ds = forebay.read_parquet("s3://forebay-test/hive/", storage_options=options)
+    assert ds.to_arrow().column("x").to_pylist() == [1, 2]
+    with pytest.raises(forebay.ColumnNotFoundError, match="'day' is a hive-style partition"):
+        forebay.read_parquet("s3://forebay-test/hive", columns=["day"], storage_options=options)
+
+
 def test_write_parquet_to_s3_publishes_whole_objects(s3, tmp_path):
     options, _, _ = s3
     local = tmp_path / "in"

@@ -91,6 +91,7 @@ impl CheckpointLoader {
                 path,
                 column,
                 available,
+                hint: _,
             } => CheckpointError::ColumnNotFound {
                 path,
                 column,

@@ -33,12 +33,15 @@ pub enum ParquetError {
         source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
 
-    /// A requested (or filtered) column does not exist in the file's schema.
-    #[error("{path}: column '{column}' not found; available columns: {available}")]
+    /// A requested (or filtered) column does not exist in the file's schema. `hint` is empty
+    /// or says why (a hive-style `column=value` directory in the path: forebay does not read
+    /// columns from paths).
+    #[error("{path}: column '{column}' not found; available columns: {available}{hint}")]
     ColumnNotFound {
         path: String,
         column: String,
         available: String,
+        hint: String,
     },
 
     /// A filter is malformed or its value does not fit the column's type.
@@ -287,6 +290,15 @@ pub(crate) fn column_not_found(
     name: &str,
     path: &str,
 ) -> ParquetError {
+    let hint = match partition_directory(path, name) {
+        Some(directory) => format!(
+            "; '{name}' is a hive-style partition directory of this file's path ({directory}): \
+             forebay reads the columns stored in the files, not columns named by directories \
+             (pyarrow, polars, DuckDB and Ray Data add those): leave '{name}' out of columns \
+             and filter, or write it into the files as a column"
+        ),
+        None => String::new(),
+    };
     ParquetError::ColumnNotFound {
         path: path.to_string(),
         column: name.to_string(),
@@ -296,12 +308,48 @@ pub(crate) fn column_not_found(
             .map(|f| f.name().as_str())
             .collect::<Vec<_>>()
             .join(", "),
+        hint,
     }
+}
+
+/// The directory of `path` named `column=value` (a hive-style partition), if there is one.
+fn partition_directory<'a>(path: &'a str, column: &str) -> Option<&'a str> {
+    let directories = path.rsplit_once('/').map_or("", |(dirs, _file)| dirs);
+    directories.split('/').find(|segment| {
+        segment
+            .split_once('=')
+            .is_some_and(|(key, _)| key == column)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_column_named_by_a_partition_directory_gets_a_hint() {
+        let schema = arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "x",
+            arrow_schema::DataType::Int64,
+            false,
+        )]);
+        let path = "s3://bucket/table/year=2024/month=01/part-0.parquet";
+        let message = column_not_found(&schema, "month", path).to_string();
+        assert!(
+            message.contains("available columns: x; 'month' is a hive-style partition directory")
+                && message.contains("(month=01)"),
+            "{message}"
+        );
+        // Only a directory whose key is the column: not the file name, not another key.
+        for (column, path) in [
+            ("year", "table/year=2024.parquet"),
+            ("yea", path),
+            ("day", path),
+        ] {
+            let message = column_not_found(&schema, column, path).to_string();
+            assert!(message.ends_with("available columns: x"), "{message}");
+        }
+    }
 
     /// A failed request inside the parquet crate's decoding comes back as our own I/O error
     /// (Python: StorageError, retryable), not as corrupt data.

@@ -13,6 +13,7 @@ their calls are retried (``max_task_retries=-1``), so a killed actor costs time,
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,7 +97,10 @@ def get_raising_forebay_errors(refs: list[Any]) -> list[Any]:
 def _missing(path: str, storage_options: dict[str, str] | None) -> bool:
     """Whether ``path`` holds no Parquet file at all (a checkpoint not written yet)."""
     try:
-        forebay.read_parquet(path, storage_options=storage_options)
+        with warnings.catch_warnings():
+            # forebay's id parts sit in shard=k directories: not a user's partitions.
+            warnings.simplefilter("ignore", forebay.HivePartitionWarning)
+            forebay.read_parquet(path, storage_options=storage_options)
     except DatasetNotFoundError:
         return True
     except forebay.ForebayError:
