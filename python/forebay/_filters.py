@@ -101,6 +101,13 @@ def normalize_filter(filter: Any) -> list[list[tuple[Any, ...]]] | None:
         return None
     if _is_term(filter):
         return [[_term(filter)]]
+    if type(filter).__name__ == "Expression" and type(filter).__module__.startswith("pyarrow"):
+        raise InvalidFilterError(
+            f"invalid filter {filter}: a pyarrow expression (Ray Data's and pyarrow.dataset's "
+            "filter) is not accepted; write it as tuples, as pyarrow.parquet.read_table's "
+            "filters: [('x', '>', 5), ('y', 'in', [1, 2])] is x > 5 and y in (1, 2), and a "
+            "list of such lists is their OR"
+        )
     if not isinstance(filter, list) or not filter:
         raise InvalidFilterError(
             f"invalid filter {filter!r}: expected a tuple, a list of tuples or a list of lists"

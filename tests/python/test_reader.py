@@ -221,6 +221,9 @@ def test_unknown_column_and_bad_filters(dataset_dir):
         forebay.read_parquet(str(root), filter=[("id", "==", None)])
     with pytest.raises(forebay.InvalidFilterError):
         forebay.read_parquet(str(root), filter=[("id", "in", 3)])
+    # Ray Data's filter is a pyarrow expression: the error says how to write it instead.
+    with pytest.raises(forebay.InvalidFilterError, match=r"pyarrow expression .* \[\('x', '>'"):
+        forebay.read_parquet(str(root), filter=pc.field("id") > 5)
 
 
 def test_hive_partition_directories_warn_and_explain_a_missing_column(tmp_path, monkeypatch):
