@@ -54,6 +54,17 @@ def upload_parts(client) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def s3_client(options: dict):
+    """A boto3 client of the test's moto server (options as the ``s3`` fixture gives them)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=options["aws_endpoint"],
+        region_name=S3_CREDENTIALS["aws_region"],
+        aws_access_key_id=S3_CREDENTIALS["aws_access_key_id"],
+        aws_secret_access_key=S3_CREDENTIALS["aws_secret_access_key"],
+    )
+
+
 def data_gets(log_path, since: int) -> list[str]:
     raw = log_path.read_text().splitlines()[since:]
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in raw]
@@ -117,13 +128,7 @@ def test_columns_apart_are_separate_requests_unless_a_gap_is_given(s3):
     )
     buf = io.BytesIO()
     pq.write_table(table, buf, row_group_size=n // groups, compression="none")
-    client = boto3.client(
-        "s3",
-        endpoint_url=options["aws_endpoint"],
-        region_name=S3_CREDENTIALS["aws_region"],
-        aws_access_key_id=S3_CREDENTIALS["aws_access_key_id"],
-        aws_secret_access_key=S3_CREDENTIALS["aws_secret_access_key"],
-    )
+    client = s3_client(options)
     client.put_object(Bucket="forebay-test", Key="apart/part-0.parquet", Body=buf.getvalue())
     uri = "s3://forebay-test/apart/"
     planned = forebay.read_parquet(uri, columns=["a", "b"], storage_options=options)
@@ -164,13 +169,7 @@ def test_s3_missing_object(s3):
 
 def test_s3_hive_partition_directories_warn(s3):
     options, _, _ = s3
-    client = boto3.client(
-        "s3",
-        endpoint_url=options["aws_endpoint"],
-        region_name=S3_CREDENTIALS["aws_region"],
-        aws_access_key_id=S3_CREDENTIALS["aws_access_key_id"],
-        aws_secret_access_key=S3_CREDENTIALS["aws_secret_access_key"],
-    )
+    client = s3_client(options)
     buf = io.BytesIO()
     pq.write_table(pa.table({"x": [1, 2]}), buf)
     client.put_object(Bucket="forebay-test", Key="hive/day=01/a.parquet", Body=buf.getvalue())
@@ -387,14 +386,7 @@ def test_a_limit_after_the_read_fetches_only_the_row_groups_it_needs(s3):
     # take()/limit(n) right after the read: the scan stops at the row groups holding n rows
     # instead of fetching ahead as a whole scan does (8+ row groups at once on a store).
     options, _, _ = s3
-    boto3 = pytest.importorskip("boto3")
-    client = boto3.client(
-        "s3",
-        endpoint_url=options["aws_endpoint"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    client = s3_client(options)
     client.create_bucket(Bucket="forebay-limit")
     rng = np.random.default_rng(7)
     table = pa.table({"x": rng.random(1_000_000), "y": rng.random(1_000_000)})
