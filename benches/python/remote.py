@@ -11,11 +11,12 @@ Scenarios: ``two`` = lineitem (8 files) l_orderkey and l_extendedprice; ``all`` 
 columns; ``filtered`` = ``two`` where l_shipdate >= 1998-09-01 (~1.5 % of the rows, spread
 over every row group); ``small`` = 1,000 files of ~100 KB; ``capped`` = forebay alone streaming all 16
 columns with ``iter_batches`` under ``configure(memory_limit=--cap-mib)``, to set the
-system-wide memory rise (measured for every run) against the cap. Each engine reads in a fresh process, engines
-alternated by round; the proxy counts each run's requests, bytes and peak requests in flight.
-Prints seconds of the read (median; the clock starts after the engine's imports, once the
-process is idle: numpy's OpenBLAS threads spin ~0.1 s after an import), forebay's ratio to the faster peer, and bytes fetched against the
-bytes of the selected column chunks (footers included).
+system-wide memory rise (measured for every run) against the cap. Each engine reads in a
+fresh process, engines alternated by round; the proxy counts each run's requests, bytes and
+peak requests in flight. Prints seconds of the read (median; the clock starts after the
+engine's imports, once the process is idle: numpy's OpenBLAS threads spin ~0.1 s after an
+import), forebay's ratio to the faster peer, and bytes fetched against the bytes of the
+selected column chunks (footers included).
 
 ``--server ranged`` puts ranged_moto.py behind the proxy instead of stock moto: the same
 server, answering a ranged GET by reading only the range (stock moto reads the whole object

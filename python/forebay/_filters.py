@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal as _decimal
+import sys
 from typing import Any
 
 from ._forebay import InvalidFilterError
@@ -101,7 +102,9 @@ def normalize_filter(filter: Any) -> list[list[tuple[Any, ...]]] | None:
         return None
     if _is_term(filter):
         return [[_term(filter)]]
-    if type(filter).__name__ == "Expression" and type(filter).__module__.startswith("pyarrow"):
+    # A user holding a pyarrow expression has imported pyarrow.compute (forebay does not).
+    compute = sys.modules.get("pyarrow.compute")
+    if compute is not None and isinstance(filter, compute.Expression):
         raise InvalidFilterError(
             f"invalid filter {filter}: a pyarrow expression (Ray Data's and pyarrow.dataset's "
             "filter) is not accepted; write it as tuples, as pyarrow.parquet.read_table's "
