@@ -64,12 +64,10 @@ def child(
     elif engine == "pyarrow":
         import pyarrow.fs
     elif engine == "polars":
-        import polars  # noqa: F401
+        import polars as pl
     wait_until_idle()
     started = time.perf_counter()
     if engine.startswith("forebay-capped-"):
-        import forebay
-
         cap_mib = int(engine.removeprefix("forebay-capped-"))
         forebay.configure(progress=False, memory_limit=cap_mib << 20)
         dataset = forebay.read_parquet(
@@ -82,8 +80,6 @@ def child(
             "peak_rss_mb": round(peak_rss_mb()),
         }
     if engine == "forebay":
-        import forebay
-
         forebay.configure(progress=False)
         table = forebay.read_parquet(
             uri,
@@ -92,8 +88,6 @@ def child(
             storage_options={**S3_CREDENTIALS, "aws_endpoint": endpoint},
         ).to_arrow()
     elif engine == "pyarrow":
-        import pyarrow.fs
-
         fs = pyarrow.fs.S3FileSystem(
             endpoint_override=endpoint.removeprefix("http://"),
             scheme="http",
@@ -108,8 +102,6 @@ def child(
             filters=[("l_shipdate", ">=", LATE)] if filtered else None,
         )
     elif engine == "polars":
-        import polars as pl
-
         options = {
             "aws_endpoint_url": endpoint,
             "aws_allow_http": "true",

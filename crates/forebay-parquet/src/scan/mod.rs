@@ -284,7 +284,7 @@ impl ParquetDataset {
     /// (the smaller of this and a limit it has; see
     /// [`ParquetDatasetBuilder::with_limit`]): a host's limit right after the scan, pushed
     /// into it, so that it neither starts nor fetches ahead row groups past the limit. Its
-    /// metrics start from zero.
+    /// scans count in this dataset's metrics.
     pub fn with_limit(&self, rows: u64) -> ParquetDataset {
         let mut options = self.inner.options.clone();
         options.limit = Some(options.limit.map_or(rows, |limit| limit.min(rows)));
