@@ -40,7 +40,7 @@ from ._forebay import (
     WriteError,
 )
 from ._mix import MixedStream, mix
-from ._read import HivePartitionWarning, read_parquet
+from ._read import read_parquet
 from ._spill import RemoteSpillTarget, SpillArea
 from ._store import ObjectRef, ObjectStore, ObjectWriter
 from ._training import TrainingStream
@@ -56,7 +56,6 @@ __all__ = [
     "Dataset",
     "DatasetNotFoundError",
     "ForebayError",
-    "HivePartitionWarning",
     "InvalidFilterError",
     "MemoryLimitExceeded",
     "MixedStream",

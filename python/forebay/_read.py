@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,12 +14,6 @@ from . import _forebay
 from ._args import integer, optional_integer
 from ._dataset import Dataset
 from ._filters import normalize_filter
-
-
-class HivePartitionWarning(UserWarning):
-    """The files read sit under hive-style ``key=value`` directories, whose keys forebay does
-    not add as columns (pyarrow, polars, DuckDB and Ray Data do). Silence it with
-    ``warnings.filterwarnings("ignore", category=forebay.HivePartitionWarning)``."""
 
 
 def read_parquet(
@@ -38,6 +31,9 @@ def read_parquet(
     schema: Any = None,
     fetch_ahead: int | None = None,
     coalesce_gap: int | None = None,
+    partitioning: str | None = "hive",
+    hive_schema: pa.Schema | None = None,
+    partition_base: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
 ) -> Dataset:
     """Open Parquet files lazily.
 
@@ -97,12 +93,23 @@ def read_parquet(
         of the same zone, decimals to more precision. Anything else raises
         ``forebay.SchemaMismatchError`` naming the file, the column and both types.
         ``columns`` pick among the schema's columns; a filter's columns must be in every file.
-
-    Hive-style directories (``table/year=2024/part-0.parquet``) are read as any directory:
-    their files' own columns, without a ``year`` column made from the path (pyarrow, polars,
-    DuckDB and Ray Data add one). Such a layout under a directory given here raises a
-    :class:`forebay.HivePartitionWarning` naming the keys, and asking for one of them in
-    ``columns`` or ``filter`` is a ``forebay.ColumnNotFoundError`` that says why.
+    partitioning: ``"hive"`` (the default, as pyarrow, polars, DuckDB and Ray Data): files
+        listed under ``key=value`` directories of a directory or glob given
+        (``table/year=2024/region=eu/part-0.parquet``) get a column per key holding its
+        value, after their own columns (``columns`` may place them). A key's column is int64
+        when every value is an integer, else string; values are percent-decoded (``%3A``
+        is ``:``) and ``__HIVE_DEFAULT_PARTITION__`` is null. A ``filter``'s terms on keys
+        are decided per file before it is read: files they rule out are never opened
+        (``metrics()["files_pruned_by_partition"]``). Every file must sit under the same
+        keys; a file with a column of a key's name is an error. Files named one by one
+        have no partition values. ``None``: directories give no columns.
+    hive_schema: a ``pyarrow.Schema`` of partition keys' types (as polars' ``hive_schema``):
+        the keys it names are parsed as those types (``pa.date32()``, ``pa.int32()``, ...;
+        a value that does not parse is a ``SchemaMismatchError`` naming the file), the
+        others inferred; a key it names that no directory gives is an error.
+    partition_base: a directory (or a list) above files named one by one: they take
+        partition values from the directories between it and them, as if it had been
+        listed (pyarrow's ``partition_base_dir``).
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     path_list = [os.fspath(p) for p in items]
@@ -126,6 +133,21 @@ def read_parquet(
     fetch_ahead = optional_integer("fetch_ahead", fetch_ahead, minimum=0)
     coalesce_gap = optional_integer("coalesce_gap", coalesce_gap, minimum=0)
     union = isinstance(schema, str) and schema == "union"
+    if partitioning not in ("hive", None):
+        raise ValueError(
+            f"partitioning must be 'hive' or None, not {partitioning!r} (other schemes, such as "
+            "directories without key=, are not read as columns)"
+        )
+    if hive_schema is not None and not isinstance(hive_schema, pa.Schema):
+        raise TypeError(f"hive_schema must be a pyarrow.Schema, not {type(hive_schema).__name__}")
+    if partitioning is None and (hive_schema is not None or partition_base is not None):
+        raise ValueError("hive_schema and partition_base need partitioning='hive'")
+    bases = None
+    if partition_base is not None:
+        given = (
+            [partition_base] if isinstance(partition_base, (str, os.PathLike)) else partition_base
+        )
+        bases = [os.fspath(b) for b in given]
     if schema is not None and not union and not isinstance(schema, pa.Schema):
         raise TypeError(
             f"schema must be a pyarrow.Schema, 'union' or None, not {type(schema).__name__}"
@@ -145,8 +167,10 @@ def read_parquet(
         union,
         fetch_ahead,
         coalesce_gap,
+        partitioning == "hive",
+        hive_schema,
+        bases,
     )
-    _warn_of_partition_directories(path_list, inner.files())
     dataset = Dataset(inner)
     dataset._read_args = functools.partial(
         read_parquet,
@@ -163,6 +187,9 @@ def read_parquet(
         schema=schema,
         fetch_ahead=fetch_ahead,
         coalesce_gap=coalesce_gap,
+        partitioning=partitioning,
+        hive_schema=hive_schema,
+        partition_base=partition_base,
     )
     return dataset
 
@@ -173,9 +200,10 @@ def _extensions(file_extensions: Sequence[str]) -> list[str]:
     return [str(e) for e in file_extensions]
 
 
-def _warn_of_partition_directories(given: list[str], files: list[str]) -> None:
-    """Warn when files sit in ``key=value`` directories below a directory (or glob) given:
-    columns a user of pyarrow, polars, DuckDB or Ray Data would expect from the path."""
+def listing_roots(given: list[str]) -> list[str]:
+    """The directories ``read_parquet`` lists for paths ``given``: a directory itself, a
+    glob's literal prefix (local paths absolute), each ending in ``/``. A file's hive
+    partition directories are those between its root and it."""
     roots = []
     for path in given:
         if "://" not in path:
@@ -184,22 +212,4 @@ def _warn_of_partition_directories(given: list[str], files: list[str]) -> None:
         if glob_at >= 0:
             path = path[:glob_at].rsplit("/", 1)[0]
         roots.append(path.rstrip("/") + "/")
-    keys: dict[str, str] = {}
-    for file in files:
-        root = next((r for r in roots if file.startswith(r)), None)
-        if root is None:
-            continue
-        for directory in file[len(root) :].split("/")[:-1]:
-            key, equals, _ = directory.partition("=")
-            if equals and key and key not in keys:
-                keys[key] = directory
-    if keys:
-        shown = ", ".join(f"{k!r} ({d}/)" for k, d in list(keys.items())[:5])
-        warnings.warn(
-            f"read_parquet: files under hive-style partition directories {shown}: forebay "
-            "reads the columns stored in the files and does not add columns named by "
-            "directories (pyarrow, polars, DuckDB and Ray Data do), so these keys are not "
-            "columns of this dataset",
-            HivePartitionWarning,
-            stacklevel=3,
-        )
+    return roots

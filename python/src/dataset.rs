@@ -114,7 +114,7 @@ pub(crate) struct RsDataset {
 #[pymethods]
 impl RsDataset {
     #[new]
-    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None, schema=None, union_schema=false, fetch_ahead=None, coalesce_gap=None))]
+    #[pyo3(signature = (paths, columns, filter, batch_size, prefetch, num_threads, dictionary_columns, storage_options, int96_timestamp_unit="ns", file_extensions=None, schema=None, union_schema=false, fetch_ahead=None, coalesce_gap=None, hive_partitioning=false, hive_schema=None, partition_base=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -132,6 +132,9 @@ impl RsDataset {
         union_schema: bool,
         fetch_ahead: Option<usize>,
         coalesce_gap: Option<u64>,
+        hive_partitioning: bool,
+        hive_schema: Option<Bound<'_, PyAny>>,
+        partition_base: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let int96_unit = match int96_timestamp_unit {
             "s" => TimeUnit::Second,
@@ -179,6 +182,15 @@ impl RsDataset {
         if let Some(bytes) = coalesce_gap {
             builder = builder.with_coalesce_gap(bytes);
         }
+        if hive_partitioning {
+            builder = builder.with_hive_partitioning();
+        }
+        if let Some(schema) = hive_schema {
+            builder = builder.with_hive_schema(Arc::new(Schema::from_pyarrow_bound(&schema)?));
+        }
+        if let Some(bases) = partition_base {
+            builder = builder.with_partition_base(bases);
+        }
         let dataset = detached(py, move || builder.build())?;
         Ok(RsDataset { dataset })
     }
@@ -193,6 +205,19 @@ impl RsDataset {
             .iter()
             .map(|f| f.uri().to_string())
             .collect()
+    }
+
+    /// The hive partition columns (a schema), or None.
+    fn partition_schema<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.dataset
+            .partition_schema()
+            .map(|s| s.as_ref().to_pyarrow(py))
+            .transpose()
+    }
+
+    /// Indices (into `files()`) of the files a filter on hive partition columns rules out.
+    fn files_pruned_by_partition(&self) -> Vec<usize> {
+        self.dataset.files_pruned_by_partition()
     }
 
     /// Each file's size in bytes (from listing or HEAD), in the order of `files()`.
@@ -254,6 +279,7 @@ impl RsDataset {
         d.set_item("head_requests", m.io.head_requests)?;
         d.set_item("flat_decoder_chunks", m.flat_decoder_chunks)?;
         d.set_item("row_groups_pages_located", m.row_groups_pages_located)?;
+        d.set_item("files_pruned_by_partition", m.files_pruned_by_partition)?;
         Ok(d)
     }
 

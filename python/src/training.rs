@@ -29,11 +29,12 @@ impl RsTrainingLayout {
     #[new]
     #[pyo3(signature = (dataset, block_rows=None))]
     fn new(py: Python<'_>, dataset: &RsDataset, block_rows: Option<u64>) -> PyResult<Self> {
-        if dataset.dataset.filter().is_some() {
+        if dataset.dataset.filter().is_some() && !dataset.dataset.filter_keeps_whole_files() {
             return Err(PyValueError::new_err(
                 "training_stream reads every row of the files: a filter would change which \
                  rows a position means; filter in the training loop, or write the filtered \
-                 rows out first",
+                 rows out first (a filter on hive partition columns alone, which keeps or \
+                 drops whole files, is read)",
             ));
         }
         let dataset = dataset.dataset.for_row_ranges();

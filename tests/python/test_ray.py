@@ -84,6 +84,36 @@ def test_read_tasks_are_sized_by_bytes(cluster, inputs: Path) -> None:
     assert len(fray.ForebayParquetDatasource(str(inputs)).get_read_tasks(200)) == 1
 
 
+def test_hive_partition_columns_through_ray_read_tasks(cluster, tmp_path: Path) -> None:
+    """Read tasks get lists of files: they take the keys from the directories below the one
+    listed, typed as on the driver (a task holding only year=__HIVE_DEFAULT_PARTITION__ would
+    infer a string), and files the filter's terms on keys rule out are not planned."""
+    root = tmp_path / "table"
+    years = [2023, 2024, None, 2025]
+    table = pa.table({"x": list(range(8)), "year": years * 2})
+    pq.write_to_dataset(table, str(root), ["year"])
+    source = fray.ForebayParquetDatasource(str(root), task_bytes=1)
+    assert source.schema.names == ["x", "year"]
+    assert source.schema.field("year").type == pa.int64()
+    assert len(source.get_read_tasks(100)) == 4  # a task a file
+    out = pa.concat_tables(ray.get(fray.read_parquet(str(root), task_bytes=1).to_arrow_refs()))
+    assert sorted(out.to_pylist(), key=lambda r: r["x"]) == sorted(
+        table.to_pylist(), key=lambda r: r["x"]
+    )
+    filtered = fray.ForebayParquetDatasource(str(root), filter=[("year", ">=", 2024)], task_bytes=1)
+    assert len(filtered.files) == 2
+    out = pa.concat_tables(
+        ray.get(
+            fray.read_parquet(
+                str(root), filter=[("year", ">=", 2024)], task_bytes=1
+            ).to_arrow_refs()
+        )
+    )
+    assert sorted(out["x"].to_pylist()) == [1, 3, 5, 7]
+    plain = fray.ForebayParquetDatasource(str(root), partitioning=None)
+    assert plain.schema.names == ["x"]
+
+
 def test_downstream_ray_data_works(cluster, inputs: Path) -> None:
     ds = fray.read_parquet(str(inputs), columns=["value"]).map_batches(
         lambda b: {"double": b["value"] * 2}, batch_format="numpy"
@@ -357,6 +387,26 @@ def test_write_parquet_exactly_once_and_a_rerun_reads_nothing(
     assert second["resume"]["ids_done"] == FILES * ROWS_PER_FILE
     assert sorted(p.name for p in out.glob("*.parquet")) == files_after_first
     assert not (out / "_forebay_staging").exists()
+
+
+def test_write_parquet_of_hive_inputs_keeps_the_keys_exactly_once(cluster, tmp_path: Path) -> None:
+    root = tmp_path / "table"
+    table = pa.table({"id": np.arange(3_000), "year": np.arange(3_000) % 3 + 2022})
+    pq.write_to_dataset(table, str(root), ["year"])
+    out, ckpt = tmp_path / "out", forebay.Checkpoint("id", str(tmp_path / "ckpt"))
+
+    def job() -> dict:
+        ds = fray.read_parquet(str(root), filter=[("year", "!=", 2023)], task_bytes=1)
+        return fray.write_parquet(ds, out, checkpoint=ckpt)
+
+    assert job()["rows"] == 2_000
+    written = pq.read_table(out, partitioning=None)
+    assert written.schema.names[:2] == ["id", "year"]
+    assert sorted(written.select(["id", "year"]).to_pylist(), key=lambda r: r["id"]) == [
+        r for r in table.to_pylist() if r["year"] != 2023
+    ]
+    again = job()
+    assert again["rows"] == 0 and again["resume"]["files_done"] == 2
 
 
 def test_write_parquet_a_changed_scan_filter_is_detected(

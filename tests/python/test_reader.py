@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from datetime import date
 from decimal import Decimal
 
 import numpy as np
@@ -226,37 +227,209 @@ def test_unknown_column_and_bad_filters(dataset_dir):
         forebay.read_parquet(str(root), filter=pc.field("id") > 5)
 
 
-def test_hive_partition_directories_warn_and_explain_a_missing_column(tmp_path, monkeypatch):
-    """forebay does not make columns of key=value directories (pyarrow, polars, DuckDB and Ray
-    Data do): a read of such a layout says so, and asking for a key says why it is missing."""
-    table = pa.table({"x": list(range(6)), "year": [2023, 2023, 2024, 2024, 2024, 2025]})
+def _hive_table(tmp_path):
+    """A table written by pyarrow under year=/region= directories (a null year among them,
+    a region with characters pyarrow percent-encodes), and pyarrow's own hive read of it."""
+    table = pa.table(
+        {
+            "x": list(range(12)),
+            "year": [2023, 2023, 2024, 2024, 2024, 2025, 2025, 2025, None, None, 2024, 2023],
+            "region": [
+                "eu",
+                "us",
+                "eu",
+                "us",
+                "eu",
+                "eu",
+                "a b:c",
+                "a b:c",
+                "us",
+                "eu",
+                "us",
+                "eu",
+            ],
+        }
+    )
     root = tmp_path / "table"
-    pq.write_to_dataset(table, str(root), partition_cols=["year"])
-    with pytest.warns(forebay.HivePartitionWarning, match=r"'year' \(year=202\d/\)"):
-        ds = forebay.read_parquet(str(root))
-    assert ds.schema.names == ["x"]
-    assert sorted(ds.to_arrow()["x"].to_pylist()) == list(range(6))
-    for wrong in ({"columns": ["x", "year"]}, {"filter": [("year", "=", 2024)]}):
-        with pytest.raises(forebay.ColumnNotFoundError) as raised:
-            forebay.read_parquet(str(root), **wrong).to_arrow()
-        message = str(raised.value)
-        assert "'year' is a hive-style partition directory" in message, message
-        assert "write it into the files as a column" in message, message
-    # A relative directory and a glob over the partitions warn too; a glob inside one
-    # partition, explicit files and a plain column that is missing do not.
-    monkeypatch.chdir(tmp_path)
-    with pytest.warns(forebay.HivePartitionWarning):
-        forebay.read_parquet("table")
-    with pytest.warns(forebay.HivePartitionWarning):
-        forebay.read_parquet(str(root / "*" / "*.parquet"))
-    files = sorted(str(p) for p in root.rglob("*.parquet"))
+    pq.write_to_dataset(table, str(root), partition_cols=["year", "region"])
+    partitioning = pds.HivePartitioning.discover(infer_dictionary=False)
+    expected = pds.dataset(str(root), partitioning=partitioning).to_table()
+    return root, expected
+
+
+def _rows(table, *columns):
+    names = list(columns) or table.schema.names
+    return sorted(table.select(names).to_pylist(), key=lambda r: [str(r[n]) for n in names])
+
+
+def test_hive_partition_columns_are_read_from_directories(tmp_path, monkeypatch):
+    """key=value directories under a directory (or glob) given are columns, as in pyarrow,
+    polars, DuckDB and Ray Data: after the files' own, typed, null for Hive's default."""
+    root, expected = _hive_table(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        forebay.read_parquet(str(root / "year=2024" / "*.parquet")).to_arrow()
-        forebay.read_parquet(files).to_arrow()
-        with pytest.raises(forebay.ColumnNotFoundError) as raised:
-            forebay.read_parquet(files, columns=["nope"])
-        assert str(raised.value).endswith("available columns: x")
+        ds = forebay.read_parquet(str(root))
+    assert ds.schema.names == ["x", "year", "region"]
+    assert ds.schema.field("year").type == pa.int64()
+    assert ds.schema.field("region").type == pa.string()
+    out = ds.to_arrow()
+    assert _rows(out) == _rows(expected.cast(out.schema))
+    assert {r["region"] for r in out.to_pylist()} == {"eu", "us", "a b:c"}
+    assert sum(r["year"] is None for r in out.to_pylist()) == 2
+    # columns place them, and alone they read no file column.
+    picked = forebay.read_parquet(str(root), columns=["region", "x"]).to_arrow()
+    assert picked.schema.names == ["region", "x"]
+    assert _rows(picked) == _rows(expected, "region", "x")
+    years = forebay.read_parquet(str(root), columns=["year"]).to_arrow()
+    assert years.schema.names == ["year"] and years.num_rows == 12
+    assert sorted(years["year"].to_pylist(), key=str) == sorted(
+        expected["year"].to_pylist(), key=str
+    )
+    # With a union of the files' schemas too.
+    union = forebay.read_parquet(str(root), schema="union", columns=["year", "x"]).to_arrow()
+    assert _rows(union) == _rows(expected, "year", "x")
+    assert forebay.read_parquet(str(root), schema="union", columns=["year"]).count_rows() == 12
+    # A relative directory and a glob over the partitions read them too.
+    monkeypatch.chdir(tmp_path)
+    assert forebay.read_parquet("table").schema.names == ["x", "year", "region"]
+    glob = forebay.read_parquet(str(root / "*" / "*" / "*.parquet"))
+    assert glob.schema.names == ["x", "year", "region"] and glob.count_rows() == 12
+    # A glob inside one partition lists nothing above it; files named one by one have no
+    # partition values (as in pyarrow): the files' columns only.
+    inside = forebay.read_parquet(str(root / "year=2024" / "region=eu" / "*.parquet"))
+    assert inside.schema.names == ["x"]
+    files = sorted(str(p) for p in root.rglob("*.parquet"))
+    assert forebay.read_parquet(files).schema.names == ["x"]
+    # partitioning=None: the files' columns only, and a key asked for says why it is missing.
+    plain = forebay.read_parquet(str(root), partitioning=None)
+    assert plain.schema.names == ["x"] and plain.count_rows() == 12
+    with pytest.raises(forebay.ColumnNotFoundError) as raised:
+        forebay.read_parquet(str(root), columns=["x", "year"], partitioning=None).to_arrow()
+    message = str(raised.value)
+    assert "'year' is a hive-style partition directory" in message, message
+    assert "partitioning=" in message, message
+    with pytest.raises(ValueError, match="partitioning must be 'hive' or None"):
+        forebay.read_parquet(str(root), partitioning="directory")
+
+
+def test_a_filter_on_partition_columns_skips_files_unread(tmp_path):
+    root, expected = _hive_table(tmp_path)
+    # Terms on keys alone: decided per file; the files ruled out are never opened.
+    ds = forebay.read_parquet(str(root), filter=[("year", "=", 2024)])
+    out = ds.to_arrow()
+    assert sorted(out["x"].to_pylist()) == [2, 3, 4, 10]
+    m = ds.metrics()
+    assert m["files_pruned_by_partition"] == 6, m
+    # (the first file's footer is read for the schema; the other 2 of year=2024)
+    assert m["footer_requests"] <= 3, m
+    assert forebay.read_parquet(str(root), filter=[("year", "=", 2024)]).count_rows() == 4
+    # (forebay's tuple forms against the same rule in Python over pyarrow's hive read)
+    cases = [
+        ([("year", ">=", 2024), ("x", ">", 3)], lambda r: (r["year"] or 0) >= 2024 and r["x"] > 3),
+        (
+            [[("region", "=", "a b:c")], [("x", "<", 2)]],
+            lambda r: r["region"] == "a b:c" or r["x"] < 2,
+        ),
+        ([("year", "is null")], lambda r: r["year"] is None),
+        ([("year", "not in", [2023, 2025])], lambda r: r["year"] not in (2023, 2025)),
+        (
+            [("region", "!=", "eu"), ("year", "is not null")],
+            lambda r: r["region"] != "eu" and r["year"] is not None,
+        ),
+    ]
+    for dnf, keep in cases:
+        got = forebay.read_parquet(str(root), filter=dnf).to_arrow()
+        want = [r for r in expected.to_pylist() if keep(r)]
+        assert _rows(got, "x", "year", "region") == _rows(
+            pa.Table.from_pylist(want), "x", "year", "region"
+        ), dnf
+        assert forebay.read_parquet(str(root), filter=dnf).count_rows() == len(want), dnf
+    # A key's terms are checked like any column's.
+    with pytest.raises(forebay.InvalidFilterError, match="year"):
+        forebay.read_parquet(str(root), filter=[("year", ">", "soon")])
+
+
+def test_hive_layouts_that_cannot_be_read_as_one_are_errors(tmp_path):
+    # Files under different keys.
+    mixed = tmp_path / "mixed"
+    (mixed / "year=2024").mkdir(parents=True)
+    (mixed / "day=1").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), mixed / "year=2024" / "a.parquet")
+    pq.write_table(pa.table({"x": [2]}), mixed / "day=1" / "b.parquet")
+    with pytest.raises(
+        forebay.SchemaMismatchError, match=r'partition keys \["year"\], the other file.s \["day"\]'
+    ):
+        forebay.read_parquet(str(mixed))
+    assert forebay.read_parquet(str(mixed), partitioning=None).count_rows() == 2
+    # A file with a column of a key's name: two values for one column.
+    both = tmp_path / "both"
+    (both / "year=2024").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1], "year": [2023]}), both / "year=2024" / "a.parquet")
+    with pytest.raises(forebay.SchemaMismatchError, match="has a column 'year'"):
+        forebay.read_parquet(str(both))
+    plain = forebay.read_parquet(str(both), partitioning=None).to_arrow()
+    assert plain.to_pylist() == [{"x": 1, "year": 2023}]
+
+
+def test_hive_schema_types_keys_and_partition_base_places_named_files(tmp_path):
+    root, expected = _hive_table(tmp_path)
+    typed = forebay.read_parquet(str(root), hive_schema=pa.schema([("year", pa.int16())]))
+    assert typed.schema.field("year").type == pa.int16()
+    assert typed.schema.field("region").type == pa.string()
+    assert sorted(typed.to_arrow()["year"].to_pylist(), key=str) == sorted(
+        expected["year"].to_pylist(), key=str
+    )
+    dates = tmp_path / "dates"
+    for day in ("2024-01-31", "2024-02-01"):
+        (dates / f"day={day}").mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1]}), dates / f"day={day}" / "a.parquet")
+    as_dates = forebay.read_parquet(
+        str(dates),
+        hive_schema=pa.schema([("day", pa.date32())]),
+        filter=[("day", ">=", date(2024, 2, 1))],
+    )
+    assert as_dates.to_arrow().to_pylist() == [{"x": 1, "day": date(2024, 2, 1)}]
+    with pytest.raises(
+        forebay.SchemaMismatchError,
+        match=r"day=2024-01-31.*'2024-01-31' is not a value of type Int32",
+    ):
+        forebay.read_parquet(str(dates), hive_schema=pa.schema([("day", pa.int32())]))
+    with pytest.raises(forebay.SchemaMismatchError, match="not nullable"):
+        forebay.read_parquet(
+            str(root), hive_schema=pa.schema([pa.field("year", pa.int64(), nullable=False)])
+        )
+    with pytest.raises(forebay.ForebayError, match="'month', which no directory gives"):
+        forebay.read_parquet(str(root), hive_schema=pa.schema([("month", pa.int64())]))
+    with pytest.raises(TypeError, match=r"hive_schema must be a pyarrow\.Schema"):
+        forebay.read_parquet(str(root), hive_schema={"year": "int64"})
+    with pytest.raises(ValueError, match="need partitioning='hive'"):
+        forebay.read_parquet(str(root), partitioning=None, partition_base=str(root))
+    # Files named one by one take their keys from below a partition_base.
+    files = sorted(str(p) for p in root.rglob("*.parquet"))
+    based = forebay.read_parquet(files, partition_base=str(root))
+    assert based.schema.names == ["x", "year", "region"]
+    assert _rows(based.to_arrow()) == _rows(expected.cast(based.schema))
+    # The longest base holding a file counts.
+    inner = forebay.read_parquet(files[:1], partition_base=[str(root), os.path.dirname(files[0])])
+    assert inner.schema.names == ["x"]
+
+
+def test_partition_columns_flow_through_a_pipeline_and_training(tmp_path):
+    root, expected = _hive_table(tmp_path)
+    out = tmp_path / "out"
+    forebay.read_parquet(str(root)).map_batches(lambda t: t).write_parquet(str(out))
+    written = pq.read_table(str(out))
+    assert _rows(written) == _rows(expected.cast(written.schema))
+    stream = forebay.read_parquet(str(root), filter=[("region", "=", "us")]).training_stream(
+        batch_size=2, seed=0
+    )
+    rows = [r for batch in stream for r in batch.to_pylist()]
+    assert sorted((r["x"], r["year"], r["region"]) for r in rows) == [
+        (1, 2023, "us"),
+        (3, 2024, "us"),
+        (8, None, "us"),
+        (10, 2024, "us"),
+    ]
 
 
 def test_schema_mismatch_names_both_files(tmp_path):

@@ -167,17 +167,33 @@ def test_s3_missing_object(s3):
         forebay.read_parquet("s3://forebay-test/nope/x.parquet", storage_options=options)
 
 
-def test_s3_hive_partition_directories_warn(s3):
+def test_s3_hive_partition_columns_and_pruning(s3):
     options, _, _ = s3
     client = s3_client(options)
-    buf = io.BytesIO()
-    pq.write_table(pa.table({"x": [1, 2]}), buf)
-    client.put_object(Bucket="forebay-test", Key="hive/day=01/a.parquet", Body=buf.getvalue())
-    with pytest.warns(forebay.HivePartitionWarning, match=r"'day' \(day=01/\)"):
-        ds = forebay.read_parquet("s3://forebay-test/hive/", storage_options=options)
-    assert ds.to_arrow().column("x").to_pylist() == [1, 2]
+    for day in ("01", "02", "03"):
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"x": [int(day), int(day) * 10]}), buf)
+        key = f"hive/day={day}/kind=a%3Ab/part.parquet"
+        client.put_object(Bucket="forebay-test", Key=key, Body=buf.getvalue())
+    ds = forebay.read_parquet("s3://forebay-test/hive/", storage_options=options)
+    assert ds.schema.names == ["x", "day", "kind"]
+    expected = [{"x": d * m, "day": d, "kind": "a:b"} for d in (1, 2, 3) for m in (1, 10)]
+    rows = ds.to_arrow().to_pylist()
+    assert sorted(rows, key=lambda r: r["x"]) == sorted(expected, key=lambda r: r["x"])
+    # A filter on a key: the files it rules out are neither listed twice nor opened.
+    ds = forebay.read_parquet(
+        "s3://forebay-test/hive", filter=[("day", ">=", 2)], storage_options=options
+    )
+    assert sorted(ds.to_arrow()["x"].to_pylist()) == [2, 3, 20, 30]
+    m = ds.metrics()
+    assert m["files_pruned_by_partition"] == 1, m
+    # (the first file's footer for the schema, then the two files read)
+    assert m["footer_requests"] <= 3 and m["list_requests"] == 1, m
+    # Without partitioning, a key asked for says why it is not a column.
     with pytest.raises(forebay.ColumnNotFoundError, match="'day' is a hive-style partition"):
-        forebay.read_parquet("s3://forebay-test/hive", columns=["day"], storage_options=options)
+        forebay.read_parquet(
+            "s3://forebay-test/hive", columns=["day"], storage_options=options, partitioning=None
+        )
 
 
 def test_write_parquet_to_s3_publishes_whole_objects(s3, tmp_path):

@@ -34,8 +34,8 @@ pub enum ParquetError {
     },
 
     /// A requested (or filtered) column does not exist in the file's schema. `hint` is empty
-    /// or says why (a hive-style `column=value` directory in the path: forebay does not read
-    /// columns from paths).
+    /// or says why (a hive-style `column=value` directory in the path, not read as a
+    /// partition column).
     #[error("{path}: column '{column}' not found; available columns: {available}{hint}")]
     ColumnNotFound {
         path: String,
@@ -293,9 +293,10 @@ pub(crate) fn column_not_found(
     let hint = match partition_directory(path, name) {
         Some(directory) => format!(
             "; '{name}' is a hive-style partition directory of this file's path ({directory}): \
-             forebay reads the columns stored in the files, not columns named by directories \
-             (pyarrow, polars, DuckDB and Ray Data add those): leave '{name}' out of columns \
-             and filter, or write it into the files as a column"
+             its values are a column only when the files are listed from a directory or glob \
+             above it with partitioning=\"hive\" (forebay.read_parquet's default; Rust: \
+             with_hive_partitioning), not for files named one by one (unless under a \
+             partition_base) or with partitioning=None"
         ),
         None => String::new(),
     };

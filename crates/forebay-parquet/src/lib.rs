@@ -11,8 +11,11 @@
 //!
 //! ```text
 //!  paths / dirs / globs / URIs ──► source::resolve ──► [FileEntry]
-//!   (on object stores: HEAD and LIST at once,             │ footer (1 request, cached;
-//!    16 paths of a list at a time)                        │  a small remote file is
+//!   (on object stores: HEAD and LIST at once,             │ (hive key=value directories:
+//!    16 paths of a list at a time)                        │  columns; a filter's terms on
+//!                                                          │  them drop files unopened)
+//!                                                          │ footer (1 request, cached;
+//!                                                          │  a small remote file is
 //!                                                          │  fetched whole by it and
 //!                                                          │  decoded from those bytes)
 //!                                                          ▼

@@ -200,6 +200,48 @@ pub(crate) async fn resolve(
     Ok(files)
 }
 
+/// Files named on their own (not listed) under one of `bases` (paths, URIs, or for a
+/// store's source paths in it) get the directories between the base and them, as if the
+/// base had been listed (`FileEntry::listed_under`, read for hive partition columns); the
+/// longest base holding a file wins.
+pub(crate) fn place_under_bases(
+    files: &mut [FileEntry],
+    source: &DatasetSource,
+    bases: &[String],
+) -> Result<()> {
+    let mut stores = Stores::default();
+    let shown: Vec<String> = bases
+        .iter()
+        .map(|base| {
+            let shown = match source {
+                DatasetSource::Uris {
+                    storage_options, ..
+                } => {
+                    let (root, path) = stores.open(base, storage_options)?;
+                    format!("{}{}", root.display_prefix, path.trim_matches('/'))
+                }
+                DatasetSource::Store { display_prefix, .. }
+                | DatasetSource::LocalStore { display_prefix, .. } => {
+                    format!("{display_prefix}{}", base.trim_matches('/'))
+                }
+            };
+            Ok(format!("{}/", shown.trim_end_matches('/')))
+        })
+        .collect::<Result<_>>()?;
+    for file in files.iter_mut().filter(|f| f.listed_under.is_none()) {
+        let base = shown
+            .iter()
+            .filter(|base| file.uri.starts_with(base.as_str()))
+            .max_by_key(|base| base.len());
+        if let Some(base) = base {
+            let relative = &file.uri[base.len()..];
+            let dir = relative.rsplit_once('/').map_or("", |(dir, _)| dir);
+            file.listed_under = Some(Arc::from(dir));
+        }
+    }
+    Ok(())
+}
+
 /// Expand paths relative to a store's root, in order.
 async fn expand_store_paths(
     root: &StoreRoot,
@@ -215,6 +257,19 @@ async fn expand_store_paths(
         files.extend(expand(root, p, path.as_ref(), extensions, metrics).await?);
     }
     Ok(files)
+}
+
+/// The object path of `segments` (names as they are) in `root`'s store. Locally, as the
+/// store's own listing names a file (its names' `%` escaped the way the store maps them
+/// back to the file system): `a%20b.parquet` is that file, not `a b.parquet`.
+fn object_path<'a>(root: &StoreRoot, segments: impl Iterator<Item = &'a str>) -> Path {
+    let parts: Vec<&str> = segments.collect();
+    if root.local.is_some() {
+        if let Ok(path) = Path::from_absolute_path(format!("/{}", parts.join("/"))) {
+            return path;
+        }
+    }
+    Path::from_iter(parts)
 }
 
 fn is_glob(path: &str) -> bool {
@@ -236,7 +291,13 @@ async fn expand(
     extensions: Option<&[String]>,
     metrics: &IoMetrics,
 ) -> Result<Vec<FileEntry>> {
-    let entry = |meta: object_store::ObjectMeta| FileEntry {
+    // A listed file remembers the directories between the listed prefix and itself.
+    let entry = |meta: object_store::ObjectMeta, listed: Option<&Path>| FileEntry {
+        listed_under: listed.map(|prefix| {
+            let relative = relative_to(prefix, &meta.location);
+            let dir = relative.rsplit_once('/').map_or("", |(dir, _)| dir);
+            Arc::from(dir)
+        }),
         local_path: root
             .local
             .as_ref()
@@ -257,7 +318,7 @@ async fn expand(
     if is_glob(path) {
         let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
         let literal = segments.iter().take_while(|s| !is_glob(s)).count();
-        let prefix = Path::from_iter(segments[..literal].iter().copied());
+        let prefix = object_path(root, segments[..literal].iter().copied());
         let pattern = &segments[literal..];
         let mut found = list(root, shown, &prefix, metrics).await?;
         found.retain(|m| {
@@ -269,10 +330,10 @@ async fn expand(
             return Err(not_found("the glob matched no files"));
         }
         found.sort_by(|a, b| a.location.cmp(&b.location));
-        return Ok(found.into_iter().map(entry).collect());
+        return Ok(found.into_iter().map(|m| entry(m, Some(&prefix))).collect());
     }
 
-    let location = Path::from_iter(path.split('/').filter(|s| !s.is_empty()));
+    let location = object_path(root, path.split('/').filter(|s| !s.is_empty()));
     // A file, or a directory (a prefix)? Locally a HEAD answers at once. On an object store
     // each question is a round trip, so the HEAD and the LIST go out together (one round
     // trip before the first footer instead of two; the LIST of a file's name as a prefix
@@ -292,7 +353,7 @@ async fn expand(
         (head, Some(listed))
     };
     match head {
-        Some(Ok(meta)) => return Ok(vec![entry(meta)]),
+        Some(Ok(meta)) => return Ok(vec![entry(meta, None)]),
         Some(Err(object_store::Error::NotFound { .. })) | None => {}
         // Local directories answer HEAD with an error other than NotFound on some platforms.
         Some(Err(err)) if !is_directory_error(&err) => {
@@ -335,7 +396,10 @@ async fn expand(
         }
     }
     found.sort_by(|a, b| a.location.cmp(&b.location));
-    Ok(found.into_iter().map(entry).collect())
+    Ok(found
+        .into_iter()
+        .map(|m| entry(m, Some(&location)))
+        .collect())
 }
 
 fn is_directory_error(err: &object_store::Error) -> bool {

@@ -13,7 +13,6 @@ their calls are retried (``max_task_retries=-1``), so a killed actor costs time,
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,10 +96,8 @@ def get_raising_forebay_errors(refs: list[Any]) -> list[Any]:
 def _missing(path: str, storage_options: dict[str, str] | None) -> bool:
     """Whether ``path`` holds no Parquet file at all (a checkpoint not written yet)."""
     try:
-        with warnings.catch_warnings():
-            # forebay's id parts sit in shard=k directories: not a user's partitions.
-            warnings.simplefilter("ignore", forebay.HivePartitionWarning)
-            forebay.read_parquet(path, storage_options=storage_options)
+        # forebay's id parts sit in shard=k directories: not a user's partitions.
+        forebay.read_parquet(path, storage_options=storage_options, partitioning=None)
     except DatasetNotFoundError:
         return True
     except forebay.ForebayError:

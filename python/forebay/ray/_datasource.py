@@ -14,6 +14,7 @@ import pyarrow as pa
 import forebay
 
 from .._filters import normalize_filter
+from .._read import listing_roots
 from ._lineage import TAG_FIELDS, CheckpointedRead
 
 try:
@@ -107,6 +108,7 @@ def _read_task(
     storage_options: dict[str, str] | None,
     batch_size: int,
     num_threads: int,
+    partitions: dict[str, Any],
     checkpointed: CheckpointedRead | None = None,
 ) -> Iterator[pa.Table]:
     """What one read task runs on its worker: forebay's reader over its files (of a file
@@ -118,6 +120,7 @@ def _read_task(
         storage_options=storage_options,
         batch_size=batch_size,
         num_threads=num_threads,
+        **partitions,
     )._inner
     if checkpointed is not None:
         blocks = checkpointed.read(dataset, ranges)
@@ -155,6 +158,7 @@ class ForebayParquetDatasource(Datasource):
         batch_size: int = 65536,
         task_bytes: int | None = None,
         num_threads_per_task: int = 1,
+        partitioning: str | None = "hive",
     ):
         super().__init__()  # type: ignore[no-untyped-call]
         if task_bytes is not None and task_bytes < 1:
@@ -169,9 +173,24 @@ class ForebayParquetDatasource(Datasource):
             filter=filter,
             storage_options=self._options,
             batch_size=batch_size,
+            partitioning=partitioning,
         )
-        self._files = listed.files
-        self._sizes = listed._inner.file_sizes()
+        # Read tasks get lists of files: they take partition values from the directories
+        # below the ones listed here, typed as here (a task's files alone might infer other
+        # types), and files the filter's terms on partition keys rule out are not planned.
+        self._partitions: dict[str, Any] = {"partitioning": None}
+        partition_schema = listed._inner.partition_schema()
+        if partition_schema is not None:
+            given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+            self._partitions = {
+                "partitioning": "hive",
+                "hive_schema": partition_schema,
+                "partition_base": listing_roots([os.fspath(p) for p in given]),
+            }
+        pruned = set(listed._inner.files_pruned_by_partition())
+        sizes = listed._inner.file_sizes()
+        self._files = [f for i, f in enumerate(listed.files) if i not in pruned]
+        self._sizes = [s for i, s in enumerate(sizes) if i not in pruned]
         self._schema = listed.schema
         self._columns = list(columns) if columns is not None else None
         self._filter = filter
@@ -196,6 +215,12 @@ class ForebayParquetDatasource(Datasource):
         return self._columns
 
     @property
+    def partition_options(self) -> dict[str, Any]:
+        """How a read of some of :attr:`files` takes their hive partition columns
+        (``read_parquet``'s ``partitioning``, ``hive_schema`` and ``partition_base``)."""
+        return dict(self._partitions)
+
+    @property
     def storage_options(self) -> dict[str, str] | None:
         return self._options
 
@@ -216,7 +241,9 @@ class ForebayParquetDatasource(Datasource):
         if self._estimated_rows is None:
             rows = 0
             if self._files and self._sizes[0]:
-                first = forebay.read_parquet(self._files[0], storage_options=self._options)
+                first = forebay.read_parquet(
+                    self._files[0], storage_options=self._options, partitioning=None
+                )
                 rows = int(first.count_rows() * sum(self._sizes) / self._sizes[0])
             self._estimated_rows = rows
         return self._estimated_rows
@@ -279,6 +306,7 @@ class ForebayParquetDatasource(Datasource):
                 self._options,
                 self._batch_size,
                 self._threads,
+                self._partitions,
                 self.checkpointed.for_pieces(pieces, self._files) if self.checkpointed else None,
             )
             tasks.append(
@@ -298,12 +326,14 @@ def read_parquet(
     num_threads_per_task: int = 1,
     override_num_blocks: int | None = None,
     ray_remote_args: Mapping[str, Any] | None = None,
+    partitioning: str | None = "hive",
 ) -> ray.data.Dataset:
     """Read Parquet into a ``ray.data.Dataset`` with forebay's reader in the read tasks.
 
-    paths, columns, filter, storage_options, batch_size: as :func:`forebay.read_parquet`
-        (only the selected column chunks are fetched; row groups and pages the filter rules
-        out are skipped).
+    paths, columns, filter, storage_options, batch_size, partitioning: as
+        :func:`forebay.read_parquet` (only the selected column chunks are fetched; row groups
+        and pages the filter rules out are skipped, and files its terms on hive partition
+        keys rule out are not planned).
     task_bytes: input bytes per read task: consecutive files are grouped up to it, and a
         larger file is cut into byte ranges (a task reads the row groups starting in its
         range). Default: the input over two tasks per CPU of the cluster, within 64 KiB -
@@ -321,6 +351,7 @@ def read_parquet(
         batch_size=batch_size,
         task_bytes=task_bytes,
         num_threads_per_task=num_threads_per_task,
+        partitioning=partitioning,
     )
     if task_bytes is None:
         total = source.estimate_inmemory_data_size() or 0

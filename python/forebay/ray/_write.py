@@ -301,7 +301,10 @@ def write_parquet(
     # The read tasks' filter, so that the checkpoint records what its inputs were finished
     # under (a rerun with another filter must not skip them silently).
     inputs = forebay.read_parquet(
-        source.files, storage_options=source.storage_options, filter=source.scan_filter
+        source.files,
+        storage_options=source.storage_options,
+        filter=source.scan_filter,
+        **source.partition_options,
     )
     coordinator = RsCommitCoordinator(
         inputs._inner,

@@ -114,6 +114,10 @@ pub struct FileEntry {
     /// The file's path when it lives on the local file system: column chunks are then read
     /// directly (see `local.rs`), footers still through `store`.
     pub(crate) local_path: Option<Arc<std::path::Path>>,
+    /// The directories between the directory (or a glob's literal prefix) the file was listed
+    /// under and the file (`year=2024/month=1`; empty directly under it), read for hive-style
+    /// partition columns. `None` for a file named on its own.
+    pub(crate) listed_under: Option<Arc<str>>,
 }
 
 impl FileEntry {

@@ -23,6 +23,15 @@ impl BoundPredicate {
         let result = eval_node(&self.root, batch)?;
         Ok(null_as_false(&result))
     }
+
+    /// [`evaluate`](Self::evaluate) with its nulls kept (three-valued: a row whose
+    /// predicate is null is null, not `false`).
+    pub(super) fn evaluate_nullable(
+        &self,
+        batch: &RecordBatch,
+    ) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
+        eval_node(&self.root, batch)
+    }
 }
 
 pub(super) fn null_as_false(array: &BooleanArray) -> BooleanArray {

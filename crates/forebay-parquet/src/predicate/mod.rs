@@ -21,14 +21,17 @@
 //! | `bind`     | [`Predicate::bind`] to a schema: a [`BoundPredicate`]         |
 //! | `evaluate` | [`BoundPredicate::evaluate`] on a batch                       |
 //! | `prune`    | [`BoundPredicate::may_match`] from [`ContainerStats`]         |
+//! | `constants`| [`Predicate::with_constants`]: a file's constant columns applied |
 
 mod bind;
+mod constants;
 mod evaluate;
 mod prune;
 #[cfg(test)]
 mod tests;
 
 pub use bind::BoundPredicate;
+pub use constants::Simplified;
 pub use prune::ContainerStats;
 
 use std::sync::Arc;

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use arrow_schema::{SchemaRef, TimeUnit};
 use parquet::file::metadata::ParquetMetaData;
 
+use super::partitions::Partitions;
 use super::runtime::default_threads;
 use super::{DatasetInner, ParquetDataset};
 use crate::error::{ParquetError, Result};
 use crate::io::{FileEntry, IoMetrics};
 use crate::predicate::Predicate;
 use crate::row_filter::{ArrowPredicates, RowFilterHook, ScanRowFilter};
-use crate::source::{resolve, DatasetSource};
+use crate::source::{place_under_bases, resolve, DatasetSource};
 use forebay_io::block_on_in;
 use forebay_io::memory::MemoryPool;
 
@@ -107,6 +108,12 @@ pub struct ParquetDatasetBuilder {
     pub(super) runtime: Option<tokio::runtime::Handle>,
     /// The host's pool the scan charges what it holds (None: no accounting).
     pub(super) memory_pool: Option<Arc<dyn MemoryPool>>,
+    /// Files' `key=value` directories give columns (see `partitions`).
+    pub(super) hive_partitioning: bool,
+    /// The types of some or all partition keys (the others inferred).
+    pub(super) hive_schema: Option<SchemaRef>,
+    /// Directories above files named on their own, for their partition values.
+    pub(super) partition_base: Vec<String>,
 }
 
 impl ParquetDatasetBuilder {
@@ -301,6 +308,41 @@ impl ParquetDatasetBuilder {
         self
     }
 
+    /// Read hive-style partition columns: a listed file under `key=value` directories
+    /// (`table/year=2024/part-0.parquet`) has a column `key` holding `value` in every row,
+    /// after its own columns unless [`with_columns`](Self::with_columns) orders them; int64
+    /// when every value is an integer, else strings; `__HIVE_DEFAULT_PARTITION__` is null.
+    /// A filter's terms on them are decided per file before its footer is read (files
+    /// ruled out are not read). See the `partitions` module for the rules and the errors.
+    pub fn with_hive_partitioning(mut self) -> Self {
+        self.hive_partitioning = true;
+        self
+    }
+
+    /// With [`with_hive_partitioning`](Self::with_hive_partitioning): the types of partition
+    /// keys (by name; keys it does not name are inferred), their values parsed from the
+    /// path (a value that does not parse is an error naming the file and the key). A field
+    /// that is not nullable makes `__HIVE_DEFAULT_PARTITION__` an error. Naming a key no
+    /// directory gives is an error. A host that reads a dataset in pieces passes the
+    /// whole dataset's schema, so that every piece types its keys alike.
+    pub fn with_hive_schema(mut self, schema: SchemaRef) -> Self {
+        self.hive_schema = Some(schema);
+        self
+    }
+
+    /// With [`with_hive_partitioning`](Self::with_hive_partitioning): files named on their
+    /// own (not found by listing a directory or glob) under one of these directories take
+    /// their partition values from the directories between (pyarrow's
+    /// `partition_base_dir`); the longest base holding a file counts.
+    pub fn with_partition_base<I, S>(mut self, bases: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.partition_base = bases.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Whether files may differ from the dataset's schema (`with_schema`, `with_union_schema`).
     pub(super) fn evolves(&self) -> bool {
         self.schema.is_some() || self.union_schema
@@ -374,7 +416,25 @@ impl ParquetDatasetBuilder {
             ));
         }
         let io = Arc::new(IoMetrics::default());
-        let files = resolve(&self.source, self.file_extensions.as_deref(), &io).await?;
+        let mut files = resolve(&self.source, self.file_extensions.as_deref(), &io).await?;
+        let partitions = if self.hive_partitioning {
+            if !self.partition_base.is_empty() {
+                place_under_bases(&mut files, &self.source, &self.partition_base)?;
+            }
+            Partitions::discover(
+                &files,
+                self.hive_schema.as_ref(),
+                self.filter.as_ref(),
+                self.columns.as_deref(),
+            )?
+            .map(Arc::new)
+        } else {
+            None
+        };
+        let file_columns = match &partitions {
+            Some(partitions) => partitions.file_columns(),
+            None => self.columns.clone(),
+        };
         let threads = self
             .num_threads
             .unwrap_or_else(default_threads)
@@ -396,14 +456,20 @@ impl ParquetDatasetBuilder {
             schema: OnceLock::new(),
             page_buffers: Arc::default(),
             filter_selectivity: Default::default(),
+            partitions,
+            file_columns,
             options: self,
         });
-        if inner.options.evolves() {
-            super::evolve::dataset_schema(&inner).await?;
+        let files_schema = if inner.options.evolves() {
+            super::evolve::dataset_schema(&inner).await?
         } else {
             inner.request_footers_ahead(0);
             let first = inner.open(0).await?;
             let _ = inner.schema.set(first.output_schema.clone());
+            first.output_schema.clone()
+        };
+        if let Some(partitions) = &inner.partitions {
+            partitions.finish(&files_schema)?;
         }
         if inner.options.fetch_ahead.is_none() {
             if let Some(first) = inner.opened.lock().expect("cache lock").get(&0) {

@@ -308,7 +308,13 @@ pub(super) async fn decode_unit(
             continue;
         }
         let columns = file.reorder.iter().map(|&i| columns[i].clone()).collect();
-        let batch = match RecordBatch::try_new(file.output_schema.clone(), columns) {
+        // (With only partition columns asked for, no column: the row count says the rows.)
+        let with_rows = RecordBatchOptions::new().with_row_count(Some(rows));
+        let batch = match RecordBatch::try_new_with_options(
+            file.output_schema.clone(),
+            columns,
+            &with_rows,
+        ) {
             Ok(b) => file.finish_batch(b, rg),
             Err(e) => Err(corrupt_from(&path, Some(rg), e)),
         };

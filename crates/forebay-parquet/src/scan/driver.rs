@@ -95,6 +95,13 @@ pub(super) async fn drive(
                     .fetch_add(1, Ordering::Relaxed);
                 false
             }
+            _ if inner.excluded_by_partition(i) => {
+                inner
+                    .scan_metrics
+                    .files_pruned_by_partition
+                    .fetch_add(1, Ordering::Relaxed);
+                false
+            }
             _ => true,
         })
         .collect();

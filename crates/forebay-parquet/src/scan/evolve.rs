@@ -143,7 +143,7 @@ pub(crate) fn union_schema(schemas: &[(String, SchemaRef)]) -> Result<SchemaRef>
 /// (projected to the columns asked for; the first file checked against it), or the union of
 /// every file's (each file's adapter set).
 pub(super) async fn dataset_schema(inner: &Arc<DatasetInner>) -> Result<SchemaRef> {
-    let columns = inner.options.columns.as_deref();
+    let columns = inner.file_columns.as_deref();
     if let Some(given) = &inner.options.schema {
         let schema = match columns {
             None => given.clone(),

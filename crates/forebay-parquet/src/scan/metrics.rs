@@ -12,6 +12,7 @@ pub(super) struct ScanMetrics {
     pub(super) row_groups_pruned_by_page_index: AtomicU64,
     pub(super) rows_pruned_by_page_index: AtomicU64,
     pub(super) files_skipped: AtomicU64,
+    pub(super) files_pruned_by_partition: AtomicU64,
     pub(super) row_groups_skipped: AtomicU64,
     pub(super) flat_decoder_chunks: AtomicU64,
     pub(super) row_groups_filtered_after_decoding: AtomicU64,
@@ -27,6 +28,9 @@ pub struct ScanMetricsSnapshot {
     pub rows_pruned_by_page_index: u64,
     /// Files a [`ScanSkip`](super::ScanSkip) skipped (neither footer nor data read).
     pub files_skipped: u64,
+    /// Files a filter ruled out by their hive partition values (neither footer nor data
+    /// read; see [`with_hive_partitioning`](super::ParquetDatasetBuilder::with_hive_partitioning)).
+    pub files_pruned_by_partition: u64,
     /// Row groups a [`ScanSkip`](super::ScanSkip) skipped (data not read).
     pub row_groups_skipped: u64,
     /// Column chunks decoded by forebay's own flat-column decoders (see

@@ -24,6 +24,7 @@
 //! | `footer`  | reading a footer (one request for most files; on object stores the first |
 //! |           | files' requested together, while the schema's is read), row counts       |
 //! | `evolve`  | files of differing schemas read as one: nulls, widening (a visible rule)   |
+//! | `partitions` | hive-style `key=value` directories as columns; a filter decided per file |
 //! | `schema`  | a file's schema for the scan: options applied, projection, flat columns    |
 //! | `open`    | a file's footer turned into its read plan (`OpenedFile`), cached           |
 //! | `prune`   | the units of a file a filter may match (statistics, page index)            |
@@ -51,6 +52,7 @@ mod footer;
 mod metrics;
 mod open;
 mod page_locations;
+mod partitions;
 mod plan;
 mod prune;
 mod row_ranges;
@@ -151,6 +153,10 @@ struct DatasetInner {
     page_buffers: Arc<PageBuffers>,
     /// What the filter kept of the rows it saw (see `selectivity`).
     filter_selectivity: Arc<selectivity::FilterSelectivity>,
+    /// Hive-style partition columns, when read and the files have some (see `partitions`).
+    partitions: Option<Arc<partitions::Partitions>>,
+    /// The columns read from the files (`with_columns` without partition keys; None: all).
+    file_columns: Option<Vec<String>>,
 }
 
 impl Drop for DatasetInner {
@@ -187,6 +193,8 @@ struct OpenedFile {
     /// Where its pages are, found when part of a row group is read and the file has no
     /// offset index (see `page_locations`).
     page_locations: page_locations::PageLocations,
+    /// The dataset's partition columns, whose values for this file are added to its batches.
+    partitions: Option<Arc<partitions::Partitions>>,
 }
 
 /// How a row group read whole is decoded.
@@ -251,6 +259,9 @@ impl ParquetDataset {
             union_schema: false,
             runtime: None,
             memory_pool: None,
+            hive_partitioning: false,
+            hive_schema: None,
+            partition_base: Vec::new(),
         }
     }
 
@@ -265,6 +276,14 @@ impl ParquetDataset {
 
     /// The schema of the batches a scan yields (projection and dictionary options applied).
     pub fn schema(&self) -> SchemaRef {
+        if let Some(output) = self
+            .inner
+            .partitions
+            .as_ref()
+            .and_then(|p| p.output_schema())
+        {
+            return output;
+        }
         self.inner
             .schema
             .get()
@@ -345,6 +364,7 @@ impl ParquetDataset {
                         .skip
                         .as_ref()
                         .is_none_or(|skip| !skip.0.skip_file(&inner.files[index]))
+                        && !inner.excluded_by_partition(index)
                 })
                 .collect();
             wanted
@@ -367,6 +387,8 @@ impl ParquetDataset {
                 schema,
                 page_buffers: inner.page_buffers.clone(),
                 filter_selectivity: Default::default(),
+                partitions: inner.partitions.clone(),
+                file_columns: inner.file_columns.clone(),
             }),
         }
     }
@@ -386,6 +408,32 @@ impl ParquetDataset {
         self.inner.options.filter.as_ref()
     }
 
+    /// The hive partition columns read from the files' directories (see
+    /// [`with_hive_partitioning`](ParquetDatasetBuilder::with_hive_partitioning)), if any.
+    pub fn partition_schema(&self) -> Option<SchemaRef> {
+        self.inner.partitions.as_ref().map(|p| p.schema.clone())
+    }
+
+    /// The files (indices into [`files`](Self::files)) the filter's terms on hive partition
+    /// columns rule out: a scan neither opens nor reads them.
+    pub fn files_pruned_by_partition(&self) -> Vec<usize> {
+        (0..self.inner.files.len())
+            .filter(|&i| self.inner.excluded_by_partition(i))
+            .collect()
+    }
+
+    /// Whether the filter is decided by hive partition values alone: it keeps every row of
+    /// some files and drops the others whole (see
+    /// [`with_hive_partitioning`](ParquetDatasetBuilder::with_hive_partitioning)).
+    pub fn filter_keeps_whole_files(&self) -> bool {
+        self.inner.options.filter.is_some()
+            && self
+                .inner
+                .partitions
+                .as_ref()
+                .is_some_and(|p| p.decide_the_filter())
+    }
+
     /// Counters: requests and bytes read, row groups and rows pruned.
     pub fn metrics(&self) -> ScanMetricsSnapshot {
         let m = &self.inner.scan_metrics;
@@ -399,6 +447,7 @@ impl ParquetDataset {
                 .load(Ordering::Relaxed),
             rows_pruned_by_page_index: m.rows_pruned_by_page_index.load(Ordering::Relaxed),
             files_skipped: m.files_skipped.load(Ordering::Relaxed),
+            files_pruned_by_partition: m.files_pruned_by_partition.load(Ordering::Relaxed),
             row_groups_skipped: m.row_groups_skipped.load(Ordering::Relaxed),
             flat_decoder_chunks: m.flat_decoder_chunks.load(Ordering::Relaxed),
             row_groups_pages_located: m.row_groups_pages_located.load(Ordering::Relaxed),
@@ -516,7 +565,9 @@ impl ParquetDataset {
     }
 
     async fn count_all_rows(&self) -> Result<u64> {
-        if !self.has_filters() {
+        let decided_by_partitions =
+            self.inner.options.row_filter.is_none() && self.filter_keeps_whole_files();
+        if !self.has_filters() || decided_by_partitions {
             return footer_rows(self.inner.clone()).await;
         }
         let mut options = self.inner.options.clone();
@@ -620,8 +671,12 @@ impl OpenedFile {
     /// A decoded batch of this file as a batch of the dataset (adapted to its schema when
     /// files may differ).
     fn finish_batch(&self, batch: RecordBatch, row_group: usize) -> Result<RecordBatch> {
-        match self.adapter.get() {
-            Some(adapter) => adapter.apply(&batch, row_group),
+        let batch = match self.adapter.get() {
+            Some(adapter) => adapter.apply(&batch, row_group)?,
+            None => batch,
+        };
+        match &self.partitions {
+            Some(partitions) => partitions.assemble(self.index, &batch, &self.entry.uri),
             None => Ok(batch),
         }
     }

@@ -13,6 +13,7 @@ use parquet::arrow::ProjectionMask;
 use super::evolve::Adapter;
 use super::footer::{read_footer, FOOTER_CONCURRENCY, MOST_FILES_OPENED_AHEAD};
 use super::page_locations::PageLocations;
+use super::partitions::FileFilter;
 use super::runtime::panic_message;
 use super::schema::{
     apply_dictionary_hints, apply_int96_unit, check_map_keys_required, check_same_schema,
@@ -21,16 +22,38 @@ use super::schema::{
 use super::{DatasetInner, FilteredWhole, OpenedFile, WholeDecode};
 use crate::error::{corrupt_from, ParquetError, Result};
 use crate::io::{FileEntry, ObjectFileReader, RangePolicy};
+use crate::predicate::Predicate;
 
 impl DatasetInner {
-    /// The files a [`ScanSkip`](super::ScanSkip) leaves, by index.
+    /// The files a [`ScanSkip`](super::ScanSkip) and the filter's terms on partition
+    /// columns leave, by index.
     pub(super) fn files_not_skipped(&self) -> Vec<usize> {
         (0..self.files.len())
             .filter(|&i| match &self.options.skip {
                 Some(s) => !s.0.skip_file(&self.files[i]),
                 None => true,
             })
+            .filter(|&i| !self.excluded_by_partition(i))
             .collect()
+    }
+
+    /// Whether the filter's terms on partition columns rule file `index` out.
+    pub(super) fn excluded_by_partition(&self, index: usize) -> bool {
+        self.partitions
+            .as_ref()
+            .is_some_and(|p| matches!(p.filter_of(index), FileFilter::Excluded))
+    }
+
+    /// The filter file `index`'s rows are read under: the dataset's, less what its
+    /// partition values decide.
+    fn filter_of_file(&self, index: usize) -> Option<&Predicate> {
+        match &self.partitions {
+            None => self.options.filter.as_ref(),
+            Some(partitions) => match partitions.filter_of(index) {
+                FileFilter::Rows(rows) => Some(rows),
+                FileFilter::All | FileFilter::Excluded => None,
+            },
+        }
     }
 
     /// Footers and read plans of files `indices`, in that order, `FOOTER_CONCURRENCY` read at
@@ -134,6 +157,9 @@ impl DatasetInner {
         check_map_keys_required(metadata.file_metadata().schema(), &path)?;
         let hinted = apply_dictionary_hints(&file_schema, &self.options.dictionary_columns, &path)?;
         let hinted = apply_int96_unit(&hinted, &metadata, self.options.int96_unit);
+        if let Some(partitions) = &self.partitions {
+            partitions.check_file(&hinted, &path)?;
+        }
         let reader_meta = ArrowReaderMetadata::try_new(
             metadata.clone(),
             ArrowReaderOptions::new().with_schema(hinted.clone()),
@@ -150,7 +176,7 @@ impl DatasetInner {
         let (projection, requested_roots) = resolve_projection(
             parquet_schema,
             &hinted,
-            present.as_deref().or(self.options.columns.as_deref()),
+            present.as_deref().or(self.file_columns.as_deref()),
             &path,
         )?;
         // Decoded batches hold the selected roots in file order; output follows the request.
@@ -177,7 +203,7 @@ impl DatasetInner {
             Some(first) => check_same_schema(first, &output_schema, &path, &self.files[0].uri)?,
             None => {}
         }
-        let (filter, filtered_whole) = match &self.options.filter {
+        let (filter, filtered_whole) = match self.filter_of_file(index) {
             None => (None, None),
             Some(predicate) => {
                 let bound = predicate.bind(&hinted, &path)?;
@@ -204,6 +230,7 @@ impl DatasetInner {
             whole,
             filtered_whole,
             page_locations: PageLocations::new(metadata.num_row_groups()),
+            partitions: self.partitions.clone(),
         };
         Ok((opened, footer.whole_file))
     }
@@ -286,7 +313,7 @@ impl DatasetInner {
     /// dataset's schema once known; else, while a union is being worked out, the requested
     /// columns or all). A file with none of them is an error.
     fn columns_present(&self, file_schema: &Schema, path: &str) -> Result<Vec<String>> {
-        let wanted: Vec<String> = match (self.schema.get(), &self.options.columns) {
+        let wanted: Vec<String> = match (self.schema.get(), &self.file_columns) {
             (Some(dataset), _) => dataset.fields().iter().map(|f| f.name().clone()).collect(),
             (None, Some(columns)) => columns.clone(),
             (None, None) => file_schema
@@ -295,11 +322,13 @@ impl DatasetInner {
                 .map(|f| f.name().clone())
                 .collect(),
         };
+        // (None wanted: only hive partition columns are read.)
+        let wanted_some = !wanted.is_empty();
         let present: Vec<String> = wanted
             .into_iter()
             .filter(|name| file_schema.index_of(name).is_ok())
             .collect();
-        if present.is_empty() {
+        if present.is_empty() && wanted_some {
             return Err(ParquetError::SchemaMismatch {
                 path: path.to_string(),
                 first: "the dataset's schema".into(),

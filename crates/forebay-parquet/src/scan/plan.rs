@@ -150,6 +150,14 @@ impl FileStatistics {
                 .iter()
                 .map(|field| {
                     let name = field.name().clone();
+                    // A hive partition column: no statistics said (unknown, never pruned by).
+                    if file
+                        .partitions
+                        .as_ref()
+                        .is_some_and(|p| p.schema.index_of(&name).is_ok())
+                    {
+                        return (name, None);
+                    }
                     if file.output_schema.index_of(&name).is_err() {
                         let rows = groups.iter().map(|g| g.num_rows().max(0) as u64).collect();
                         return (name, Some(RowGroupValues::Absent { rows }));

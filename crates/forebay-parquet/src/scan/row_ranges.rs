@@ -97,7 +97,11 @@ impl ParquetDataset {
 }
 
 async fn row_group_layout(inner: Arc<DatasetInner>) -> Result<Vec<FileRowGroups>> {
-    let opened = inner.open_in_order((0..inner.files.len()).collect());
+    // Files whose partition values the filter rules out are not part of the dataset here.
+    let files = (0..inner.files.len())
+        .filter(|&i| !inner.excluded_by_partition(i))
+        .collect();
+    let opened = inner.open_in_order(files);
     futures::pin_mut!(opened);
     let mut layout = Vec::with_capacity(inner.files.len());
     while let Some(file) = opened.next().await {
@@ -130,11 +134,17 @@ async fn drive_ranges(
     ranges: Vec<RowRange>,
     out: mpsc::Sender<BatchResult>,
 ) {
-    if inner.options.filter.is_some() || inner.options.row_filter.is_some() {
+    // A filter decided by partition values keeps whole files: their rows are the file's.
+    let whole_files = inner
+        .partitions
+        .as_ref()
+        .is_some_and(|p| p.decide_the_filter());
+    if (inner.options.filter.is_some() && !whole_files) || inner.options.row_filter.is_some() {
         let _ = out
             .send(Err(ParquetError::InvalidArgument(
                 "reading row ranges of a dataset with a filter: a range's rows must be the \
-                 file's rows; build the dataset without a filter"
+                 file's rows; build the dataset without a filter, or with one on hive \
+                 partition columns only"
                     .into(),
             )))
             .await;
