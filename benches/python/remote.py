@@ -4,12 +4,14 @@ in front of a moto S3 server on 127.0.0.1.
 
     python benches/python/remote.py [--latency 0.03,0.08] [--bandwidth 200e6] [--rounds 3]
                                     [--scale-factor 1] [--engines forebay,pyarrow,polars]
-                                    [--scenarios two,all,small,capped] [--cap-mib 256]
+                                    [--scenarios two,all,small,hive,capped] [--cap-mib 256]
                                     [--server moto|ranged]
 
 Scenarios: ``two`` = lineitem (8 files) l_orderkey and l_extendedprice; ``all`` = all 16
 columns; ``filtered`` = ``two`` where l_shipdate >= 1998-09-01 (~1.5 % of the rows, spread
-over every row group); ``small`` = 1,000 files of ~100 KB; ``capped`` = forebay alone streaming all 16
+over every row group); ``hive`` = ``two`` of lineitem's files uploaded under ``part=0`` ..
+``part=7/`` directories, filtered to ``part in (2, 5)`` (each engine's hive partitioning: 2 of
+the 8 files are read); ``small`` = 1,000 files of ~100 KB; ``capped`` = forebay alone streaming all 16
 columns with ``iter_batches`` under ``configure(memory_limit=--cap-mib)``, to set the
 system-wide memory rise (measured for every run) against the cap. Each engine reads in a
 fresh process, engines alternated by round; the proxy counts each run's requests, bytes and
@@ -53,9 +55,16 @@ TWO = ["l_orderkey", "l_extendedprice"]
 LATE = dt.date(1998, 9, 1)
 
 
-def child(
-    engine: str, uri: str, columns: list[str] | None, endpoint: str, filtered: bool = False
-) -> dict:
+#: The filter of the ``hive`` scenario, on its partition key.
+PARTS = [2, 5]
+
+
+def child(engine: str, uri: str, columns: list[str] | None, endpoint: str, kind: str) -> dict:
+    """One read; ``kind``: ``plain``, ``filtered`` (l_shipdate) or ``hive`` (a partition key)."""
+    filters: list | None = {
+        "filtered": [("l_shipdate", ">=", LATE)],
+        "hive": [("part", "in", PARTS)],
+    }.get(kind)
     # The clock covers the read, not the imports: each engine's library is imported first
     # (pyarrow and numpy are already, at the top of this script), then the process waits
     # for numpy's OpenBLAS threads to stop spinning, as every other benchmark here does.
@@ -84,7 +93,7 @@ def child(
         table = forebay.read_parquet(
             uri,
             columns=columns,
-            filter=[("l_shipdate", ">=", LATE)] if filtered else None,
+            filter=filters,
             storage_options={**S3_CREDENTIALS, "aws_endpoint": endpoint},
         ).to_arrow()
     elif engine == "pyarrow":
@@ -99,7 +108,7 @@ def child(
             uri.removeprefix("s3://"),
             columns=columns,
             filesystem=fs,
-            filters=[("l_shipdate", ">=", LATE)] if filtered else None,
+            filters=filters,
         )
     elif engine == "polars":
         options = {
@@ -109,8 +118,13 @@ def child(
             "aws_secret_access_key": S3_CREDENTIALS["aws_secret_access_key"],
             "aws_region": S3_CREDENTIALS["aws_region"],
         }
-        frame = pl.scan_parquet(uri + "*.parquet", storage_options=options)
-        if filtered:
+        if kind == "hive":
+            frame = pl.scan_parquet(
+                uri + "**/*.parquet", storage_options=options, hive_partitioning=True
+            ).filter(pl.col("part").is_in(PARTS))
+        else:
+            frame = pl.scan_parquet(uri + "*.parquet", storage_options=options)
+        if kind == "filtered":
             frame = frame.filter(pl.col("l_shipdate") >= LATE)
         if columns is not None:
             frame = frame.select(columns)
@@ -186,8 +200,8 @@ def selected_bytes(paths: list[Path], columns: list[str] | None) -> int:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        engine, uri, columns, endpoint, filtered = sys.argv[2:7]
-        print(json.dumps(child(engine, uri, json.loads(columns), endpoint, filtered == "1")))
+        engine, uri, columns, endpoint, kind = sys.argv[2:7]
+        print(json.dumps(child(engine, uri, json.loads(columns), endpoint, kind)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", default="0.03,0.08", help="seconds, comma-separated")
@@ -216,6 +230,7 @@ def main() -> int:
         "all": (f"s3://{BUCKET}/lineitem/", None, lineitem),
         "capped": (f"s3://{BUCKET}/lineitem/", None, lineitem),
         "filtered": (f"s3://{BUCKET}/lineitem/", TWO, lineitem),
+        "hive": (f"s3://{BUCKET}/hive/", TWO, [lineitem[p] for p in PARTS]),
     }
     wanted = args.scenarios.split(",")
     server = None
@@ -224,6 +239,9 @@ def main() -> int:
     with moto_s3(tmp / "moto.log", server) as (client, endpoint):
         client.create_bucket(Bucket=BUCKET)
         upload(client, lineitem, "lineitem")
+        if "hive" in wanted:
+            for part, path in enumerate(lineitem):
+                upload(client, [path], f"hive/part={part}")
         if "small" in wanted:
             small = small_files(tmp / "small")
             upload(client, small, "small")
@@ -255,7 +273,7 @@ def main() -> int:
                                     uri,
                                     json.dumps(columns),
                                     proxy.endpoint,
-                                    "1" if name == "filtered" else "0",
+                                    name if name in ("filtered", "hive") else "plain",
                                 )
                             result["rise_mb"] = round(memory.rise_mb)
                             # CPU of the engine's process, and of the rig on the same cores:

@@ -110,6 +110,9 @@ def test_hive_partition_columns_through_ray_read_tasks(cluster, tmp_path: Path) 
         )
     )
     assert sorted(out["x"].to_pylist()) == [1, 3, 5, 7]
+    # Every file ruled out: no rows, and the schema still said.
+    nothing = fray.read_parquet(str(root), filter=[("year", "=", 1999)])
+    assert nothing.count() == 0 and nothing.schema().names == ["x", "year"]
     plain = fray.ForebayParquetDatasource(str(root), partitioning=None)
     assert plain.schema.names == ["x"]
 

@@ -138,6 +138,10 @@ def _read_task(
         yield schema.empty_table()
 
 
+def _no_rows(schema: pa.Schema) -> Iterator[pa.Table]:
+    yield schema.empty_table()
+
+
 class ForebayParquetDatasource(Datasource):
     """A Ray Data datasource reading Parquet through forebay.
 
@@ -282,6 +286,12 @@ class ForebayParquetDatasource(Datasource):
         per_task_row_limit: int | None = None,
         data_context: Any = None,
     ) -> list[ReadTask]:
+        if not self._files:
+            # The filter's terms on partition keys ruled out every file: one task saying the
+            # schema (Ray Data has none for a dataset of no blocks).
+            metadata = BlockMetadata(num_rows=0, size_bytes=0, input_files=(), exec_stats=None)
+            read = functools.partial(_no_rows, self._schema)
+            return [ReadTask(read, metadata, schema=self._schema)]
         tasks = []
         for pieces in self.tasks(parallelism):
             files = [self._files[p.file] for p in pieces]

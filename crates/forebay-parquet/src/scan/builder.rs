@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use arrow_schema::{SchemaRef, TimeUnit};
 use parquet::file::metadata::ParquetMetaData;
 
-use super::partitions::Partitions;
+use super::partitions::{FileFilter, Partitions};
 use super::runtime::default_threads;
 use super::{DatasetInner, ParquetDataset};
 use crate::error::{ParquetError, Result};
@@ -441,7 +441,6 @@ impl ParquetDatasetBuilder {
             .min(default_threads())
             .max(1);
         let inner = Arc::new(DatasetInner {
-            files,
             io,
             scan_metrics: Arc::default(),
             threads,
@@ -456,15 +455,23 @@ impl ParquetDatasetBuilder {
             schema: OnceLock::new(),
             page_buffers: Arc::default(),
             filter_selectivity: Default::default(),
+            schema_file: (0..files.len())
+                .find(|&i| {
+                    partitions
+                        .as_ref()
+                        .is_none_or(|p| !matches!(p.filter_of(i), FileFilter::Excluded))
+                })
+                .unwrap_or(0),
             partitions,
             file_columns,
+            files,
             options: self,
         });
         let files_schema = if inner.options.evolves() {
             super::evolve::dataset_schema(&inner).await?
         } else {
-            inner.request_footers_ahead(0);
-            let first = inner.open(0).await?;
+            inner.request_footers_ahead(inner.schema_file);
+            let first = inner.open(inner.schema_file).await?;
             let _ = inner.schema.set(first.output_schema.clone());
             first.output_schema.clone()
         };
@@ -472,7 +479,12 @@ impl ParquetDatasetBuilder {
             partitions.finish(&files_schema)?;
         }
         if inner.options.fetch_ahead.is_none() {
-            if let Some(first) = inner.opened.lock().expect("cache lock").get(&0) {
+            if let Some(first) = inner
+                .opened
+                .lock()
+                .expect("cache lock")
+                .get(&inner.schema_file)
+            {
                 let units = super::fetch_ahead::default_fetch_ahead(first);
                 inner.fetch_ahead.store(units, Ordering::Relaxed);
             }

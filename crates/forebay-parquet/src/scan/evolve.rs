@@ -150,7 +150,7 @@ pub(super) async fn dataset_schema(inner: &Arc<DatasetInner>) -> Result<SchemaRe
             Some(columns) => project(given, columns, "the schema given")?,
         };
         let _ = inner.schema.set(schema.clone());
-        inner.open(0).await?;
+        inner.open(inner.schema_file).await?;
         return Ok(schema);
     }
     let opened: Vec<Arc<OpenedFile>> = inner

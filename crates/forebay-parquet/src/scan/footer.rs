@@ -120,7 +120,12 @@ impl DatasetInner {
     /// time is ~63 round trips one after another).
     /// The scan's window counts their bytes (`ParquetDataset::scan_window_bytes`).
     pub(super) fn files_opened_ahead(&self, units: usize) -> usize {
-        let first = self.opened.lock().expect("cache lock").get(&0).cloned();
+        let first = self
+            .opened
+            .lock()
+            .expect("cache lock")
+            .get(&self.schema_file)
+            .cloned();
         match first {
             Some(first) => self.files_opened_ahead_after(&first.entry, units),
             None => FOOTER_CONCURRENCY,

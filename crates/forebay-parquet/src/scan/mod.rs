@@ -157,6 +157,9 @@ struct DatasetInner {
     partitions: Option<Arc<partitions::Partitions>>,
     /// The columns read from the files (`with_columns` without partition keys; None: all).
     file_columns: Option<Vec<String>>,
+    /// The file whose footer gives the dataset's schema (and the scan's estimates): the
+    /// first one not ruled out by its partition values (the first, without).
+    schema_file: usize,
 }
 
 impl Drop for DatasetInner {
@@ -389,6 +392,7 @@ impl ParquetDataset {
                 filter_selectivity: Default::default(),
                 partitions: inner.partitions.clone(),
                 file_columns: inner.file_columns.clone(),
+                schema_file: inner.schema_file,
             }),
         }
     }
@@ -470,7 +474,7 @@ impl ParquetDataset {
     /// groups ahead of their decoding ([`scan_fetching_ahead`](Self::scan_fetching_ahead)).
     pub fn scan_window_bytes_fetching_ahead(&self, units: usize) -> u64 {
         let opened = self.inner.opened.lock().expect("cache lock");
-        let Some(file) = opened.get(&0) else {
+        let Some(file) = opened.get(&self.inner.schema_file) else {
             return 0;
         };
         let SelectedSizes {

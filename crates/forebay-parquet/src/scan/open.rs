@@ -200,7 +200,10 @@ impl DatasetInner {
             Some(dataset) if self.options.evolves() => {
                 let _ = adapter.set(Adapter::new(&output_schema, dataset.clone(), &path)?);
             }
-            Some(first) => check_same_schema(first, &output_schema, &path, &self.files[0].uri)?,
+            Some(first) => {
+                let first_path = &self.files[self.schema_file].uri;
+                check_same_schema(first, &output_schema, &path, first_path)?
+            }
             None => {}
         }
         let (filter, filtered_whole) = match self.filter_of_file(index) {
