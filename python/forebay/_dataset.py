@@ -668,7 +668,8 @@ class Dataset:
         ``flat_decoder_chunks`` (column chunks decoded by forebay's own decoders rather than
         the parquet crate's), ``row_groups_pages_located`` (row groups of files without a
         page index whose pages forebay located so that reading part of one reads only its
-        pages, as a training stream does).
+        pages, as a training stream does), ``files_pruned_by_partition`` (files a filter's
+        terms on hive partition keys ruled out: neither footer nor data read).
         """
         return self._inner.metrics()
 
