@@ -13,6 +13,9 @@ polars DataFrame) for the selected rows:
   (p) all 16 columns of a copy written by pyarrow with its defaults, as most files users
       have are: every column nullable (OPTIONAL), strings as `string` (not views), decimals
       as FIXED_LEN_BYTE_ARRAY, Snappy
+  (h) 2 columns where year = 1995 of a copy hive-partitioned by l_shipdate's year (written
+      by DuckDB: year=1992/ .. year=1998/), each engine reading the directory with its own
+      hive partitioning (about 1/7 of the rows)
 Engines run interleaved (A B C D, A B C D, ...); medians of --rounds runs; ratios are
 engine time / forebay time (> 1 means forebay is faster). Then the peak memory of
 streaming all 16 columns, each engine in a fresh subprocess: rise of system used memory
@@ -36,9 +39,10 @@ from measure import SystemMemorySampler, peak_rss_mb, tpch_lineitem
 
 COLUMNS_2 = ["l_orderkey", "l_extendedprice"]
 CUTOFF = dt.date(1998, 9, 1)
-# Scenario filters: (operator, date) on l_shipdate.
-LATE = (">=", CUTOFF)
-Q1 = ("<=", dt.date(1998, 9, 2))
+# Scenario filters: (column, operator, value).
+LATE = ("l_shipdate", ">=", CUTOFF)
+Q1 = ("l_shipdate", "<=", dt.date(1998, 9, 2))
+HIVE_YEAR = ("year", "=", 1995)
 Q1_COLUMNS = [
     "l_returnflag",
     "l_linestatus",
@@ -91,6 +95,24 @@ def pyarrow_copy(raw: Path) -> Path:
     return out
 
 
+def hive_copy(raw: Path) -> Path:
+    """lineitem under year=<l_shipdate's year>/ directories (the key not in the files)."""
+    out = raw.parent / "lineitem_hive_by_year"
+    if not out.exists():
+        import duckdb
+        import pyarrow.parquet as pq
+
+        first = sorted(raw.glob("*.parquet"))[0]
+        rg_rows = pq.ParquetFile(first).metadata.row_group(0).num_rows
+        tmp = out.with_name(out.name + ".tmp")
+        duckdb.connect().execute(
+            f"COPY (SELECT *, year(l_shipdate) AS year FROM read_parquet('{raw}/*.parquet')) "
+            f"TO '{tmp}' (FORMAT parquet, PARTITION_BY (year), ROW_GROUP_SIZE {rg_rows})"
+        )
+        tmp.rename(out)
+    return out
+
+
 def parquet_files(directory: Path) -> list[str]:
     return sorted(str(p) for p in directory.glob("*.parquet"))
 
@@ -98,12 +120,13 @@ def parquet_files(directory: Path) -> list[str]:
 # ---------------------------------------------------------------- engines
 
 
+# Each engine reads `files`: a list of files, or a directory read with hive partitioning.
+
+
 def run_forebay(files, columns, flt):
     import forebay
 
-    ds = forebay.read_parquet(
-        files, columns=columns, filter=[("l_shipdate", flt[0], flt[1])] if flt else None
-    )
+    ds = forebay.read_parquet(files, columns=columns, filter=[flt] if flt else None)
     rows = 0
     for batch in ds:
         rows += batch.num_rows
@@ -113,20 +136,21 @@ def run_forebay(files, columns, flt):
 def compare(left, op, right):
     import operator
 
-    return {">=": operator.ge, "<=": operator.le}[op](left, right)
+    return {">=": operator.ge, "<=": operator.le, "=": operator.eq}[op](left, right)
 
 
 def run_pyarrow(files, columns, flt):
     import pyarrow as pa
     import pyarrow.dataset as pds
 
-    d = pds.dataset(files, format="parquet")
+    hive = "hive" if isinstance(files, str) else None
+    d = pds.dataset(files, format="parquet", partitioning=hive)
     # pyarrow 26 cannot filter string_view (what tpchgen writes); read those as string.
     schema = pa.schema(
         [f.with_type(pa.string()) if f.type == pa.string_view() else f for f in d.schema]
     )
-    d = pds.dataset(files, format="parquet", schema=schema)
-    expr = compare(pds.field("l_shipdate"), *flt) if flt else None
+    d = pds.dataset(files, format="parquet", schema=schema, partitioning=hive)
+    expr = compare(pds.field(flt[0]), *flt[1:]) if flt else None
     rows = 0
     for batch in d.to_batches(columns=columns, filter=expr):
         rows += batch.num_rows
@@ -136,9 +160,12 @@ def run_pyarrow(files, columns, flt):
 def run_polars(files, columns, flt):
     import polars as pl
 
-    q = pl.scan_parquet(files)
+    if isinstance(files, str):
+        q = pl.scan_parquet(files, hive_partitioning=True)
+    else:
+        q = pl.scan_parquet(files)
     if flt:
-        q = q.filter(compare(pl.col("l_shipdate"), *flt))
+        q = q.filter(compare(pl.col(flt[0]), *flt[1:]))
     if columns:
         q = q.select(columns)
     return q.collect().height, None
@@ -149,9 +176,16 @@ def run_duckdb(files, columns, flt):
 
     con = duckdb.connect()
     cols = ", ".join(columns) if columns else "*"
-    where = f" WHERE l_shipdate {flt[0]} DATE '{flt[1]}'" if flt else ""
-    listing = "[" + ", ".join(f"'{f}'" for f in files) + "]"
-    reader = con.sql(f"SELECT {cols} FROM read_parquet({listing}){where}").to_arrow_reader(65536)
+    where = ""
+    if flt:
+        column, op, value = flt
+        literal = f"DATE '{value}'" if isinstance(value, dt.date) else repr(value)
+        where = f" WHERE {column} {op} {literal}"
+    if isinstance(files, str):
+        source = f"read_parquet('{files}/**/*.parquet', hive_partitioning = true)"
+    else:
+        source = "read_parquet([" + ", ".join(f"'{f}'" for f in files) + "])"
+    reader = con.sql(f"SELECT {cols} FROM {source}{where}").to_arrow_reader(65536)
     rows = 0
     for batch in reader:
         rows += batch.num_rows
@@ -228,6 +262,7 @@ def main() -> int:
     raw_files, clustered_files = parquet_files(raw), parquet_files(clustered)
     wanted = set(args.scenarios.split(","))
     pyarrow_files = parquet_files(pyarrow_copy(raw)) if "p" in wanted else []
+    hive_root = str(hive_copy(raw)) if "h" in wanted else ""
     import duckdb
     import polars
     import pyarrow
@@ -248,6 +283,7 @@ def main() -> int:
         ("c", "(c'') unfiltered scan of the clustered copy", clustered_files, None, None),
         ("d", "(d) Q1's 6 columns, l_shipdate <= 1998-09-02 (~98%)", raw_files, Q1_COLUMNS, Q1),
         ("p", "(p) all 16 columns, the copy pyarrow wrote", pyarrow_files, None, None),
+        ("h", "(h) 2 columns where year = 1995, hive by year", hive_root, COLUMNS_2, HIVE_YEAR),
     ]
     results = (
         []

@@ -22,6 +22,7 @@
 //! error too. A file that has a column of a key's name is an error: which value would be
 //! right is not knowable.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use arrow_array::{new_null_array, Array, ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -146,18 +147,26 @@ impl Partitions {
         let all = RecordBatch::try_new(schema.clone(), key_columns)
             .map_err(|e| ParquetError::InvalidArgument(format!("partition columns: {e}")))?;
         let values: Vec<RecordBatch> = (0..files.len()).map(|i| all.slice(i, 1)).collect();
-        let filters = files
-            .iter()
-            .zip(&values)
-            .map(|(file, values)| match filter {
-                None => Ok(FileFilter::All),
-                Some(filter) => Ok(match filter.with_constants(values, &file.uri)? {
-                    Simplified::True => FileFilter::All,
-                    Simplified::False => FileFilter::Excluded,
-                    Simplified::Rows(rows) => FileFilter::Rows(rows),
-                }),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // Decided once per distinct set of values (a directory's files share them).
+        let mut decided: HashMap<&[(String, Option<String>)], FileFilter> = HashMap::new();
+        let mut filters = Vec::with_capacity(files.len());
+        for ((file, values), pairs) in files.iter().zip(&values).zip(&pairs) {
+            let Some(filter) = filter else {
+                filters.push(FileFilter::All);
+                continue;
+            };
+            if let Some(known) = decided.get(pairs.as_slice()) {
+                filters.push(known.clone());
+                continue;
+            }
+            let this = match filter.with_constants(values, &file.uri)? {
+                Simplified::True => FileFilter::All,
+                Simplified::False => FileFilter::Excluded,
+                Simplified::Rows(rows) => FileFilter::Rows(rows),
+            };
+            decided.insert(pairs.as_slice(), this.clone());
+            filters.push(this);
+        }
         Ok(Some(Partitions {
             schema,
             values,
