@@ -410,6 +410,9 @@ def test_write_parquet_of_hive_inputs_keeps_the_keys_exactly_once(cluster, tmp_p
     ]
     again = job()
     assert again["rows"] == 0 and again["resume"]["files_done"] == 2
+    none = fray.read_parquet(str(root), filter=[("year", "=", 1999)])
+    with pytest.raises(ValueError, match="rule out every input file"):
+        fray.write_parquet(none, tmp_path / "none", checkpoint=ckpt)
 
 
 def test_write_parquet_a_changed_scan_filter_is_detected(

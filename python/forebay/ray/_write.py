@@ -288,6 +288,11 @@ def write_parquet(
         )
     if source.checkpointed is not None:
         raise RuntimeError("this dataset is being written with a checkpoint already")
+    if not source.files:
+        raise ValueError(
+            "the filter's terms on hive partition keys rule out every input file: there is "
+            "nothing to write (and no input for the checkpoint to record)"
+        )
     cpus = cluster_cpus()
     actors_given = num_filter_actors is not None
     num_filter_actors = check_resources(
