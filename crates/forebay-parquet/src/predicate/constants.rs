@@ -90,33 +90,34 @@ fn partial(
                 (false, true) => against_constant(left, *op, right, constants, positive),
             }
         }
-        Predicate::And(terms) => {
-            let mut rows = Vec::new();
-            for term in terms {
-                match partial(term, constants, positive, path)? {
-                    Partial::Known(false) => return Ok(Partial::Known(false)),
-                    Partial::Known(true) => {}
-                    Partial::Rows(r) => rows.push(r),
-                }
-            }
-            Ok(combined(rows, true, Predicate::And))
-        }
-        Predicate::Or(terms) => {
-            let mut rows = Vec::new();
-            for term in terms {
-                match partial(term, constants, positive, path)? {
-                    Partial::Known(true) => return Ok(Partial::Known(true)),
-                    Partial::Known(false) => {}
-                    Partial::Rows(r) => rows.push(r),
-                }
-            }
-            Ok(combined(rows, false, Predicate::Or))
-        }
+        Predicate::And(terms) => junction(terms, false, Predicate::And, constants, positive, path),
+        Predicate::Or(terms) => junction(terms, true, Predicate::Or, constants, positive, path),
         Predicate::Not(inner) => Ok(match partial(inner, constants, !positive, path)? {
             Partial::Known(value) => Partial::Known(!value),
             Partial::Rows(rows) => Partial::Rows(Predicate::Not(Box::new(rows))),
         }),
     }
+}
+
+/// The terms of an `and` (`absorbing` false) or an `or` (`absorbing` true): a term known to
+/// be `absorbing` decides it, one known to be the other drops out.
+fn junction(
+    terms: &[Predicate],
+    absorbing: bool,
+    join: fn(Vec<Predicate>) -> Predicate,
+    constants: &RecordBatch,
+    positive: bool,
+    path: &str,
+) -> Result<Partial> {
+    let mut rows = Vec::new();
+    for term in terms {
+        match partial(term, constants, positive, path)? {
+            Partial::Known(value) if value == absorbing => return Ok(Partial::Known(absorbing)),
+            Partial::Known(_) => {}
+            Partial::Rows(r) => rows.push(r),
+        }
+    }
+    Ok(combined(rows, !absorbing, join))
 }
 
 /// The terms left of an `and`/`or`: none is its identity (`empty`), one is itself.
