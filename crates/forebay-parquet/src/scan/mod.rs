@@ -430,12 +430,7 @@ impl ParquetDataset {
     /// some files and drops the others whole (see
     /// [`with_hive_partitioning`](ParquetDatasetBuilder::with_hive_partitioning)).
     pub fn filter_keeps_whole_files(&self) -> bool {
-        self.inner.options.filter.is_some()
-            && self
-                .inner
-                .partitions
-                .as_ref()
-                .is_some_and(|p| p.decide_the_filter())
+        self.inner.filter_keeps_whole_files()
     }
 
     /// Counters: requests and bytes read, row groups and rows pruned.

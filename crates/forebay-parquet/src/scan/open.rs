@@ -44,6 +44,15 @@ impl DatasetInner {
             .is_some_and(|p| matches!(p.filter_of(index), FileFilter::Excluded))
     }
 
+    /// [`ParquetDataset::filter_keeps_whole_files`](super::ParquetDataset::filter_keeps_whole_files).
+    pub(super) fn filter_keeps_whole_files(&self) -> bool {
+        self.options.filter.is_some()
+            && self
+                .partitions
+                .as_ref()
+                .is_some_and(|p| p.decide_the_filter())
+    }
+
     /// The filter file `index`'s rows are read under: the dataset's, less what its
     /// partition values decide.
     fn filter_of_file(&self, index: usize) -> Option<&Predicate> {

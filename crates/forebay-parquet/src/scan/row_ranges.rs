@@ -135,11 +135,8 @@ async fn drive_ranges(
     out: mpsc::Sender<BatchResult>,
 ) {
     // A filter decided by partition values keeps whole files: their rows are the file's.
-    let whole_files = inner
-        .partitions
-        .as_ref()
-        .is_some_and(|p| p.decide_the_filter());
-    if (inner.options.filter.is_some() && !whole_files) || inner.options.row_filter.is_some() {
+    let rows_filtered = inner.options.filter.is_some() && !inner.filter_keeps_whole_files();
+    if rows_filtered || inner.options.row_filter.is_some() {
         let _ = out
             .send(Err(ParquetError::InvalidArgument(
                 "reading row ranges of a dataset with a filter: a range's rows must be the \
