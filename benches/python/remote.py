@@ -5,7 +5,7 @@ in front of a moto S3 server on 127.0.0.1.
     python benches/python/remote.py [--latency 0.03,0.08] [--bandwidth 200e6] [--rounds 3]
                                     [--scale-factor 1] [--engines forebay,pyarrow,polars]
                                     [--scenarios two,all,small,hive,capped] [--cap-mib 256]
-                                    [--server moto|ranged]
+                                    [--server moto|ranged|lite]
 
 Scenarios: ``two`` = lineitem (8 files) l_orderkey and l_extendedprice; ``all`` = all 16
 columns; ``filtered`` = ``two`` where l_shipdate >= 1998-09-01 (~1.5 % of the rows, spread
@@ -23,6 +23,10 @@ selected column chunks (footers included).
 ``--server ranged`` puts ranged_moto.py behind the proxy instead of stock moto: the same
 server, answering a ranged GET by reading only the range (stock moto reads the whole object
 for each, ~5 ms of CPU a request on lineitem's 29 MB files, on the reader's own cores).
+``--server lite`` puts lite_s3.py there: objects in memory, ~0.4 ms of CPU a request where
+moto's request handling alone costs ~1.8 ms. The server runs on the reader's 2 cores where
+S3's runs on its own machines, so the cheaper the server, the closer the rig is to the link
+it models (latency and bandwidth, the proxy's).
 """
 
 from __future__ import annotations
@@ -147,9 +151,8 @@ def moto_cpu_seconds() -> float:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if (b"moto.server" in cmdline or b"ranged_moto" in cmdline) and int(
-            fields[1]
-        ) == os.getpid():
+        server = b"moto.server" in cmdline or b"ranged_moto" in cmdline or b"lite_s3" in cmdline
+        if server and int(fields[1]) == os.getpid():
             total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
     return total
 
@@ -213,10 +216,11 @@ def main() -> int:
     parser.add_argument("--cap-mib", type=int, default=256, help="memory cap of `capped`")
     parser.add_argument(
         "--server",
-        choices=["moto", "ranged"],
+        choices=["moto", "ranged", "lite"],
         default="moto",
         help="the S3 server behind the proxy: stock moto (a ranged GET reads the whole object) "
-        "or ranged_moto.py (reads only the range, as S3's cost follows the bytes)",
+        "or ranged_moto.py (reads only the range, as S3's cost follows the bytes) or lite_s3.py "
+        "(objects in memory, ~20x less CPU a request than moto)",
     )
     parser.add_argument("--data-dir", default=str(HERE.parents[1] / "bench-data"))
     args = parser.parse_args()
@@ -234,8 +238,9 @@ def main() -> int:
     }
     wanted = args.scenarios.split(",")
     server = None
-    if args.server == "ranged":
-        server = [sys.executable, str(HERE / "ranged_moto.py")]
+    if args.server in ("ranged", "lite"):
+        script = {"ranged": "ranged_moto.py", "lite": "lite_s3.py"}[args.server]
+        server = [sys.executable, str(HERE / script)]
     with moto_s3(tmp / "moto.log", server) as (client, endpoint):
         client.create_bucket(Bucket=BUCKET)
         upload(client, lineitem, "lineitem")
