@@ -793,7 +793,10 @@ mod tests {
         let (at, capacity) = (packed.as_ptr() as usize, packed.capacity());
         let bytes = allocation_as_bytes(packed);
         assert!(bytes.is_empty());
-        assert_eq!((bytes.as_ptr() as usize, bytes.capacity()), (at, capacity * 12));
+        assert_eq!(
+            (bytes.as_ptr() as usize, bytes.capacity()),
+            (at, capacity * 12)
+        );
         // A buffer large enough is used as it is; a smaller one is replaced.
         let remainders = Remainders::in_buffer(16, 1200, bytes);
         assert_eq!(remainders.bytes.as_ptr() as usize, at);
