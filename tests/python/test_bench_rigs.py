@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +17,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
 import forebay
-from conftest import S3_CREDENTIALS, start_moto_server
+from conftest import S3_CREDENTIALS, moto_s3
 from latency_proxy import LatencyProxy
 
 LITE_S3 = Path(__file__).resolve().parents[2] / "benches" / "python" / "lite_s3.py"
@@ -27,19 +26,9 @@ LITE_S3 = Path(__file__).resolve().parents[2] / "benches" / "python" / "lite_s3.
 @pytest.fixture(scope="module")
 def lite(tmp_path_factory):
     log = tmp_path_factory.mktemp("lite") / "lite.log"
-    proc, endpoint, handle = start_moto_server(log, [sys.executable, str(LITE_S3)])
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    client.create_bucket(Bucket="rig")
-    yield client, endpoint
-    proc.terminate()
-    proc.wait(timeout=10)
-    handle.close()
+    with moto_s3(log, [sys.executable, str(LITE_S3)]) as (client, endpoint):
+        client.create_bucket(Bucket="rig")
+        yield client, endpoint
 
 
 def test_objects_round_trip_whole_ranged_and_multipart(lite, tmp_path):
