@@ -13,6 +13,7 @@ a script works as written, with or without ``if __name__ == "__main__":``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -20,6 +21,7 @@ import socket
 import struct
 import sys
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 INIT, READY, INIT_FAILED, TASK, DONE, FAILED, SHUTDOWN = 1, 2, 3, 4, 5, 6, 7
@@ -98,19 +100,27 @@ def _load_spec(payload: bytes) -> Any:
     return pickle.loads(envelope["spec"])
 
 
-def _put_output(store: Any, batch: Any) -> int:
-    """Put an output batch into the run's store; a full store is the memory limit's doing."""
+@contextlib.contextmanager
+def _store_full_is_the_memory_limit(what: str) -> Iterator[None]:
+    """A full store is the memory limit's doing: say which settings would make room. The
+    store is full when a worker puts its output, and also when it gets its input back from
+    disk (the run spilled it while the store was full)."""
     from forebay._forebay import MemoryLimitExceeded, StoreFullError
 
     try:
-        return int(store.put(batch)._id)
+        yield
     except StoreFullError as e:
         raise MemoryLimitExceeded(
-            f"a worker's output batch did not fit the run's shared-memory object store, "
-            f"which gets a quarter of the memory limit ({e}); raise "
-            f"forebay.configure(memory_limit=...), use smaller batches (batch_size) or fewer "
-            f"workers (concurrency)"
+            f"{what} did not fit the run's shared-memory object store, which gets a quarter "
+            f"of the memory limit ({e}); raise forebay.configure(memory_limit=...), use "
+            f"smaller batches (batch_size) or fewer workers (concurrency)"
         ) from None
+
+
+def _put_output(store: Any, batch: Any) -> int:
+    """Put an output batch into the run's store."""
+    with _store_full_is_the_memory_limit("a worker's output batch"):
+        return int(store.put(batch)._id)
 
 
 def main() -> None:
@@ -141,7 +151,8 @@ def main() -> None:
         try:
             (object_id,) = struct.unpack("<16s", payload[8:24])
             ref = ObjectRef(int.from_bytes(object_id, "little"), store.path)
-            table = store.get(ref)
+            with _store_full_is_the_memory_limit("a worker's input batch, back from disk,"):
+                table = store.get(ref)
             outputs = []
             for batch in table.to_batches():
                 outputs.extend(run(batch))

@@ -510,6 +510,25 @@ def test_every_pipeline_finishes_or_says_which_cap_would_do(sweep_inputs, tmp_pa
             assert outcome == f"rows {rows}", line
 
 
+def test_a_worker_whose_input_comes_back_from_disk_into_a_full_store_names_the_limit(tmp_path):
+    """The run spills a queued task's input while the store is full; the worker gets it back
+    (a restore needs room too). No room is the memory limit's doing, as for its outputs."""
+    from forebay._store import ObjectStore
+    from forebay._worker import _store_full_is_the_memory_limit
+
+    with ObjectStore(capacity="4MiB", spill_dir=str(tmp_path / "spill"), put_timeout=0.2) as store:
+        queued = store.put(np.full(600_000, 7, dtype=np.int32))  # 2.4 MB, not pinned
+        working = store.get(store.put(np.zeros(600_000, dtype=np.int32)))  # spills `queued`
+        assert store.stats()["resident_objects"] == 1
+        restoring = _store_full_is_the_memory_limit("a worker's input batch, back from disk,")
+        with pytest.raises(forebay.MemoryLimitExceeded) as raised, restoring:
+            store.get(queued)
+        message = str(raised.value)
+        assert "input batch" in message and "memory_limit" in message, message
+        del working
+        assert np.array_equal(store.get(queued), np.full(600_000, 7, dtype=np.int32))
+
+
 # ---------------------------------------------------------------- what Ray users expect
 
 
