@@ -656,18 +656,27 @@ fn serve(
     }
 }
 
+/// Number `outputs` and push them into the output queue together; `Ok(false)`: the
+/// consumer side closed.
+fn push_outputs(r: &Running, mut outputs: Vec<EngineBatch>) -> Result<bool> {
+    for b in &mut outputs {
+        b.seq = r.out_seq.fetch_add(1, Ordering::Relaxed);
+    }
+    let rows: Vec<usize> = outputs.iter().map(|b| b.batch.num_rows()).collect();
+    let pushed = r.output.push_all(outputs, r.resources.cancel_token())?;
+    if pushed {
+        rows.into_iter().for_each(|n| r.counters.record_out(n));
+    }
+    Ok(pushed)
+}
+
 /// Hand a task's outputs downstream (in task order when order is preserved).
 fn emit(r: &Running, index: u64, outputs: Vec<EngineBatch>) -> Result<()> {
-    let cancel = r.resources.cancel_token();
     match &r.reorder {
         None => {
-            for mut b in outputs {
-                b.seq = r.out_seq.fetch_add(1, Ordering::Relaxed);
-                r.counters.record_out(b.batch.num_rows());
-                if !r.output.push(b, cancel)? {
-                    r.input.close_receiver(); // downstream stopped (a limit): stop too
-                    return Ok(());
-                }
+            // One hand-over for the task's outputs (see `BatchQueue::push_all`).
+            if !push_outputs(r, outputs)? {
+                r.input.close_receiver(); // downstream stopped (a limit): stop too
             }
         }
         Some((reorder, turned)) => {
@@ -683,13 +692,8 @@ fn emit(r: &Running, index: u64, outputs: Vec<EngineBatch>) -> Result<()> {
                 });
             }
             // Pushed while holding the buffer, so that outputs leave in order.
-            for mut b in ready {
-                b.seq = r.out_seq.fetch_add(1, Ordering::Relaxed);
-                r.counters.record_out(b.batch.num_rows());
-                if !r.output.push(b, cancel)? {
-                    r.input.close_receiver();
-                    break;
-                }
+            if !push_outputs(r, ready)? {
+                r.input.close_receiver();
             }
             drop(state);
             turned.notify_all();
