@@ -352,7 +352,8 @@ class Dataset:
             ``None``: batches as produced.
         prefetch_batches: batches prepared ahead of the consumer (default 4), counted in the
             memory limit like everything else in flight; 0 and 1 both keep one batch ready
-            (the one being handed over).
+            (the one being handed over). The batches cut from one source batch are handed
+            over together, however many they are: they are slices of memory already held.
         batch_format: ``"pyarrow"`` (a ``pyarrow.Table`` over the data, no copy: a batch
             whose rows span two source batches has two chunks), ``"numpy"`` (dict of
             ndarrays, zero-copy for numeric columns without nulls that lie in one source

@@ -217,7 +217,8 @@ pub struct Pipeline {
 pub struct IterOptions {
     /// Rows per batch (re-chunked; the last may be smaller). `None`: as produced.
     pub batch_size: Option<usize>,
-    /// Batches ready ahead of the caller.
+    /// Batches ready ahead of the caller. The batches cut from one input batch (zero-copy
+    /// slices of memory already held) are made ready together, however many they are.
     pub prefetch_batches: usize,
     /// Drop the last batch if it is smaller than `batch_size`.
     pub drop_last: bool,
