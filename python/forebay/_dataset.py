@@ -416,7 +416,7 @@ class Dataset:
     @staticmethod
     def _batches(stream: _forebay.RsBatchStream, fmt: str | None) -> Iterator[Any]:
         while True:
-            state, pieces = stream.poll(0.1)
+            state, pieces, run = stream.poll(0.1)
             _config.log_events(stream.drain_events())
             if state == 2:
                 return
@@ -428,6 +428,14 @@ class Dataset:
                 yield pieces[0]
             else:
                 yield pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+            if run is not None:
+                # The next batches of the same input batch, handed over at once (one export
+                # instead of one per batch): cut here; the engine counts their memory until
+                # the next poll.
+                rest, rows = run
+                for start in range(0, rest.num_rows, rows):
+                    batch = rest.slice(start, rows)
+                    yield batch if fmt is None else to_format(batch, fmt)
 
     def write_parquet(
         self,

@@ -327,19 +327,29 @@ pub(crate) struct RsBatchStream {
 
 #[pymethods]
 impl RsBatchStream {
-    /// Wait up to `timeout` seconds with the GIL released: `(0, [RecordBatch, ...])` (the
-    /// zero-copy pieces of one output batch), `(1, None)` while nothing is ready, `(2, None)`
-    /// at the end; raises the run's error.
+    /// Wait up to `timeout` seconds with the GIL released: `(0, [RecordBatch, ...], run)`
+    /// (the zero-copy pieces of one output batch, then `None` or `(RecordBatch, rows)`: the
+    /// next batches of the same input batch as one, for the caller to cut into batches of
+    /// `rows` rows; see `BatchStream::take_rest_of_run`), `(1, None, None)` while nothing is
+    /// ready, `(2, None, None)` at the end; raises the run's error.
+    #[allow(clippy::type_complexity)]
     fn poll<'py>(
         &self,
         py: Python<'py>,
         timeout: f64,
-    ) -> PyResult<(u8, Option<Bound<'py, PyList>>)> {
-        let polled = py.detach(|| {
-            self.stream
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .next_timeout(Duration::from_secs_f64(timeout.max(0.0)))
+    ) -> PyResult<(
+        u8,
+        Option<Bound<'py, PyList>>,
+        Option<(Bound<'py, PyAny>, usize)>,
+    )> {
+        let (polled, rest_of_run) = py.detach(|| {
+            let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+            let polled = stream.next_timeout(Duration::from_secs_f64(timeout.max(0.0)));
+            let rest_of_run = match polled {
+                Ok(Poll::Batch(_)) => stream.take_rest_of_run(),
+                _ => None,
+            };
+            (polled, rest_of_run)
         });
         match polled {
             Ok(Poll::Batch(pieces)) => {
@@ -347,10 +357,13 @@ impl RsBatchStream {
                 for b in pieces {
                     list.append(b.to_pyarrow(py)?)?;
                 }
-                Ok((0, Some(list)))
+                let rest_of_run = rest_of_run
+                    .map(|(batch, each)| Ok::<_, PyErr>((batch.to_pyarrow(py)?, each)))
+                    .transpose()?;
+                Ok((0, Some(list), rest_of_run))
             }
-            Ok(Poll::Pending) => Ok((1, None)),
-            Ok(Poll::Done) => Ok((2, None)),
+            Ok(Poll::Pending) => Ok((1, None, None)),
+            Ok(Poll::Done) => Ok((2, None, None)),
             Err(e) => Err(engine_err(py, e)),
         }
     }

@@ -497,6 +497,52 @@ def test_iter_batches_sizes_order_and_drop_last(data):
     assert [b.num_rows for b in dropped] == [3000] * 6
 
 
+@pytest.mark.parametrize("batch_size", [1, 7, 100, 256, 1200, 5001])
+def test_small_batches_cut_from_one_row_group_come_out_whole_and_in_order(data, batch_size):
+    """The batches inside one row group are handed over together and cut in Python: the
+    same rows, sizes and order as batches cut one by one, in every format."""
+    ds = forebay.read_parquet(str(data), columns=["id", "text"])
+    expected_sizes = [batch_size] * (ROWS // batch_size) + [ROWS % batch_size] * bool(
+        ROWS % batch_size
+    )
+    batches = list(ds.iter_batches(batch_size=batch_size, preserve_order=True))
+    assert [b.num_rows for b in batches] == expected_sizes
+    assert pa.concat_tables(batches).equals(pq.read_table(data, columns=["id", "text"]))
+    dicts = list(ds.iter_batches(batch_size=batch_size, batch_format="numpy", preserve_order=True))
+    assert [len(d["id"]) for d in dicts] == expected_sizes
+    assert np.concatenate([d["id"] for d in dicts]).tolist() == list(range(ROWS))
+    kept = list(ds.iter_batches(batch_size=batch_size, drop_last=True, preserve_order=True))
+    assert [b.num_rows for b in kept] == [batch_size] * (ROWS // batch_size)
+
+
+def test_a_run_of_batches_handed_over_at_once_is_counted_until_the_next_poll(data):
+    """poll() hands over the rest of a row group's batches as one (zero-copy) batch; its
+    memory stays on the pool's books until the caller polls again."""
+    ds = forebay.read_parquet(str(data), columns=["id"])
+    stream = ds._pipeline(True).iter(100, 1, False)
+    rows, runs = [], 0
+    while True:
+        state, pieces, run = stream.poll(1.0)
+        if state == 2:
+            break
+        if state == 1:
+            continue
+        rows.extend(i for piece in pieces for i in piece.column(0).to_pylist())
+        if run is not None:
+            rest, each = run
+            assert each == 100 and rest.num_rows % 100 == 0 and rest.num_rows >= 100
+            held = stream.memory()["holders"]["iter_batches (prefetched)"]
+            assert held >= rest.get_total_buffer_size(), (held, rest.get_total_buffer_size())
+            rows.extend(rest.column(0).to_pylist())
+            runs += 1
+    assert rows == list(range(ROWS))
+    # Each row group (4 x 1,200 and 1 x 200 rows per file) is one run: 100-row batches
+    # never span two of them, and the first batch of each comes before its run.
+    assert runs == 20, runs
+    (shaped,) = [s for s in stream.stats()["stages"] if s["name"] == "iter_batches"]
+    assert (shaped["rows_out"], shaped["batches_out"]) == (ROWS, ROWS // 100)
+
+
 def slow_on_first_batch(batch):
     if batch["id"][0].as_py() == 0:
         time.sleep(0.5)
@@ -674,7 +720,7 @@ def test_memory_is_accounted_while_running(data):
         stream = ds._pipeline(False).iter(100, 4, False)
         samples = []
         while True:
-            state, _ = stream.poll(0.1)
+            state, _, _ = stream.poll(0.1)
             if state == 2:
                 break
             memory = stream.memory()

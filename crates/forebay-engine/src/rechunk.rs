@@ -8,10 +8,16 @@
 //!
 //! A chunk that lies inside one input batch is a zero-copy slice (it shares, and is charged
 //! through, the input's allocations); only a chunk that spans input batches is concatenated
-//! ([`Rechunker::push`]). [`Rechunker::push_pieces`] never copies: a chunk is handed out as
+//! ([`Rechunker::push`]). [`Rechunker::push_runs`] never copies: a chunk is handed out as
 //! the slices that make it up (iter_batches gives those to Python as one multi-chunk
 //! `pyarrow.Table`; with batch sizes that do not divide the row groups, nearly every chunk
-//! spans two input batches, so concatenating would copy almost all the data).
+//! spans two input batches, so concatenating would copy almost all the data), and the
+//! chunks inside one input batch as one slice of them all, cut by the caller:
+//!
+//! ```text
+//!  in:   [ 100 rows ][ 600 rows                                    ]
+//!  runs: Pieces[100 + 28 of next] Run[ 128 | 128 | 128 | 128 ] (rest: 88 rows wait)
+//! ```
 //!
 //! The rows left over after the last full chunk wait for the next input batch, held by a
 //! consumer that the source never waits on
@@ -32,6 +38,42 @@ use arrow_array::RecordBatch;
 use crate::batch::{EngineBatch, Origin};
 use crate::error::{EngineError, Result};
 use crate::memory::{batch_memory, Admission, MemoryConsumer};
+use crate::queue::Queued;
+
+/// Output batches of exactly `batch_size` rows (the last may be smaller), as
+/// [`Rechunker::push_runs`] hands them out.
+pub(crate) enum Chunks {
+    /// One output batch: the zero-copy slices that make it up, in order.
+    Pieces(Vec<EngineBatch>),
+    /// Consecutive output batches of `each` rows cut from one input batch: `run` is one
+    /// slice of them all (a multiple of `each` rows).
+    Run { run: EngineBatch, each: usize },
+}
+
+impl Chunks {
+    /// The rows of each output batch.
+    pub(crate) fn batch_rows(&self) -> Vec<usize> {
+        match self {
+            Chunks::Pieces(pieces) => vec![pieces.iter().map(|b| b.batch.num_rows()).sum()],
+            Chunks::Run { run, each } => vec![*each; run.batch.num_rows() / each],
+        }
+    }
+}
+
+impl Queued for Chunks {
+    fn memory(&self) -> usize {
+        match self {
+            Chunks::Pieces(pieces) => pieces.memory(),
+            Chunks::Run { run, .. } => run.memory(),
+        }
+    }
+    fn move_to(&self, holder: &MemoryConsumer) {
+        match self {
+            Chunks::Pieces(pieces) => Queued::move_to(pieces, holder),
+            Chunks::Run { run, .. } => run.move_to(holder),
+        }
+    }
+}
 
 pub(crate) struct Rechunker {
     stage: String,
@@ -146,18 +188,36 @@ impl Rechunker {
         self.take(self.rows).map(Some)
     }
 
-    /// Add a batch; returns the chunks it completes, each as the zero-copy slices of the
-    /// input batches it spans.
-    pub(crate) fn push_pieces(&mut self, batch: EngineBatch) -> Result<Vec<Vec<EngineBatch>>> {
-        if batch.batch.num_rows() == 0 {
+    /// Add a batch; returns the chunks it completes without copying: a chunk that spans
+    /// input batches as the slices that make it up ([`Chunks::Pieces`]), and the chunks that
+    /// lie inside the new batch as one [`Chunks::Run`], a single slice of all of them
+    /// (iter_batches' caller cuts it, so that a thousand 256-row batches of one row group
+    /// cost one hand-over, not a thousand).
+    pub(crate) fn push_runs(&mut self, batch: EngineBatch) -> Result<Vec<Chunks>> {
+        let rows = batch.batch.num_rows();
+        if rows == 0 {
             return Ok(Vec::new());
         }
+        let had_leftover = self.rows > 0;
         batch.move_to(&self.waiting);
-        self.rows += batch.batch.num_rows();
+        self.rows += rows;
         self.pending.push_back(batch);
         let mut out = Vec::new();
-        while self.rows >= self.target {
-            out.push(self.take_pieces(self.target)?);
+        if had_leftover && self.rows >= self.target {
+            // The rows left over before (fewer than a chunk) and the first of the new batch.
+            out.push(Chunks::Pieces(self.take_pieces(self.target)?));
+        }
+        let whole_chunks = self.rows / self.target * self.target;
+        if whole_chunks > 0 {
+            // Only the new batch's rows are pending now: the chunk above took the others.
+            let mut run = self.take_pieces(whole_chunks)?;
+            debug_assert_eq!(run.len(), 1, "a run lies inside one batch");
+            if let Some(run) = run.pop() {
+                out.push(Chunks::Run {
+                    run,
+                    each: self.target,
+                });
+            }
         }
         self.compact_leftover()?;
         Ok(out)
@@ -394,39 +454,108 @@ mod tests {
         assert_eq!(out[0].origin[1].rows, 0..28);
     }
 
+    /// Every chunk as the zero-copy slices that make it up (a run cut into its chunks).
+    fn cut(chunks: &[Chunks]) -> Vec<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for chunk in chunks {
+            match chunk {
+                Chunks::Pieces(p) => out.push(p.iter().map(|b| b.batch.clone()).collect()),
+                Chunks::Run { run, each } => {
+                    let rows = run.batch.num_rows();
+                    assert_eq!(rows % each, 0, "a run is whole chunks");
+                    for start in (0..rows).step_by(*each) {
+                        out.push(vec![run.batch.slice(start, *each)]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn column(b: &RecordBatch) -> Vec<i64> {
+        b.column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .values()
+            .to_vec()
+    }
+
     #[test]
     fn pieces_are_zero_copy_slices_of_exact_total_size() {
         let pool = MemoryPool::new(1 << 30);
         let mut r = Rechunker::new("s", 128, pool.consumer("stage"));
-        let mut groups = Vec::new();
+        let mut chunks = Vec::new();
         let mut start = 0;
         let mut inputs = Vec::new();
         for (seq, n) in [100usize, 250, 30, 1, 500].into_iter().enumerate() {
             let b = input(&pool, seq as u64, start, n);
             inputs.push(b.batch.column(0).to_data().buffers()[0].data_ptr());
-            groups.extend(r.push_pieces(b).unwrap());
+            chunks.extend(r.push_runs(b).unwrap());
             start += n as i64;
         }
-        groups.extend(r.finish_pieces().unwrap());
+        chunks.extend(r.finish_pieces().unwrap().map(Chunks::Pieces));
+        let groups = cut(&chunks);
         let sizes: Vec<usize> = groups
             .iter()
-            .map(|g| g.iter().map(|p| p.batch.num_rows()).sum())
+            .map(|g| g.iter().map(|p| p.num_rows()).sum())
             .collect();
         assert_eq!(sizes, vec![128, 128, 128, 128, 128, 128, 113]);
-        let all: Vec<i64> = groups.iter().flatten().flat_map(values).collect();
+        let all: Vec<i64> = groups.iter().flatten().flat_map(column).collect();
         assert_eq!(all, (0..start).collect::<Vec<_>>());
         for group in &groups {
             for (i, piece) in group.iter().enumerate() {
-                let address = piece.batch.column(0).to_data().buffers()[0].data_ptr();
+                let address = piece.column(0).to_data().buffers()[0].data_ptr();
                 // A group's first piece may be the compacted leftover of an earlier input
                 // (fewer rows than a chunk); every other piece is a slice of an input.
                 assert!(
-                    inputs.contains(&address) || (i == 0 && piece.batch.num_rows() < 128),
+                    inputs.contains(&address) || (i == 0 && piece.num_rows() < 128),
                     "a piece is a slice of an input, or a leftover's compact copy"
                 );
             }
         }
         assert_eq!(groups[0].len(), 2);
+    }
+
+    /// Runs and pieces, cut, are the chunks `push` makes (by copying), in order; a run is
+    /// one zero-copy slice of an input, a whole number of chunks long.
+    #[test]
+    fn runs_are_slices_of_whole_chunks_and_cut_like_copied_chunks() {
+        let pool = MemoryPool::new(1 << 30);
+        let sizes = [100usize, 250, 30, 1, 500, 1024, 128, 7];
+        let (mut copying, mut by_runs) = (
+            Rechunker::new("s", 128, pool.consumer("a")),
+            Rechunker::new("s", 128, pool.consumer("b")),
+        );
+        let (mut copied, mut runs, mut inputs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut start = 0;
+        for (seq, n) in sizes.into_iter().enumerate() {
+            copied.extend(copying.push(input(&pool, seq as u64, start, n)).unwrap());
+            let b = input(&pool, seq as u64, start, n);
+            inputs.push(b.batch.column(0).to_data().buffers()[0].data_ptr());
+            runs.extend(by_runs.push_runs(b).unwrap());
+            start += n as i64;
+        }
+        copied.extend(copying.finish().unwrap());
+        runs.extend(by_runs.finish_pieces().unwrap().map(Chunks::Pieces));
+        let expected: Vec<Vec<i64>> = copied.iter().map(values).collect();
+        let got: Vec<Vec<i64>> = cut(&runs)
+            .iter()
+            .map(|g| g.iter().flat_map(column).collect())
+            .collect();
+        assert_eq!(got, expected);
+        let mut longest_run = 0;
+        for chunk in &runs {
+            if let Chunks::Run { run, each } = chunk {
+                let address = run.batch.column(0).to_data().buffers()[0].data_ptr();
+                assert!(inputs.contains(&address), "a run is a slice of an input");
+                longest_run = longest_run.max(run.batch.num_rows() / each);
+            }
+        }
+        // 113 rows left before the 1,024-row input: a chunk of pieces, then a run of seven.
+        assert_eq!(longest_run, 7);
+        let counted: Vec<usize> = runs.iter().flat_map(Chunks::batch_rows).collect();
+        assert_eq!(counted, expected.iter().map(Vec::len).collect::<Vec<_>>());
     }
 
     #[test]
@@ -435,7 +564,7 @@ mod tests {
         let pool = MemoryPool::new(100_000);
         let stage = pool.consumer("stage");
         let mut r = Rechunker::new("s", 128, stage.clone());
-        let chunks = r.push_pieces(input(&pool, 0, 0, 10_000)).unwrap();
+        let chunks = r.push_runs(input(&pool, 0, 0, 10_000)).unwrap();
         drop(chunks);
         // 10,000 = 78 * 128 + 16: the 16 rows left are a copy, charged to the consumer that
         // waits for input; the 80 KB input buffer is no longer held by anyone.
@@ -459,7 +588,7 @@ mod tests {
         let b = input(&pool, 0, 0, 10_000);
         let address = b.batch.column(0).to_data().buffers()[0].data_ptr();
         let whole = batch_memory(&b.batch);
-        drop(r.push_pieces(b).unwrap());
+        drop(r.push_runs(b).unwrap());
         // The 16 rows left still share the input's buffer (no copy), and pin it.
         assert_eq!(pool.used(), whole);
         let rest = r.finish_pieces().unwrap().unwrap();

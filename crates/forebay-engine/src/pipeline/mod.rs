@@ -38,7 +38,6 @@ use std::time::Instant;
 
 use arrow_schema::SchemaRef;
 
-use crate::batch::EngineBatch;
 use crate::commit::{Checkpoint, CommitLog, DoneRows};
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
@@ -47,6 +46,7 @@ use crate::locations::check_write_locations;
 use crate::memory::MemoryPool;
 use crate::positions::RunPositions;
 use crate::queue::BatchQueue;
+use crate::rechunk::Chunks;
 use crate::resources::{RunResources, StoreSettings};
 use crate::resume_filter::ResumeFilter;
 use crate::source::{run_source, Source};
@@ -313,7 +313,7 @@ impl Pipeline {
         let options = self.options.clone();
         let (mut run, last) = self.start("iter_batches", 0, None, None)?;
         let ready_holder = run.resources.pool().consumer("iter_batches (prefetched)");
-        let ready: Arc<BatchQueue<Vec<EngineBatch>>> = Arc::new(BatchQueue::new(
+        let ready: Arc<BatchQueue<Chunks>> = Arc::new(BatchQueue::new(
             ready_holder,
             iter.prefetch_batches.max(1),
             usize::MAX,
@@ -342,6 +342,8 @@ impl Pipeline {
             ready,
             run: Some(run),
             last_stats: None,
+            rest_of_run: None,
+            handed_run: None,
         })
     }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::batch::EngineBatch;
 use crate::error::{EngineError, Result};
 use crate::queue::BatchQueue;
-use crate::rechunk::Rechunker;
+use crate::rechunk::{Chunks, Rechunker};
 use crate::resources::RunResources;
 use crate::shuffle::LocalShuffler;
 use crate::stats::StageCounters;
@@ -95,12 +95,13 @@ pub(super) fn resume_limits(
     Ok(used_up)
 }
 
-/// The iter_batches step: re-chunk (into zero-copy pieces) or shuffle, drop the last
+/// The iter_batches step: re-chunk (into zero-copy slices) or shuffle, drop the last
 /// partial batch if asked, and feed the prefetch queue the caller reads. Each item of that
-/// queue is one output batch: the slices that make it up.
+/// queue is one output batch as the slices that make it up, or a run of output batches cut
+/// from one input batch (see [`Chunks`]).
 pub(super) fn shape(
     input: &BatchQueue,
-    ready: &BatchQueue<Vec<EngineBatch>>,
+    ready: &BatchQueue<Chunks>,
     resources: &RunResources,
     holder: &crate::memory::MemoryConsumer,
     options: &IterOptions,
@@ -108,12 +109,18 @@ pub(super) fn shape(
     rows_out: &AtomicU64,
 ) -> Result<()> {
     let cancel = resources.cancel_token();
-    let deliver = |pieces: Vec<EngineBatch>| -> Result<bool> {
-        let rows: usize = pieces.iter().map(|b| b.batch.num_rows()).sum();
-        counters.record_out(rows);
-        rows_out.fetch_add(rows as u64, Ordering::Relaxed);
-        ready.push(pieces, cancel)
+    let deliver_all = |chunks: Vec<Chunks>| -> Result<bool> {
+        let rows: Vec<usize> = chunks.iter().flat_map(Chunks::batch_rows).collect();
+        if !ready.push_all(chunks, cancel)? {
+            return Ok(false);
+        }
+        for n in rows {
+            counters.record_out(n);
+            rows_out.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(true)
     };
+    let deliver = |pieces: Vec<EngineBatch>| deliver_all(vec![Chunks::Pieces(pieces)]);
     if let Some((buffer_rows, seed)) = options.local_shuffle {
         let batch_size = options.batch_size.unwrap_or(256);
         let mut shuffler = LocalShuffler::new(buffer_rows, batch_size, seed, holder.clone());
@@ -143,24 +150,16 @@ pub(super) fn shape(
     while let Some(b) = input.pop(cancel)? {
         counters.record_in(b.batch.num_rows());
         let out = match rechunker.as_mut() {
-            Some(r) => r.push_pieces(b)?,
-            None => vec![vec![b]],
+            Some(r) => r.push_runs(b)?,
+            None => vec![Chunks::Pieces(vec![b])],
         };
-        // The output batches cut from one input batch go in together: slices of memory
-        // already held, they add nothing to the pool, and the caller takes them one by one
-        // without waiting for this thread between them (with the default prefetch of one
-        // batch, 256-row batches otherwise cost two thread switches each).
-        let rows: Vec<usize> = out
-            .iter()
-            .map(|pieces| pieces.iter().map(|b| b.batch.num_rows()).sum())
-            .collect();
-        if !ready.push_all(out, cancel)? {
+        // What one input batch gives goes in together: slices of memory already held, it
+        // adds nothing to the pool, and the caller takes it without waiting for this thread
+        // in between (with the default prefetch of one batch, 256-row batches otherwise cost
+        // two thread switches each).
+        if !deliver_all(out)? {
             input.close_receiver();
             return Ok(());
-        }
-        for n in rows {
-            counters.record_out(n);
-            rows_out.fetch_add(n as u64, Ordering::Relaxed);
         }
     }
     if let Some(rest) = rechunker
