@@ -1,13 +1,13 @@
 """Engine benchmarks: forebay pipelines vs the systems people use for the same jobs.
 
-    python benches/python/engine.py iter --scale-factor 1 [--rounds 5]
+    python benches/python/engine.py iter --scale-factor 1 [--rounds 5] [--batch-size 65536]
     python benches/python/engine.py gil [--rounds 3]
     python benches/python/engine.py sleep [--rounds 3]
     python benches/python/engine.py overcap --scale-factor 5 [--memory-limit 400MiB]
 
 Scenarios:
   iter     iterate all 16 columns (or --columns) of TPC-H lineitem in 65,536-row batches
-           (prefetch 4); the consumer does nothing: forebay vs polars (collect_batches) vs pyarrow
+           (or --batch-size: 256 is Ray Data's and forebay's default) (prefetch 4); the consumer does nothing: forebay vs polars (collect_batches) vs pyarrow
            (dataset.to_batches) vs Ray Data (iter_batches over ray.data.read_parquet, and
            "forebay-ray": over forebay.ray.read_parquet, forebay's reader in Ray's read tasks).
   gil      a function that holds the GIL (pure Python over the l_comment strings) in
@@ -62,7 +62,9 @@ def start_ray() -> None:
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
 
 
-def child_iter(engine: str, files: list[str], columns: list[str] | None) -> dict:
+def child_iter(
+    engine: str, files: list[str], columns: list[str] | None, batch_size: int = BATCH
+) -> dict:
     """Time a run whose consumer does nothing but count rows; then, untimed, run again to
     find the largest batch's bytes for the budget. (Sizing a batch inside the timed loop is
     not iterating: polars' `estimated_size()` on 16 columns costs ~0.5 ms a batch, ~15 % of
@@ -74,7 +76,7 @@ def child_iter(engine: str, files: list[str], columns: list[str] | None) -> dict
 
         def batches():
             return forebay.read_parquet(files, columns=columns).iter_batches(
-                batch_size=BATCH, prefetch_batches=4, batch_format="pyarrow"
+                batch_size=batch_size, prefetch_batches=4, batch_format="pyarrow"
             )
 
         def rows_of(b):
@@ -90,7 +92,7 @@ def child_iter(engine: str, files: list[str], columns: list[str] | None) -> dict
             scan = pl.scan_parquet(files)
             if columns:
                 scan = scan.select(columns)
-            return scan.collect_batches(chunk_size=BATCH)
+            return scan.collect_batches(chunk_size=batch_size)
 
         def rows_of(df):
             return df.height
@@ -103,7 +105,7 @@ def child_iter(engine: str, files: list[str], columns: list[str] | None) -> dict
 
         def batches():
             dataset = pds.dataset(files, format="parquet")
-            return dataset.to_batches(columns=columns, batch_size=BATCH)
+            return dataset.to_batches(columns=columns, batch_size=batch_size)
 
         def rows_of(b):
             return b.num_rows
@@ -124,7 +126,7 @@ def child_iter(engine: str, files: list[str], columns: list[str] | None) -> dict
 
         def batches():
             return read(files, columns=columns).iter_batches(
-                batch_size=BATCH, prefetch_batches=4, batch_format="pyarrow"
+                batch_size=batch_size, prefetch_batches=4, batch_format="pyarrow"
             )
 
         def rows_of(b):
@@ -296,7 +298,11 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, engine, *rest = sys.argv[2:]
         if kind == "iter":
-            print(json.dumps(child_iter(engine, json.loads(rest[0]), json.loads(rest[1]))))
+            print(
+                json.dumps(
+                    child_iter(engine, json.loads(rest[0]), json.loads(rest[1]), int(rest[2]))
+                )
+            )
         elif kind == "gil":
             print(json.dumps(child_gil(engine, json.loads(rest[0]), int(rest[1]))))
         elif kind == "sleep":
@@ -319,6 +325,7 @@ def main() -> None:
     p.add_argument(
         "--columns", default=None, help="iter: comma-separated columns (default: all 16)"
     )
+    p.add_argument("--batch-size", type=int, default=BATCH, help="iter: rows per batch")
     args = p.parse_args()
     files = lineitem(Path(args.data_dir), args.scale_factor)
     today = dt.date.today()
@@ -327,13 +334,20 @@ def main() -> None:
         engines = (args.engines or "forebay,polars,pyarrow,ray").split(",")
         columns = args.columns.split(",") if args.columns else None
         res = alternate(
-            __file__, engines, args.rounds, files, "iter", json.dumps(files), json.dumps(columns)
+            __file__,
+            engines,
+            args.rounds,
+            files,
+            "iter",
+            json.dumps(files),
+            json.dumps(columns),
+            str(args.batch_size),
         )
         base = median_of(res["forebay"], "seconds")
         batch_mb = median_of(res["forebay"], "batch_mb")
         print(
             f"\niter_batches, lineitem SF{args.scale_factor:g}, "
-            f"{len(columns) if columns else 16} columns, {BATCH} rows, "
+            f"{len(columns) if columns else 16} columns, {args.batch_size} rows, "
             f"prefetch 4; medians of {args.rounds} ({today}); batch {batch_mb:.1f} MB, "
             f"budget (4 + 2) x batch + 100 MB = {6 * batch_mb + 100:.0f} MB"
         )
