@@ -325,6 +325,13 @@ pub(crate) struct RsBatchStream {
     events: EventLog,
 }
 
+/// What `RsBatchStream.poll` returns: a state, the pieces of one batch, the rest of a run.
+type Polled<'py> = (
+    u8,
+    Option<Bound<'py, PyList>>,
+    Option<(Bound<'py, PyAny>, usize)>,
+);
+
 #[pymethods]
 impl RsBatchStream {
     /// Wait up to `timeout` seconds with the GIL released: `(0, [RecordBatch, ...], run)`
@@ -332,16 +339,7 @@ impl RsBatchStream {
     /// next batches of the same input batch as one, for the caller to cut into batches of
     /// `rows` rows; see `BatchStream::take_rest_of_run`), `(1, None, None)` while nothing is
     /// ready, `(2, None, None)` at the end; raises the run's error.
-    #[allow(clippy::type_complexity)]
-    fn poll<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: f64,
-    ) -> PyResult<(
-        u8,
-        Option<Bound<'py, PyList>>,
-        Option<(Bound<'py, PyAny>, usize)>,
-    )> {
+    fn poll<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Polled<'py>> {
         let (polled, rest_of_run) = py.detach(|| {
             let mut stream = self.stream.lock().unwrap_or_else(|p| p.into_inner());
             let polled = stream.next_timeout(Duration::from_secs_f64(timeout.max(0.0)));

@@ -106,9 +106,7 @@ impl<T: Queued> BatchQueue<T> {
         let Some(mut state) = self.wait_for_room(bytes, cancel)? else {
             return Ok(false);
         };
-        batch.move_to(&self.holder);
-        state.bytes += bytes;
-        state.items.push_back((batch, bytes));
+        self.admit(&mut state, batch, bytes);
         drop(state);
         self.changed.notify_all();
         Ok(true)
@@ -129,13 +127,18 @@ impl<T: Queued> BatchQueue<T> {
             return Ok(false);
         };
         for (batch, bytes) in batches.into_iter().zip(sizes) {
-            batch.move_to(&self.holder);
-            state.bytes += bytes;
-            state.items.push_back((batch, bytes));
+            self.admit(&mut state, batch, bytes);
         }
         drop(state);
         self.changed.notify_all();
         Ok(true)
+    }
+
+    /// Put `batch` (of `bytes`) at the back, charged to the queue.
+    fn admit(&self, state: &mut QueueState<T>, batch: T, bytes: usize) {
+        batch.move_to(&self.holder);
+        state.bytes += bytes;
+        state.items.push_back((batch, bytes));
     }
 
     /// The queue locked once it has room for `bytes` more (always, when it is empty);

@@ -207,10 +207,10 @@ impl Rechunker {
             // The rows left over before (fewer than a chunk) and the first of the new batch.
             out.push(Chunks::Pieces(self.take_pieces(self.target)?));
         }
-        let whole_chunks = self.rows / self.target * self.target;
-        if whole_chunks > 0 {
+        let whole_chunk_rows = self.rows / self.target * self.target;
+        if whole_chunk_rows > 0 {
             // Only the new batch's rows are pending now: the chunk above took the others.
-            let mut run = self.take_pieces(whole_chunks)?;
+            let mut run = self.take_pieces(whole_chunk_rows)?;
             debug_assert_eq!(run.len(), 1, "a run lies inside one batch");
             if let Some(run) = run.pop() {
                 out.push(Chunks::Run {
@@ -421,13 +421,7 @@ mod tests {
     }
 
     fn values(b: &EngineBatch) -> Vec<i64> {
-        b.batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .unwrap()
-            .values()
-            .to_vec()
+        column(&b.batch)
     }
 
     #[test]
