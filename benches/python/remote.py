@@ -270,11 +270,16 @@ def main() -> int:
     )
     parser.add_argument("--data-dir", default=str(HERE.parents[1] / "bench-data"))
     args = parser.parse_args()
-    engines = args.engines.split(",")
-    latencies = [float(x) for x in args.latency.split(",")]
 
     lineitem = sorted(tpch_lineitem(Path(args.data_dir), args.scale_factor).glob("*.parquet"))
-    tmp = Path(tempfile.mkdtemp(prefix="forebay-remote-"))
+    # The server's log and the small files live here only for the run, however it ends.
+    with tempfile.TemporaryDirectory(prefix="forebay-remote-") as scratch:
+        return run_scenarios(args, lineitem, Path(scratch))
+
+
+def run_scenarios(args: argparse.Namespace, lineitem: list[Path], tmp: Path) -> int:
+    engines = args.engines.split(",")
+    latencies = [float(x) for x in args.latency.split(",")]
     scenarios = {
         "two": (f"s3://{BUCKET}/lineitem/", TWO, lineitem),
         "all": (f"s3://{BUCKET}/lineitem/", None, lineitem),
