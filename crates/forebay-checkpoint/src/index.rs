@@ -258,7 +258,7 @@ impl CheckpointIndex {
         let bits = if fps.len() < PARALLEL_MIN_ROWS || self.threads <= 1 {
             let mut bits = MutableBuffer::from_len_zeroed(fps.len().div_ceil(8));
             let slice = bits.as_slice_mut();
-            self.probe_pipelined(
+            self.probe(
                 &fps,
                 fps.len(),
                 |j| j,
@@ -274,14 +274,39 @@ impl CheckpointIndex {
     }
 
     /// Probe `count` rows (`row_at(j)` is the j-th row to probe) and call `on_hit(row)` for
-    /// each id present. Two passes: first each row's [`ProbeKey`] (shard, bucket, remainder)
+    /// each id present, through the loop for the tables' kind of bucket ranges (see
+    /// [`probe_pipelined`](Self::probe_pipelined)).
+    #[inline]
+    fn probe<'a>(
+        &'a self,
+        fps: &[u128],
+        count: usize,
+        row_at: impl Fn(usize) -> usize,
+        valid: &(dyn Fn(usize) -> bool + Sync),
+        keys: &mut Vec<RowProbe<'a>>,
+        on_hit: impl FnMut(usize),
+    ) -> Result<()> {
+        let compact = self
+            .shards
+            .iter()
+            .flatten()
+            .all(ShardTable::has_compact_offsets);
+        if compact {
+            self.probe_pipelined::<true>(fps, count, row_at, valid, keys, on_hit)
+        } else {
+            self.probe_pipelined::<false>(fps, count, row_at, valid, keys, on_hit)
+        }
+    }
+
+    /// Probe `count` rows (`row_at(j)` is the j-th row to probe) and call `on_hit(row)` for
+    /// each id present; `COMPACT`: every table's bucket ranges are in blocks. Two passes: first each row's [`ProbeKey`] (shard, bucket, remainder)
     /// into `keys`, then the probes, software-pipelined: while probing key j, the directory
     /// entry of key j + 32 and the bucket of key j + 16 are prefetched, so the two dependent
     /// cache misses of each probe overlap with other probes instead of stalling one after
     /// another. Computing the keys up front keeps the second loop short: the work between
     /// prefetches decides how many probes a core keeps in flight.
     #[inline]
-    fn probe_pipelined<'a>(
+    fn probe_pipelined<'a, const COMPACT: bool>(
         &'a self,
         fps: &[u128],
         count: usize,
@@ -314,13 +339,16 @@ impl CheckpointIndex {
         }
         for (j, probe) in keys.iter().enumerate() {
             if let Some(ahead) = keys.get(j + DIRECTORY_AHEAD) {
-                ahead.table.prefetch_directory(ahead.key);
+                ahead.table.prefetch_directory::<COMPACT>(ahead.key);
             }
             if let Some(ahead) = keys.get(j + BUCKET_AHEAD) {
-                ahead.table.prefetch_bucket(ahead.key);
+                ahead.table.prefetch_bucket::<COMPACT>(ahead.key);
             }
             let row = probe.row;
-            if probe.table.contains_key(probe.key, || self.local(fps[row])) {
+            if probe
+                .table
+                .contains_key::<COMPACT>(probe.key, || self.local(fps[row]))
+            {
                 on_hit(row);
             }
         }
@@ -351,7 +379,7 @@ impl CheckpointIndex {
                                 shard_of(fps[row], self.shard_bits) % workers == worker
                                     && valid(row)
                             }));
-                            self.probe_pipelined(
+                            self.probe(
                                 fps,
                                 rows.len(),
                                 |j| rows[j],
@@ -554,5 +582,45 @@ impl CheckpointIndex {
     pub(crate) fn restore_pending(&mut self, mut pending: Vec<ArrayRef>) {
         pending.append(&mut self.pending);
         self.pending = pending;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Int64Array;
+
+    /// A table whose bucket ranges cannot be in blocks (300 fingerprints made to share one
+    /// bucket) is probed through the loop that checks each table's kind, beside a table
+    /// whose ranges are in blocks, both directly and in the parallel probe: every id it
+    /// holds is found, no other.
+    #[test]
+    fn a_table_of_ids_made_to_share_a_bucket_is_probed_right() {
+        let mut index = CheckpointIndex::new(DataType::Int64, "id", 2).unwrap();
+        let held = Int64Array::from_iter_values(0..100_000);
+        let mut fps = Vec::new();
+        fingerprints_into(&held, &mut fps).unwrap();
+        let shard_bits = index.shard_bits;
+        let locals_of = |shard: usize| -> Vec<u128> {
+            fps.iter()
+                .filter(|fp| shard_of(**fp, shard_bits) == shard)
+                .map(|fp| index.local(*fp))
+                .collect()
+        };
+        let (mut wide_locals, compact_locals) = (locals_of(0), locals_of(1));
+        let top = 0xABCDEu128 << (FINGERPRINT_BITS - shard_bits - 20);
+        wide_locals.extend((0..300u128).map(|i| top | (i * 7919)));
+        let wide = ShardTable::build(wide_locals, shard_bits, 0).unwrap();
+        let compact = ShardTable::build(compact_locals, shard_bits, 1).unwrap();
+        assert!(!wide.has_compact_offsets());
+        assert!(compact.has_compact_offsets());
+        index.shards = vec![Some(wide), Some(compact)];
+
+        let absent = Int64Array::from_iter_values(100_000..200_000);
+        for threads in [1, 2] {
+            index = index.with_threads(threads);
+            assert_eq!(index.contains(&held).unwrap().true_count(), 100_000);
+            assert_eq!(index.contains(&absent).unwrap().true_count(), 0);
+        }
     }
 }

@@ -66,6 +66,7 @@
 //! # Ok::<(), forebay_checkpoint::CheckpointError>(())
 //! ```
 
+mod bucket_offsets;
 mod directory;
 pub mod error;
 pub mod fingerprint;

@@ -1,15 +1,18 @@
 //! One shard of a checkpoint index: a compact, bucketed table of fingerprints.
 //!
-//! # Layout (10 bytes per id in shards of 2^18+ ids, else 12, plus ≤ 1 byte of directory)
+//! # Layout (10 bytes per id in shards of 2^18+ ids, else 12, plus 0.4-0.7 byte of ranges)
 //!
 //! Within shard `k` of `2^s`, an id's *local fingerprint* is the low `100 - s` bits of its
 //! fingerprint (the top `s` bits are `k` and need not be stored). Its top `b` bits pick one of
 //! `2^b` buckets; the remaining `r = 100 - s - b ≤ 96` bits, the *remainder*, are stored as
 //! one record in a single array: the top 64 bits, then the rest (the *tail*) in 2 bytes when
 //! `r ≤ 80` (any shard of 2^18 ids or more) or 4 otherwise. Entries are grouped by bucket
-//! (in no order within it); `dir[i]..dir[i + 1]` is bucket `i`'s range. `b` is chosen so that
-//! buckets hold 4 to 8 ids on average, so a probe reads one directory entry and one cache
-//! line of records (two when the bucket straddles a line boundary). Because the bucket bits
+//! (in no order within it); `dir` holds each bucket's range, in blocks small enough to stay
+//! in cache (module `bucket_offsets`). `b` is chosen so that buckets hold 2 to 4 ids on
+//! average (20-40 bytes), so a probe reads its range and one cache line of records (two
+//! when the bucket straddles a line boundary). Buckets of 4 to 8, as before, made a probe
+//! ~15 % slower for ~0.15 byte an id less (`cargo bench --bench checkpoint`, BENCHMARKS.md
+//! session 52). Because the bucket bits
 //! are implied by position, the full local fingerprint can be rebuilt from the table at any
 //! time; a rebuild with more ids picks a larger `b`.
 //!
@@ -26,14 +29,15 @@
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::bucket_offsets::BucketOffsets;
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::FINGERPRINT_BITS;
 use crate::huge_pages::advise_huge_pages;
 
 /// Remainders are stored in 96 bits (u64 + u32).
 const REMAINDER_BITS_MAX: u32 = 96;
-/// Average ids per bucket the directory is sized for (the real average is in [4, 8)).
-const TARGET_BUCKET_LOAD: u64 = 4;
+/// Average ids per bucket the directory is sized for (the real average is in [2, 4)).
+const TARGET_BUCKET_LOAD: u64 = 2;
 /// Largest bucket count exponent (a 4 GiB directory is already absurd).
 const BUCKET_BITS_MAX: u32 = 30;
 /// Offsets are u32: a shard holds fewer ids than this.
@@ -48,7 +52,7 @@ const DELTA_MIN_REBUILD: usize = 1 << 16;
 /// three random cache lines of a table far larger than the caches; issuing those loads a few
 /// probes ahead overlaps their latency instead of paying it one after another.
 #[inline(always)]
-fn prefetch<T>(value: &T) {
+pub(crate) fn prefetch<T>(value: &T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint: it never faults and has no visible effect on memory;
     // the pointer comes from a live reference anyway.
@@ -83,7 +87,7 @@ impl Hasher for FingerprintHasher {
 /// The remainders of a table in bucket order, each one fixed-width little-endian record: its
 /// top 64 bits, then its *tail*, the low bits (2 bytes when the tail has 16 bits or fewer, as
 /// in any shard of 2^18 ids or more, else 4). One array rather than one per part, so the
-/// entries a probe scans (a bucket of 4 to 8) share one cache line, rarely two: on a table far
+/// entries a probe scans (a bucket of 2 to 4) share one cache line, sometimes two: on a table far
 /// larger than the caches every line is a trip to memory.
 struct Remainders {
     bytes: Vec<u8>,
@@ -368,8 +372,7 @@ pub(crate) struct ShardTable {
     local_bits: u32,
     /// `b`: the directory has `2^b` buckets.
     bucket_bits: u32,
-    /// Bucket `i` is `dir[i]..dir[i+1]` in `remainders` (`2^b + 1` entries).
-    dir: Vec<u32>,
+    dir: BucketOffsets,
     remainders: Remainders,
     /// `max(remainder bits - 64, 0)`: the bits of a remainder below its top 64 (16 or fewer
     /// in any shard of 2^18 ids or more).
@@ -590,7 +593,7 @@ impl ShardTable {
         ShardTable {
             local_bits,
             bucket_bits,
-            dir,
+            dir: BucketOffsets::from_offsets(dir),
             remainders,
             tail_bits,
             delta: DeltaSet::default(),
@@ -609,44 +612,68 @@ impl ShardTable {
         }
     }
 
+    /// Bucket `bucket`'s records; `COMPACT`: the caller checked
+    /// [`has_compact_offsets`](Self::has_compact_offsets).
+    #[inline(always)]
+    fn range<const COMPACT: bool>(&self, bucket: usize) -> (usize, usize) {
+        if COMPACT {
+            self.dir.compact_range(bucket)
+        } else {
+            self.dir.range(bucket)
+        }
+    }
+
     #[inline]
-    fn in_table(&self, key: ProbeKey) -> bool {
-        let bucket = key.bucket as usize;
-        let (start, end) = (self.dir[bucket] as usize, self.dir[bucket + 1] as usize);
+    fn in_table<const COMPACT: bool>(&self, key: ProbeKey) -> bool {
+        let (start, end) = self.range::<COMPACT>(key.bucket as usize);
         self.remainders.bucket_holds(start, end, key.hi, key.tail)
     }
 
-    /// Hint the CPU to fetch the directory entry a probe of `key` will read first.
-    #[inline]
-    pub(crate) fn prefetch_directory(&self, key: ProbeKey) {
-        prefetch(&self.dir[key.bucket as usize]);
+    /// Whether the bucket ranges are in cache-sized blocks (see the `bucket_offsets`
+    /// module): then this table may be probed with `COMPACT = true`, which skips a check on
+    /// every lookup. True for every table but one built from ids made to share buckets.
+    pub(crate) fn has_compact_offsets(&self) -> bool {
+        self.dir.is_compact()
     }
 
-    /// Hint the CPU to fetch the remainders a probe of `key` will scan. Reads the directory,
-    /// so call it after [`ShardTable::prefetch_directory`] had time to land.
+    /// Hint the CPU to fetch the bucket range a probe of `key` will read first.
     #[inline]
-    pub(crate) fn prefetch_bucket(&self, key: ProbeKey) {
-        let bucket = key.bucket as usize;
-        self.remainders
-            .prefetch(self.dir[bucket] as usize, self.dir[bucket + 1] as usize);
+    pub(crate) fn prefetch_directory<const COMPACT: bool>(&self, key: ProbeKey) {
+        if COMPACT {
+            self.dir.compact_prefetch(key.bucket as usize);
+        } else {
+            self.dir.prefetch(key.bucket as usize);
+        }
+    }
+
+    /// Hint the CPU to fetch the remainders a probe of `key` will scan. Reads the bucket's
+    /// range, so call it after [`ShardTable::prefetch_directory`] had time to land.
+    #[inline]
+    pub(crate) fn prefetch_bucket<const COMPACT: bool>(&self, key: ProbeKey) {
+        let (start, end) = self.range::<COMPACT>(key.bucket as usize);
+        self.remainders.prefetch(start, end);
     }
 
     /// Whether the shard holds the local fingerprint whose probe key is `key`; `local` gives
     /// that fingerprint, needed only when ids were inserted since the last build.
     #[inline]
-    pub(crate) fn contains_key(&self, key: ProbeKey, local: impl FnOnce() -> u128) -> bool {
-        self.in_table(key) || (!self.delta.is_empty() && self.delta.contains(&local()))
+    pub(crate) fn contains_key<const COMPACT: bool>(
+        &self,
+        key: ProbeKey,
+        local: impl FnOnce() -> u128,
+    ) -> bool {
+        self.in_table::<COMPACT>(key) || (!self.delta.is_empty() && self.delta.contains(&local()))
     }
 
     /// Whether the shard holds this local fingerprint.
     #[cfg(test)]
     pub(crate) fn contains(&self, local: u128) -> bool {
-        self.contains_key(self.probe_key(local), || local)
+        self.contains_key::<false>(self.probe_key(local), || local)
     }
 
     /// Add a local fingerprint; true if it was new. May rebuild the table.
     pub(crate) fn insert(&mut self, local: u128, shard: usize) -> Result<bool> {
-        if self.in_table(self.probe_key(local)) || !self.delta.insert(local) {
+        if self.in_table::<false>(self.probe_key(local)) || !self.delta.insert(local) {
             return Ok(false);
         }
         if self.delta.len() >= DELTA_MIN_REBUILD.max(self.remainders.len() / 4) {
@@ -668,9 +695,9 @@ impl ShardTable {
     /// Every local fingerprint of the static table (not the delta), rebuilt from position.
     fn table_fingerprints(&self) -> impl Iterator<Item = u128> + '_ {
         let rem_bits = self.local_bits - self.bucket_bits;
-        (0..self.dir.len() - 1).flat_map(move |bucket| {
-            let range = self.dir[bucket] as usize..self.dir[bucket + 1] as usize;
-            range.map(move |i| {
+        (0..self.dir.buckets()).flat_map(move |bucket| {
+            let (start, end) = self.dir.range(bucket);
+            (start..end).map(move |i| {
                 ((bucket as u128) << rem_bits)
                     | ((self.remainders.hi(i) as u128) << self.tail_bits)
                     | self.remainders.tail(i) as u128
@@ -690,7 +717,7 @@ impl ShardTable {
 
     /// Heap bytes held (capacity, not length: what the allocator gave us).
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.dir.capacity() * 4
+        self.dir.memory_bytes()
             + self.remainders.capacity_bytes()
             // hashbrown: one 16-byte slot and one control byte per bucket.
             + self.delta.capacity() * 17
