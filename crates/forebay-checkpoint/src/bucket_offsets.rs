@@ -22,7 +22,7 @@
 //! and the index probes it through a loop that checks which kind each table is.
 
 use crate::huge_pages::advise_huge_pages;
-use crate::shard::prefetch;
+use crate::prefetch::prefetch;
 
 /// Buckets a block describes: its `u32` base and one `u8` bound more than buckets fill 16
 /// bytes.

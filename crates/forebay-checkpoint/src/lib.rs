@@ -42,6 +42,9 @@
 //! |---------------|-----------------------------------------------------------------------|
 //! | `index`       | [`CheckpointIndex`]: the shards, `contains`/`filter`, `insert`/`merge`   |
 //! | `shard`       | one shard's table of packed fingerprints                               |
+//! | `bucket_offsets` | where each bucket of a shard's table lies: blocks that stay in cache |
+//! | `prefetch`    | asking the CPU for a cache line a few probes ahead                     |
+//! | `huge_pages`  | 2 MiB pages under the large buffers                                    |
 //! | `fingerprint` | the hash, and which shard and bucket an id falls in                    |
 //! | `layout`      | the files' names: manifest, `shard=<k>/`, one-file parts and their keys |
 //! | `load`        | [`CheckpointLoader`]: Parquet files to an index, on several threads    |
@@ -75,6 +78,7 @@ mod id_parts;
 mod index;
 mod layout;
 mod load;
+mod prefetch;
 pub mod shard;
 mod stream;
 mod write;

@@ -33,6 +33,7 @@ use crate::bucket_offsets::BucketOffsets;
 use crate::error::{CheckpointError, Result};
 use crate::fingerprint::FINGERPRINT_BITS;
 use crate::huge_pages::advise_huge_pages;
+use crate::prefetch::prefetch;
 
 /// Remainders are stored in 96 bits (u64 + u32).
 const REMAINDER_BITS_MAX: u32 = 96;
@@ -47,23 +48,6 @@ pub const MAX_IDS_PER_SHARD: u64 = u32::MAX as u64 - 1;
 const SMALL_BUCKET: usize = 32;
 /// Delta sets smaller than this never trigger a rebuild on their own.
 const DELTA_MIN_REBUILD: usize = 1 << 16;
-
-/// Ask the CPU to start loading the cache line holding `value`. A probe touches two or
-/// three random cache lines of a table far larger than the caches; issuing those loads a few
-/// probes ahead overlaps their latency instead of paying it one after another.
-#[inline(always)]
-pub(crate) fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it never faults and has no visible effect on memory;
-    // the pointer comes from a live reference anyway.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            (value as *const T).cast::<i8>(),
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
-}
 
 /// Local fingerprints are uniformly random bits: their low 64 bits are a perfect hash.
 #[derive(Default)]
