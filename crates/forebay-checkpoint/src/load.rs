@@ -676,4 +676,51 @@ mod tests {
         let whole = CheckpointIndex::loader(root, "id").load().unwrap();
         assert_eq!(whole.contains(&all).unwrap().true_count(), 2000);
     }
+
+    #[test]
+    fn parts_in_lz4_and_parts_in_snappy_as_written_before_load_together() {
+        use crate::fingerprint::{fingerprints_into, shard_of};
+        use parquet::basic::Compression;
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        let mut index = CheckpointIndex::new(DataType::Int64, "id", 4).unwrap();
+        index
+            .insert(&arrow_array::Int64Array::from_iter_values(0..1000))
+            .unwrap();
+        let written = index.write(root, &StorageOptions::new()).unwrap();
+        let part = fs::File::open(&written.files[0]).unwrap();
+        let meta = SerializedFileReader::new(part).unwrap().metadata().clone();
+        assert_eq!(
+            meta.row_group(0).column(0).compression(),
+            Compression::LZ4_RAW
+        );
+
+        // Ids 1000..2000 as a part of each shard, in Snappy (parts before session 52).
+        let ids = arrow_array::Int64Array::from_iter_values(1000..2000);
+        let mut fps = Vec::new();
+        fingerprints_into(&ids, &mut fps).unwrap();
+        let snappy = parquet::file::properties::WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build();
+        for k in 0..4 {
+            let of_k = arrow_array::Int64Array::from_iter_values(
+                (0..ids.len())
+                    .filter(|&i| shard_of(fps[i], 2) == k)
+                    .map(|i| ids.value(i)),
+            );
+            let batch = RecordBatch::try_from_iter([("id", Arc::new(of_k) as ArrayRef)]).unwrap();
+            let shard_dir = dir.path().join(format!("shard={k}"));
+            fs::create_dir_all(&shard_dir).unwrap();
+            fs::write(
+                shard_dir.join("part-old.parquet"),
+                encode_parquet_with(&batch, snappy.clone()),
+            )
+            .unwrap();
+        }
+        let all = arrow_array::Int64Array::from_iter_values(0..2000);
+        let loaded = CheckpointIndex::loader(root, "id").load().unwrap();
+        assert_eq!(loaded.len(), 2000);
+        assert_eq!(loaded.contains(&all).unwrap().true_count(), 2000);
+    }
 }
