@@ -188,7 +188,13 @@ def ids_exactly(out: Path, first: int, end: int) -> tuple[bool, int]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    files = sorted(p for p in out.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+    # What readers read: hidden files and directories (a killed run's `_forebay_staging_*`,
+    # left alone by a run with a checkpoint elsewhere, as in resume90's copy) are not output.
+    files = sorted(
+        p
+        for p in out.rglob("*.parquet")
+        if not any(part.startswith(("_", ".")) for part in p.relative_to(out).parts)
+    )
     if not files:
         return end == first, 0
     ids = pa.chunked_array([pq.read_table(f, columns=["id"]).column("id") for f in files])
