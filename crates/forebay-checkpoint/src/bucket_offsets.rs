@@ -98,9 +98,10 @@ impl BucketOffsets {
         }
     }
 
-    /// [`range`](Self::range) of a table whose ranges are in blocks ([`is_compact`](Self::is_compact)).
-    /// Probing checks that once a batch, not on each lookup: the check would cost a probe
-    /// ~7 % (`cargo bench --bench checkpoint`). On another table: panics (no blocks).
+    /// [`range`](Self::range) of a table whose ranges are in blocks
+    /// ([`is_compact`](Self::is_compact)). Probing checks that once a batch, not on each
+    /// lookup: the check would cost a probe ~7 % (`cargo bench --bench checkpoint`). On
+    /// another table: panics (it has no blocks), never a wrong range.
     #[inline(always)]
     pub(crate) fn compact_range(&self, bucket: usize) -> (usize, usize) {
         let block = &self.blocks[bucket / BUCKETS_PER_BLOCK];

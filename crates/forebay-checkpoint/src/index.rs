@@ -299,9 +299,10 @@ impl CheckpointIndex {
     }
 
     /// Probe `count` rows (`row_at(j)` is the j-th row to probe) and call `on_hit(row)` for
-    /// each id present; `COMPACT`: every table's bucket ranges are in blocks. Two passes: first each row's [`ProbeKey`] (shard, bucket, remainder)
-    /// into `keys`, then the probes, software-pipelined: while probing key j, the directory
-    /// entry of key j + 32 and the bucket of key j + 16 are prefetched, so the two dependent
+    /// each id present; `COMPACT`: every table's bucket ranges are in blocks. Two passes:
+    /// first each row's [`ProbeKey`] (shard, bucket, remainder) into `keys`, then the
+    /// probes, software-pipelined: while probing key j, the bucket range of key j + 32 and
+    /// the bucket of key j + 16 are prefetched, so the two dependent
     /// cache misses of each probe overlap with other probes instead of stalling one after
     /// another. Computing the keys up front keeps the second loop short: the work between
     /// prefetches decides how many probes a core keeps in flight.
