@@ -646,15 +646,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn owned_shards_also_read_ids_written_beside_the_shard_directories() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().to_str().unwrap();
+    /// A checkpoint of the int64 ids 0..1000 in 4 shards, written at `root` as forebay
+    /// writes one.
+    fn write_ids_0_to_1000_in_4_shards(root: &str) -> crate::directory::WriteSummary {
         let mut index = CheckpointIndex::new(DataType::Int64, "id", 4).unwrap();
         index
             .insert(&arrow_array::Int64Array::from_iter_values(0..1000))
             .unwrap();
-        index.write(root, &StorageOptions::new()).unwrap();
+        index.write(root, &StorageOptions::new()).unwrap()
+    }
+
+    #[test]
+    fn owned_shards_also_read_ids_written_beside_the_shard_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_str().unwrap();
+        write_ids_0_to_1000_in_4_shards(root);
         // Ids another writer (Ray Data's checkpoint) left at the top level.
         let flat = RecordBatch::try_from_iter([(
             "id",
@@ -684,11 +690,7 @@ mod tests {
         use parquet::file::reader::{FileReader, SerializedFileReader};
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_str().unwrap();
-        let mut index = CheckpointIndex::new(DataType::Int64, "id", 4).unwrap();
-        index
-            .insert(&arrow_array::Int64Array::from_iter_values(0..1000))
-            .unwrap();
-        let written = index.write(root, &StorageOptions::new()).unwrap();
+        let written = write_ids_0_to_1000_in_4_shards(root);
         let part = fs::File::open(&written.files[0]).unwrap();
         let meta = SerializedFileReader::new(part).unwrap().metadata().clone();
         assert_eq!(
