@@ -12,9 +12,8 @@
 //! average (20-40 bytes), so a probe reads its range and one cache line of records (two
 //! when the bucket straddles a line boundary). Buckets of 4 to 8, as before, made a probe
 //! ~15 % slower for ~0.15 byte an id less (`cargo bench --bench checkpoint`, BENCHMARKS.md
-//! session 52). Because the bucket bits
-//! are implied by position, the full local fingerprint can be rebuilt from the table at any
-//! time; a rebuild with more ids picks a larger `b`.
+//! session 52). Because the bucket bits are implied by position, the full local fingerprint
+//! can be rebuilt from the table at any time; a rebuild with more ids picks a larger `b`.
 //!
 //! # Inserts
 //!
@@ -71,8 +70,8 @@ impl Hasher for FingerprintHasher {
 /// The remainders of a table in bucket order, each one fixed-width little-endian record: its
 /// top 64 bits, then its *tail*, the low bits (2 bytes when the tail has 16 bits or fewer, as
 /// in any shard of 2^18 ids or more, else 4). One array rather than one per part, so the
-/// entries a probe scans (a bucket of 2 to 4) share one cache line, sometimes two: on a table far
-/// larger than the caches every line is a trip to memory.
+/// entries a probe scans (a bucket of 2 to 4) share one cache line, sometimes two: on a
+/// table far larger than the caches every line is a trip to memory.
 struct Remainders {
     bytes: Vec<u8>,
     /// 2 or 4.
@@ -356,6 +355,7 @@ pub(crate) struct ShardTable {
     local_bits: u32,
     /// `b`: the directory has `2^b` buckets.
     bucket_bits: u32,
+    /// Each bucket's range in `remainders` (`2^b` buckets).
     dir: BucketOffsets,
     remainders: Remainders,
     /// `max(remainder bits - 64, 0)`: the bits of a remainder below its top 64 (16 or fewer
