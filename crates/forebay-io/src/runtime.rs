@@ -13,15 +13,52 @@
 //! its first forebay call: forebay then never starts a thread pool of its own, and all its
 //! async work (requests, decoding) runs on the host's workers. A scan can also be given a
 //! runtime of its own (`ParquetDatasetBuilder::with_runtime` in forebay-parquet).
+//!
+//! # After `fork`
+//!
+//! A forked child has none of its parent's threads, only their memory: a pool inherited from
+//! the parent would take tasks and never run them. Each process therefore has a pool of its
+//! own: a `pthread_atfork` handler counts the forks, and the first call in a child starts a
+//! new pool there. The parent's pool is left alone in the child, never dropped (dropping it
+//! would wait for threads that are not there). So `multiprocessing`'s fork start method and
+//! PyTorch DataLoader workers forked from a process that already used forebay work as in
+//! the parent. A host runtime ([`use_host_runtime`]) is the host's to rebuild after a fork.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Once, OnceLock};
 
 pub use crate::threads::default_threads;
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 
-static OWN_RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+/// forebay's own pool in this process: null until first use, or one started before a fork
+/// (its `process` is not [`PROCESS`]'s). Pools are leaked, never freed: one lives for its
+/// process, and one inherited through a fork must not be dropped (see the module docs).
+static OWN_RUNTIME: AtomicPtr<OwnRuntime> = AtomicPtr::new(std::ptr::null_mut());
 static HOST_RUNTIME: OnceLock<Handle> = OnceLock::new();
+/// Which process this is, counted in forks since the library loaded: the `pthread_atfork`
+/// child handler adds one.
+static PROCESS: AtomicU64 = AtomicU64::new(0);
+static FORK_HANDLER: Once = Once::new();
+
+struct OwnRuntime {
+    /// The [`PROCESS`] whose threads run it.
+    process: u64,
+    runtime: tokio::runtime::Runtime,
+}
+
+extern "C" fn after_fork_in_child() {
+    // Async-signal-safe: an atomic add, nothing else.
+    PROCESS.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The pool of this process, if it has started one.
+fn own_runtime_of_this_process() -> Option<&'static tokio::runtime::Runtime> {
+    let own = OWN_RUNTIME.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer came from `Box::leak` in `runtime()` and is never freed.
+    let own = unsafe { own.as_ref() }?;
+    (own.process == PROCESS.load(Ordering::Acquire)).then_some(&own.runtime)
+}
 
 /// Why [`use_host_runtime`] refused the host's runtime.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,7 +86,7 @@ pub enum HostRuntimeError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn use_host_runtime(handle: Handle) -> Result<(), HostRuntimeError> {
-    if OWN_RUNTIME.get().is_some() {
+    if own_runtime_of_this_process().is_some() {
         return Err(HostRuntimeError::OwnRuntimeStarted);
     }
     HOST_RUNTIME
@@ -66,24 +103,52 @@ pub fn handle() -> Handle {
     }
 }
 
-/// Whether forebay's own runtime (its `forebay-io` threads) was started in this process.
+/// Whether forebay's own runtime (its `forebay-io` threads) was started in this process (a
+/// pool started before a fork does not count in the child).
 pub fn own_runtime_started() -> bool {
-    OWN_RUNTIME.get().is_some()
+    own_runtime_of_this_process().is_some()
 }
 
 /// forebay's own pool: one worker per core (or as set by
 /// [`set_own_runtime_threads`](crate::threads::set_own_runtime_threads)), threads named
-/// `forebay-io` (see [`threads`](crate::threads)), started on first use. Prefer [`handle`],
-/// which honours a host runtime.
+/// `forebay-io` (see [`threads`](crate::threads)), started on first use in each process.
+/// Prefer [`handle`], which honours a host runtime.
 pub fn runtime() -> &'static tokio::runtime::Runtime {
-    OWN_RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(crate::threads::own_runtime_threads())
-            .thread_name(crate::threads::thread_name("io"))
-            .enable_all()
-            .build()
-            .expect("cannot start the forebay I/O runtime (out of threads?)")
-    })
+    if let Some(runtime) = own_runtime_of_this_process() {
+        return runtime;
+    }
+    FORK_HANDLER.call_once(|| {
+        // SAFETY: registers a handler that only does an atomic add; no other precondition.
+        let status = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        assert_eq!(status, 0, "pthread_atfork failed: {status}");
+    });
+    let process = PROCESS.load(Ordering::Acquire);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(crate::threads::own_runtime_threads())
+        .thread_name(crate::threads::thread_name("io"))
+        .enable_all()
+        .build()
+        .expect("cannot start the forebay I/O runtime (out of threads?)");
+    let fresh = Box::into_raw(Box::new(OwnRuntime { process, runtime }));
+    let mut current = OWN_RUNTIME.load(Ordering::Acquire);
+    loop {
+        // SAFETY: as in `own_runtime_of_this_process`: leaked, never freed.
+        if let Some(other) = unsafe { current.as_ref() } {
+            if other.process == process {
+                // Another thread of this process started one first: use it, drop ours.
+                // SAFETY: `fresh` came from `Box::into_raw` above and was never shared.
+                let ours = unsafe { Box::from_raw(fresh) };
+                ours.runtime.shutdown_background();
+                return &other.runtime;
+            }
+        }
+        match OWN_RUNTIME.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // The previous pool, if any, was the parent's: leaked, as the module docs say.
+            // SAFETY: `fresh` is now published and never freed.
+            Ok(_) => return &unsafe { &*fresh }.runtime,
+            Err(now) => current = now,
+        }
+    }
 }
 
 /// Run `fut` on forebay's runtime ([`handle`]) and wait for it from any thread.
