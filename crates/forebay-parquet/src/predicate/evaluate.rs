@@ -1,11 +1,12 @@
-//! Evaluating a bound predicate on a batch, with the null and NaN semantics of
-//! `pyarrow.compute`.
+//! Evaluating a bound predicate on a batch, with the null, NaN and signed-zero semantics of
+//! `pyarrow.compute`: comparisons of floats by IEEE rules (NaN unequal to everything, -0.0
+//! equal to 0.0), `in` lists by `is_in`'s equality of bits (NaN in NaN, -0.0 not in 0.0).
 
 use arrow_arith::boolean;
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float16Type, Float32Type, Float64Type};
+use arrow_array::types::{ArrowPrimitiveType, Float16Type, Float32Type, Float64Type};
 use arrow_array::{Array, ArrayRef, BooleanArray, Datum, RecordBatch, Scalar};
-use arrow_buffer::BooleanBufferBuilder;
+use arrow_buffer::{BooleanBuffer, BooleanBufferBuilder, NullBuffer};
 use arrow_ord::cmp;
 use arrow_schema::DataType;
 
@@ -110,22 +111,26 @@ fn compare(
     operand: &Operand,
 ) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
     let values = to_compare_type(values, &operand.compare_type)?;
-    if operand.value_is_nan {
-        // Under IEEE rules nothing equals or orders against NaN; only != holds.
-        let all = op == CompareOp::NotEq;
-        return Ok(BooleanArray::new(
-            arrow_buffer::BooleanBuffer::collect_bool(values.len(), |_| all),
-            values.nulls().cloned(),
-        ));
-    }
-    let result = ordered(&values, op, &Scalar::new(operand.value.clone()))?;
-    match nan_mask(&values) {
-        Some(nan) => with_ieee_nan(result, op, &nan),
-        None => Ok(result),
+    compare_with_value(&values, op, &operand.value)
+}
+
+/// `values op value` (`value` a one-element array of `values`' type) as pyarrow compares:
+/// floats by IEEE rules (NaN unequal to everything, -0.0 equal to 0.0), all else in order.
+pub(super) fn compare_with_value(
+    values: &ArrayRef,
+    op: CompareOp,
+    value: &ArrayRef,
+) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
+    let values = plain(values)?;
+    match values.data_type() {
+        DataType::Float16 => Ok(ieee_with_value::<Float16Type>(&values, op, value)),
+        DataType::Float32 => Ok(ieee_with_value::<Float32Type>(&values, op, value)),
+        DataType::Float64 => Ok(ieee_with_value::<Float64Type>(&values, op, value)),
+        _ => ordered(&values, op, &Scalar::new(value.clone())),
     }
 }
 
-/// `left op right` with arrow's kernels.
+/// `left op right` with arrow's kernels (floats in their total order).
 fn ordered(
     left: &dyn Datum,
     op: CompareOp,
@@ -141,40 +146,107 @@ fn ordered(
     }
 }
 
-/// arrow-rs orders floats totally (NaN greatest, NaN == NaN); pyarrow follows IEEE: where
-/// `nan` is set (a NaN took part), only `!=` holds.
-fn with_ieee_nan(
-    result: BooleanArray,
-    op: CompareOp,
-    nan: &BooleanArray,
-) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
-    if nan.true_count() == 0 {
-        Ok(result)
-    } else if op == CompareOp::NotEq {
-        boolean::or(&result, nan)
-    } else {
-        boolean::and(&result, &boolean::not(nan)?)
+/// A dictionary array as its values; any other array as it is.
+fn plain(array: &ArrayRef) -> std::result::Result<ArrayRef, arrow_schema::ArrowError> {
+    match array.data_type() {
+        DataType::Dictionary(_, v) => arrow_cast::cast(array, v),
+        _ => Ok(array.clone()),
     }
 }
 
-/// `left op right` row by row: nulls stay null, NaN on either side compares as IEEE says
-/// (only `!=` holds), as a comparison with a value does.
+/// Rust's float operators are IEEE's: the comparison pyarrow's kernels make.
+fn ieee<T: Copy + PartialOrd>(a: T, op: CompareOp, b: T) -> bool {
+    match op {
+        CompareOp::Eq => a == b,
+        CompareOp::NotEq => a != b,
+        CompareOp::Lt => a < b,
+        CompareOp::LtEq => a <= b,
+        CompareOp::Gt => a > b,
+        CompareOp::GtEq => a >= b,
+    }
+}
+
+fn ieee_with_value<T: ArrowPrimitiveType>(
+    values: &ArrayRef,
+    op: CompareOp,
+    value: &ArrayRef,
+) -> BooleanArray
+where
+    T::Native: PartialOrd,
+{
+    let values = values.as_primitive::<T>();
+    let value = value.as_primitive::<T>().value(0);
+    let raw = values.values();
+    BooleanArray::new(
+        BooleanBuffer::collect_bool(values.len(), |i| ieee(raw[i], op, value)),
+        values.nulls().cloned(),
+    )
+}
+
+fn ieee_columns<T: ArrowPrimitiveType>(
+    left: &ArrayRef,
+    op: CompareOp,
+    right: &ArrayRef,
+) -> BooleanArray
+where
+    T::Native: PartialOrd,
+{
+    let (left, right) = (left.as_primitive::<T>(), right.as_primitive::<T>());
+    let (l, r) = (left.values(), right.values());
+    BooleanArray::new(
+        BooleanBuffer::collect_bool(left.len(), |i| ieee(l[i], op, r[i])),
+        NullBuffer::union(left.nulls(), right.nulls()),
+    )
+}
+
+/// `left op right` row by row: nulls stay null, floats compare by IEEE rules, as a
+/// comparison with a value does.
 fn compare_columns(
     left: &ArrayRef,
     op: CompareOp,
     right: &ArrayRef,
     compare_type: &DataType,
 ) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
-    let left = to_compare_type(left, compare_type)?;
-    let right = to_compare_type(right, compare_type)?;
-    let result = ordered(&left, op, &right)?;
-    match (nan_mask(&left), nan_mask(&right)) {
-        (Some(l), Some(r)) => {
-            let nan = boolean::or(&null_as_false(&l), &null_as_false(&r))?;
-            with_ieee_nan(result, op, &nan)
-        }
-        _ => Ok(result),
+    let left = plain(&to_compare_type(left, compare_type)?)?;
+    let right = plain(&to_compare_type(right, compare_type)?)?;
+    match left.data_type() {
+        DataType::Float16 => Ok(ieee_columns::<Float16Type>(&left, op, &right)),
+        DataType::Float32 => Ok(ieee_columns::<Float32Type>(&left, op, &right)),
+        DataType::Float64 => Ok(ieee_columns::<Float64Type>(&left, op, &right)),
+        _ => ordered(&left, op, &right),
     }
+}
+
+/// Which rows of `values` are in the list: `is_in`'s equality, the bits of a float (NaN
+/// matches NaN, -0.0 only -0.0), a null row only where the list holds a null. No nulls.
+fn is_in(
+    values: &ArrayRef,
+    operands: &[Operand],
+    matches_null: bool,
+) -> std::result::Result<BooleanArray, arrow_schema::ArrowError> {
+    let mut acc = BooleanArray::from(vec![false; values.len()]);
+    for operand in operands {
+        let values = to_compare_type(values, &operand.compare_type)?;
+        let hit = if operand.value_is_nan {
+            nan_mask(&values).unwrap_or_else(|| BooleanArray::from(vec![false; values.len()]))
+        } else {
+            // arrow's order of floats is total: -0.0 and 0.0 differ, as under is_in.
+            ordered(&values, CompareOp::Eq, &Scalar::new(operand.value.clone()))?
+        };
+        acc = boolean::or(&acc, &null_as_false(&hit))?;
+    }
+    if matches_null {
+        acc = boolean::or(&acc, &boolean::is_null(values.as_ref())?)?;
+    }
+    Ok(acc)
+}
+
+/// `value` for every non-null row of `values`, null for its null rows.
+fn decided(values: &ArrayRef, value: bool) -> BooleanArray {
+    BooleanArray::new(
+        BooleanBuffer::collect_bool(values.len(), |_| value),
+        values.logical_nulls(),
+    )
 }
 
 pub(super) fn eval_node(
@@ -190,20 +262,20 @@ pub(super) fn eval_node(
         Node::In {
             column: name,
             operands,
+            matches_null,
             negated,
         } => {
-            let values = column(batch, name)?;
-            let mut acc = BooleanArray::from(vec![false; values.len()]);
-            for operand in operands {
-                let hit = null_as_false(&compare(values, CompareOp::Eq, operand)?);
-                acc = boolean::or(&acc, &hit)?;
-            }
+            let acc = is_in(column(batch, name)?, operands, *matches_null)?;
             if *negated {
                 boolean::not(&acc)
             } else {
                 Ok(acc)
             }
         }
+        Node::Decided {
+            column: name,
+            value,
+        } => Ok(decided(column(batch, name)?, *value)),
         Node::IsNull {
             column: name,
             negated,

@@ -8,7 +8,7 @@ use arrow_schema::DataType;
 
 use super::bind::is_float;
 use super::bind::{BoundPredicate, Node, Operand};
-use super::evaluate::{nan_mask, null_as_false, to_compare_type};
+use super::evaluate::{compare_with_value, nan_mask, null_as_false, to_compare_type};
 use super::CompareOp;
 
 /// Statistics of one column over a sequence of containers (row groups, or pages).
@@ -121,6 +121,7 @@ fn all_equal(
     let scalar = Scalar::new(operand.value.clone());
     let lo = known_true(&cmp::eq(&bounds.mins, &scalar).ok()?);
     let hi = known_true(&cmp::eq(&bounds.maxes, &scalar).ok()?);
+    // (floats returned above: this order is total, which is exact for the rest)
     Some(
         (0..n)
             .map(|i| lo[i] && hi[i] && exact(&stats.min_exact, i) && exact(&stats.max_exact, i))
@@ -146,15 +147,18 @@ fn prune_compare(
         });
     }
     let bounds = prepare_bounds(stats, &operand.compare_type)?;
-    let v = Scalar::new(operand.value.clone());
+    // Bounds compare as the rows do (IEEE for floats: a max of -0.0 may hide 0.0 rows and
+    // is equal to it), so a container is kept whenever one of its rows may match.
+    let v = &operand.value;
+    let bound = |bounds: &ArrayRef, op| compare_with_value(bounds, op, v).ok();
     let out = match op {
-        CompareOp::Gt => unknown_as_true(&cmp::gt(&bounds.maxes, &v).ok()?),
-        CompareOp::GtEq => unknown_as_true(&cmp::gt_eq(&bounds.maxes, &v).ok()?),
-        CompareOp::Lt => unknown_as_true(&cmp::lt(&bounds.mins, &v).ok()?),
-        CompareOp::LtEq => unknown_as_true(&cmp::lt_eq(&bounds.mins, &v).ok()?),
+        CompareOp::Gt => unknown_as_true(&bound(&bounds.maxes, CompareOp::Gt)?),
+        CompareOp::GtEq => unknown_as_true(&bound(&bounds.maxes, CompareOp::GtEq)?),
+        CompareOp::Lt => unknown_as_true(&bound(&bounds.mins, CompareOp::Lt)?),
+        CompareOp::LtEq => unknown_as_true(&bound(&bounds.mins, CompareOp::LtEq)?),
         CompareOp::Eq => {
-            let lo = unknown_as_true(&cmp::lt_eq(&bounds.mins, &v).ok()?);
-            let hi = unknown_as_true(&cmp::gt_eq(&bounds.maxes, &v).ok()?);
+            let lo = unknown_as_true(&bound(&bounds.mins, CompareOp::LtEq)?);
+            let hi = unknown_as_true(&bound(&bounds.maxes, CompareOp::GtEq)?);
             lo.iter().zip(hi).map(|(a, b)| *a && b).collect()
         }
         CompareOp::NotEq => {
@@ -164,6 +168,20 @@ fn prune_compare(
         }
     };
     Some(out)
+}
+
+/// A container with only nulls matches no comparison: `keep` false for those.
+fn all_null_match_nothing(s: &ContainerStats, keep: &mut [bool]) {
+    if let Some(rows) = &s.row_counts {
+        for (i, keep) in keep.iter_mut().enumerate() {
+            if s.null_counts.is_valid(i)
+                && rows.is_valid(i)
+                && s.null_counts.value(i) == rows.value(i)
+            {
+                *keep = false;
+            }
+        }
+    }
 }
 
 pub(super) fn prune_node(
@@ -181,33 +199,41 @@ pub(super) fn prune_node(
             Some(s) => {
                 let m = s.len();
                 let mut out = prune_compare(m, &s, *op, operand).unwrap_or_else(|| vec![true; m]);
-                // A container with only nulls matches no comparison.
-                if let Some(rows) = &s.row_counts {
-                    for (i, keep) in out.iter_mut().enumerate() {
-                        if s.null_counts.is_valid(i)
-                            && rows.is_valid(i)
-                            && s.null_counts.value(i) == rows.value(i)
-                        {
-                            *keep = false;
-                        }
-                    }
-                }
+                all_null_match_nothing(&s, &mut out);
                 s.expand(out, n)
             }
             None => keep_all(),
         },
+        Node::Decided { column, value } => match stats(column) {
+            Some(s) => {
+                let mut out = vec![*value; s.len()];
+                all_null_match_nothing(&s, &mut out);
+                s.expand(out, n)
+            }
+            None => vec![*value; n],
+        },
         Node::In {
             column,
             operands,
+            matches_null,
             negated,
         } => match stats(column) {
             Some(s) if !*negated => {
                 let m = s.len();
                 let mut out = vec![false; m];
                 for operand in operands {
-                    let hit = prune_compare(m, &s, CompareOp::Eq, operand)
-                        .unwrap_or_else(|| vec![true; m]);
+                    // Statistics do not count NaNs: a container may hold one.
+                    let hit = match operand.value_is_nan {
+                        true => None,
+                        false => prune_compare(m, &s, CompareOp::Eq, operand),
+                    };
+                    let hit = hit.unwrap_or_else(|| vec![true; m]);
                     out.iter_mut().zip(hit).for_each(|(o, h)| *o |= h);
+                }
+                if *matches_null {
+                    for (i, keep) in out.iter_mut().enumerate() {
+                        *keep |= !no_nulls(&s, i);
+                    }
                 }
                 s.expand(out, n)
             }
