@@ -44,6 +44,15 @@ pub enum ParquetError {
         hint: String,
     },
 
+    /// The file is valid Parquet, but a column's type has no Arrow reading forebay gives
+    /// (pyarrow refuses it too), e.g. 128-bit integers.
+    #[error("{path}: column '{column}' cannot be read: {reason}")]
+    UnsupportedType {
+        path: String,
+        column: String,
+        reason: String,
+    },
+
     /// A filter is malformed or its value does not fit the column's type.
     #[error("invalid filter on column '{column}': {reason}")]
     InvalidFilter { column: String, reason: String },
@@ -224,6 +233,7 @@ impl ParquetError {
             ParquetError::RowFilter { .. } => ErrorKind::RowFilter,
             ParquetError::TooLarge { .. } => ErrorKind::TooLarge,
             ParquetError::MemoryRefused { .. } => ErrorKind::MemoryRefused,
+            ParquetError::UnsupportedType { .. } => ErrorKind::UnsupportedType,
         }
     }
 }
@@ -242,6 +252,7 @@ pub enum ErrorKind {
     RowFilter,
     TooLarge,
     MemoryRefused,
+    UnsupportedType,
 }
 
 impl fmt::Display for ErrorKind {

@@ -16,8 +16,8 @@ use super::page_locations::PageLocations;
 use super::partitions::FileFilter;
 use super::runtime::panic_message;
 use super::schema::{
-    apply_dictionary_hints, apply_int96_unit, check_map_keys_required, check_same_schema,
-    flat_columns, resolve_projection,
+    apply_dictionary_hints, apply_embedded_time_zones, apply_int96_unit, check_map_keys_required,
+    check_same_schema, check_supported_types, flat_columns, resolve_projection,
 };
 use super::{DatasetInner, FilteredWhole, OpenedFile, WholeDecode};
 use crate::error::{corrupt_from, ParquetError, Result};
@@ -158,6 +158,7 @@ impl DatasetInner {
         )
         .await?;
         let metadata = footer.metadata;
+        check_supported_types(metadata.file_metadata().schema_descr(), &path)?;
         let file_schema = {
             let plain = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
                 .map_err(|e| corrupt_from(&path, None, e))?;
@@ -166,6 +167,7 @@ impl DatasetInner {
         check_map_keys_required(metadata.file_metadata().schema(), &path)?;
         let hinted = apply_dictionary_hints(&file_schema, &self.options.dictionary_columns, &path)?;
         let hinted = apply_int96_unit(&hinted, &metadata, self.options.int96_unit);
+        let hinted = apply_embedded_time_zones(&hinted, &metadata);
         if let Some(partitions) = &self.partitions {
             partitions.check_file(&hinted, &path)?;
         }

@@ -46,6 +46,66 @@ pub(super) fn apply_dictionary_hints(
     )))
 }
 
+/// Give zoned timestamp columns the time zone the writer's embedded Arrow schema names where
+/// arrow-rs left it out: a column written in seconds is stored in milliseconds (Parquet has
+/// no seconds), and arrow-rs applies the embedded zone only when the units agree, reading
+/// `timestamp[s, America/New_York]` as `timestamp[ms, UTC]`. pyarrow reads it as
+/// `timestamp[ms, America/New_York]`: the instants are the same, the zone is the writer's.
+pub(super) fn apply_embedded_time_zones(
+    schema: &SchemaRef,
+    metadata: &ParquetMetaData,
+) -> SchemaRef {
+    let Some(embedded) = embedded_arrow_schema(metadata) else {
+        return schema.clone();
+    };
+    let mut changed = false;
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|field| {
+            let hint = embedded.field_with_name(field.name()).ok();
+            match (field.data_type(), hint.map(|h| h.data_type())) {
+                (DataType::Timestamp(unit, Some(_)), Some(DataType::Timestamp(h, Some(zone))))
+                    if unit != h =>
+                {
+                    changed = true;
+                    field
+                        .as_ref()
+                        .clone()
+                        .with_data_type(DataType::Timestamp(*unit, Some(zone.clone())))
+                }
+                _ => field.as_ref().clone(),
+            }
+        })
+        .collect();
+    if !changed {
+        return schema.clone();
+    }
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// The Arrow schema a writer embedded in the file (`ARROW:schema`), if it can be read.
+fn embedded_arrow_schema(metadata: &ParquetMetaData) -> Option<Schema> {
+    use base64::Engine;
+    let encoded = metadata
+        .file_metadata()
+        .key_value_metadata()?
+        .iter()
+        .find(|kv| kv.key == "ARROW:schema")?
+        .value
+        .as_ref()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    // An IPC message, with or without the continuation marker and length before it.
+    let message = match bytes.get(..4) {
+        Some([0xff, 0xff, 0xff, 0xff]) => bytes.get(8..)?,
+        _ => bytes.get(4..)?,
+    };
+    let message = arrow_ipc::root_as_message(message).ok()?;
+    arrow_ipc::convert::try_fb_to_schema(message.header_as_schema()?).ok()
+}
+
 /// Read INT96 leaves (top level or inside structs) as timestamps of `unit`.
 pub(super) fn apply_int96_unit(
     schema: &SchemaRef,
@@ -91,6 +151,34 @@ pub(super) fn apply_int96_unit(
         .map(|f| rewrite(f, &mut Vec::new(), &int96, unit))
         .collect();
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// Columns whose Parquet type has no Arrow reading (pyarrow refuses them as well): integers
+/// wider than 64 bits (polars writes `Int128` so). An error naming the column, not a corrupt
+/// file.
+pub(super) fn check_supported_types(
+    schema: &parquet::schema::types::SchemaDescriptor,
+    path: &str,
+) -> Result<()> {
+    use parquet::basic::LogicalType;
+    for column in schema.columns() {
+        if let Some(LogicalType::Integer(int)) = column.logical_type_ref() {
+            let bit_width = int.bit_width;
+            if bit_width > 64 {
+                let sign = if int.is_signed { "signed" } else { "unsigned" };
+                return Err(ParquetError::UnsupportedType {
+                    path: path.to_string(),
+                    column: column.path().string(),
+                    reason: format!(
+                        "{sign} {bit_width}-bit integers are not supported (Arrow, pyarrow and \
+                         forebay read integers of at most 64 bits); cast the column to a \
+                         64-bit integer, a decimal or a string where the file is written"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Map keys must be required (Parquet spec; pyarrow refuses such files too): a nullable key
