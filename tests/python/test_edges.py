@@ -712,3 +712,27 @@ def test_jobs_with_their_own_checkpoints_share_an_output_directory(tmp_path):
         p for p in (tmp_path / "out").rglob("*") if p.is_file() and "_forebay_staging" in str(p)
     ]
     assert leftovers == []
+
+
+def test_a_map_whose_column_is_all_null_in_some_batches_writes_the_column_s_type(tmp_path):
+    """A batch whose answers are all missing comes out of pyarrow as the null type; it takes
+    the type the column has in the first batch."""
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"id": list(range(40))}), src / "a.parquet", row_group_size=10)
+
+    def answer(batch: pa.Table) -> pa.Table:
+        ids = batch.column("id").to_pylist()
+        texts = [None] * len(ids) if ids[0] >= 20 else [f"t{i}" for i in ids]
+        return batch.append_column("text", pa.array(texts))  # all None: the null type
+
+    out = tmp_path / "out"
+    # One map task at a time: the typed batches reach the writer first.
+    forebay.read_parquet(str(src), batch_size=10).map_batches(
+        answer, batch_size=10, concurrency=1
+    ).write_parquet(str(out))
+    back = pq.read_table(out).sort_by("id")
+    assert back.schema.field("text").type == pa.string()
+    assert back.column("text").to_pylist() == [f"t{i}" for i in range(20)] + [None] * 20

@@ -421,3 +421,19 @@ def test_a_limit_after_the_read_fetches_only_the_row_groups_it_needs(s3):
     # A whole scan of the same dataset does fetch ahead (what the limit saved).
     assert ds.to_arrow().num_rows == 1_000_000
     assert ds.metrics()["data_requests"] - first >= 20
+
+
+def test_write_parquet_to_a_missing_bucket_names_it_and_the_status(s3, tmp_path):
+    """Without a checkpoint: the failed upload is a clear error, not a panic in an I/O
+    thread ("internal error")."""
+    options, _, _ = s3
+    local = tmp_path / "in"
+    local.mkdir()
+    pq.write_table(pa.table({"id": np.arange(100)}), local / "a.parquet")
+    with pytest.raises(forebay.ForebayError) as caught:
+        forebay.read_parquet(str(local)).write_parquet(
+            "s3://no-such-bucket/out/", storage_options=options
+        )
+    message = str(caught.value)
+    assert "internal error" not in message and "no-such-bucket" in message, message
+    assert "404" in message or "NoSuchBucket" in message or "not found" in message.lower()

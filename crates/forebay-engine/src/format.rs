@@ -128,22 +128,21 @@ impl FileSink {
                 let chunk = std::mem::take(chunk);
                 let mut upload = upload.take().expect("an upload is completed once");
                 forebay_io::block_on(async move {
-                    let mut completed = Ok(());
                     if !chunk.is_empty() {
-                        completed = upload.put(Bytes::from(chunk)).await.map_err(Into::into);
+                        if let Err(e) = upload.put(Bytes::from(chunk)).await {
+                            // No parts of a failed upload stay behind.
+                            let _ = upload.abort().await;
+                            return Err(e.into());
+                        }
                     }
-                    if completed.is_ok() {
-                        let mut pinned = Pin::new(&mut *upload);
-                        completed = futures::future::poll_fn(|cx| {
-                            tokio::io::AsyncWrite::poll_shutdown(pinned.as_mut(), cx)
-                        })
-                        .await;
-                    }
-                    if completed.is_err() {
-                        // No parts of a failed upload stay behind.
-                        let _ = upload.abort().await;
-                    }
-                    completed
+                    // Once shut down, object_store's writer cannot be aborted (it panics):
+                    // a failed single put left nothing; the parts of a multipart upload
+                    // whose completion failed are the store's to expire.
+                    let mut pinned = Pin::new(&mut *upload);
+                    futures::future::poll_fn(|cx| {
+                        tokio::io::AsyncWrite::poll_shutdown(pinned.as_mut(), cx)
+                    })
+                    .await
                 })
             }
         }

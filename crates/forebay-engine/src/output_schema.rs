@@ -1,15 +1,26 @@
 //! Every batch written to one dataset has the first batch's columns and types; when one
-//! does not, the error names the columns that differ (not two schema dumps).
+//! does not, the error names the columns that differ (not two schema dumps). A column of
+//! Arrow's null type (what pyarrow and pandas infer for a column with no value, e.g. a model
+//! that answered nothing for a whole batch) takes the first batch's type for that column.
 
-use arrow_schema::SchemaRef;
+use std::sync::Arc;
+
+use arrow_array::{new_null_array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, SchemaRef};
 
 use crate::batch::EngineBatch;
 use crate::error::{EngineError, Result};
 
 const STAGE: &str = "write_parquet";
 
-/// Remember the first batch's schema in `first`; fail on a later batch whose differs.
-pub(crate) fn check_schema(first: &mut Option<SchemaRef>, batch: &EngineBatch) -> Result<()> {
+/// Remember the first batch's schema in `first`; fail on a later batch whose differs, after
+/// its all-null columns of the null type took the first batch's types.
+pub(crate) fn check_schema(first: &mut Option<SchemaRef>, batch: &mut EngineBatch) -> Result<()> {
+    if let Some(s) = first {
+        if let Some(typed) = with_null_columns_typed(s, &batch.batch) {
+            batch.batch = typed;
+        }
+    }
     let schema = batch.batch.schema();
     match first {
         None => *first = Some(schema),
@@ -28,6 +39,37 @@ pub(crate) fn check_schema(first: &mut Option<SchemaRef>, batch: &EngineBatch) -
         _ => {}
     }
     Ok(())
+}
+
+/// `batch` with its columns of the null type made null columns of `first`'s type for them,
+/// when that makes its schema `first`'s; `None` when it would not.
+fn with_null_columns_typed(first: &SchemaRef, batch: &RecordBatch) -> Option<RecordBatch> {
+    let schema = batch.schema();
+    if schema.fields() == first.fields() || schema.fields().len() != first.fields().len() {
+        return None;
+    }
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+    for ((field, want), column) in schema
+        .fields()
+        .iter()
+        .zip(first.fields())
+        .zip(batch.columns())
+    {
+        if field.name() != want.name() {
+            return None;
+        }
+        if field.data_type() == &DataType::Null && want.data_type() != &DataType::Null {
+            if !want.is_nullable() {
+                return None;
+            }
+            columns.push(new_null_array(want.data_type(), batch.num_rows()));
+        } else if field == want {
+            columns.push(column.clone());
+        } else {
+            return None;
+        }
+    }
+    RecordBatch::try_new(Arc::clone(first), columns).ok()
 }
 
 /// What differs between the first batch's schema and a later one's, column by column.

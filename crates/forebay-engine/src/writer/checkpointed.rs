@@ -114,7 +114,7 @@ pub(super) fn write_checkpointed(
         batch.move_to(holder);
         counters.record_in(batch.batch.num_rows());
         let started = Instant::now();
-        check_schema(&mut schema, &batch)?;
+        check_schema(&mut schema, &mut batch)?;
         let ids = log.ids().map(|ids| batch_ids(ids, &batch)).transpose()?;
         let rows = batch.batch.num_rows();
         if pending.is_none() {

@@ -569,9 +569,9 @@ fn write_plain(
     let mut file: Option<OpenFile> = None;
     let mut buffered: Option<Reservation> = None;
     let mut schema: Option<SchemaRef> = None;
-    while let Some(batch) = input.pop(&cancel)? {
+    while let Some(mut batch) = input.pop(&cancel)? {
         batch.move_to(holder);
-        check_schema(&mut schema, &batch)?;
+        check_schema(&mut schema, &mut batch)?;
         let batch = batch.batch;
         counters.record_in(batch.num_rows());
         let started = Instant::now();
