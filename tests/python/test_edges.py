@@ -736,3 +736,21 @@ def test_a_map_whose_column_is_all_null_in_some_batches_writes_the_column_s_type
     back = pq.read_table(out).sort_by("id")
     assert back.schema.field("text").type == pa.string()
     assert back.column("text").to_pylist() == [f"t{i}" for i in range(20)] + [None] * 20
+
+
+def test_a_polars_int128_column_is_an_unsupported_type_naming_it(tmp_path):
+    pl = pytest.importorskip("polars")
+    path = tmp_path / "wide.parquet"
+    pl.DataFrame({"ok": [1, 2], "big": pl.Series([1, 2**100], dtype=pl.Int128)}).write_parquet(path)
+    with pytest.raises(forebay.ForebayError, match="more than 64 bits") as caught:
+        forebay.read_parquet(str(path)).to_arrow()
+    assert not isinstance(caught.value, forebay.CorruptFileError)
+
+
+def test_a_zoned_timestamp_in_seconds_keeps_its_zone_as_pyarrow_reads_it(tmp_path):
+    path = tmp_path / "s.parquet"
+    column = pa.array([0, 3600], pa.timestamp("s", tz="America/New_York"))
+    pq.write_table(pa.table({"t": column}), path)
+    got = forebay.read_parquet(str(path)).to_arrow()
+    assert got.schema == pq.read_table(path).schema.remove_metadata()
+    assert got.equals(pq.read_table(path).replace_schema_metadata(None))

@@ -46,10 +46,11 @@ pub enum ParquetError {
 
     /// The file is valid Parquet, but a column's type has no Arrow reading forebay gives
     /// (pyarrow refuses it too), e.g. 128-bit integers.
-    #[error("{path}: column '{column}' cannot be read: {reason}")]
+    /// `column`: `None` where the footer's decoder refused the type before naming it.
+    #[error("{path}: {} cannot be read: {reason}", column_or_a_column(column))]
     UnsupportedType {
         path: String,
-        column: String,
+        column: Option<String>,
         reason: String,
     },
 
@@ -192,6 +193,14 @@ impl ParquetError {
         row_group: Option<usize>,
         err: parquet::errors::ParquetError,
     ) -> Self {
+        // The footer's decoder refuses wide integers without naming the column.
+        if err.to_string().contains("Int type with bit width of") {
+            return ParquetError::UnsupportedType {
+                path: path.to_string(),
+                column: None,
+                reason: format!("{WIDE_INTEGERS} ({err})"),
+            };
+        }
         // Our own errors (a failed request, a row filter's error) come back wrapped; unwrap
         // them by value so they keep their kind: a network fault is I/O, not corruption.
         let err = match err {
@@ -266,6 +275,18 @@ impl From<ParquetError> for arrow_schema::ArrowError {
         arrow_schema::ArrowError::ExternalError(Box::new(err))
     }
 }
+
+fn column_or_a_column(column: &Option<String>) -> String {
+    match column {
+        Some(name) => format!("column '{name}'"),
+        None => "a column".to_string(),
+    }
+}
+
+/// What forebay tells a user of integers wider than 64 bits.
+pub(crate) const WIDE_INTEGERS: &str = "integers of more than 64 bits are not supported (Arrow, \
+    pyarrow and forebay read integers of at most 64 bits); write the column as a 64-bit \
+    integer, a decimal or a string";
 
 /// A [`ParquetError::Corrupt`] of `path` (and row group) saying `err`.
 pub(crate) fn corrupt(

@@ -161,7 +161,7 @@ impl DatasetInner {
         check_supported_types(metadata.file_metadata().schema_descr(), &path)?;
         let file_schema = {
             let plain = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
-                .map_err(|e| corrupt_from(&path, None, e))?;
+                .map_err(|e| ParquetError::from_decode(&path, None, e))?;
             plain.schema().clone()
         };
         check_map_keys_required(metadata.file_metadata().schema(), &path)?;

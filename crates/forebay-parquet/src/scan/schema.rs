@@ -168,12 +168,8 @@ pub(super) fn check_supported_types(
                 let sign = if int.is_signed { "signed" } else { "unsigned" };
                 return Err(ParquetError::UnsupportedType {
                     path: path.to_string(),
-                    column: column.path().string(),
-                    reason: format!(
-                        "{sign} {bit_width}-bit integers are not supported (Arrow, pyarrow and \
-                         forebay read integers of at most 64 bits); cast the column to a \
-                         64-bit integer, a decimal or a string where the file is written"
-                    ),
+                    column: Some(column.path().string()),
+                    reason: format!("{sign} {bit_width}-bit: {}", crate::error::WIDE_INTEGERS),
                 });
             }
         }
