@@ -7,7 +7,8 @@
    after 50 ms +- 10 ms, runs at most 256 requests at once and answers 1 % of requests with
    429. It logs every text it is asked to embed.
 2. Runs the job: ``map_batches`` with an async client (aiohttp; 256 requests in flight on one
-   event loop, backing off on 429) and ``write_parquet`` with a checkpoint.
+   event loop; forebay retries the 429s, ``max_retries=3``) and ``write_parquet`` with a
+   checkpoint.
 3. Kills the job with SIGKILL part way (a preempted node), then runs it again.
 4. Verifies every document is in the output exactly once, and that the server was never
    asked again for a document whose embedding the killed run had committed (those calls
@@ -62,7 +63,7 @@ SERVER = textwrap.dedent(
 
 JOB = textwrap.dedent(
     """
-    import asyncio, json, sys
+    import json, sys
     import aiohttp
     import numpy as np
     import forebay
@@ -77,18 +78,11 @@ JOB = textwrap.dedent(
             if self.session is None:
                 self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             texts = [str(t) for t in batch["text"]]
-            delay = 0.05
-            while True:
-                async with self.session.post(
-                    self.url, json={"model": "demo", "input": texts}
-                ) as response:
-                    if response.status == 429:  # back off: the server asked
-                        await asyncio.sleep(delay)
-                        delay = min(2 * delay, 2.0)
-                        continue
-                    response.raise_for_status()
-                    data = (await response.json())["data"]
-                    break
+            async with self.session.post(
+                self.url, json={"model": "demo", "input": texts}
+            ) as response:
+                response.raise_for_status()  # a 429: forebay backs off and retries
+                data = (await response.json())["data"]
             vectors = [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]
             return {"id": batch["id"], "embedding": np.asarray(vectors, dtype=np.float32)}
 

@@ -16,6 +16,7 @@ from ._cpu import require_cpu_features
 require_cpu_features()  # before the extension loads: a clear error, not SIGILL
 
 from . import _forebay
+from ._call_errors import RowError, TransientError
 from ._checkpoint_config import Checkpoint
 from ._checkpoint_filter import CheckpointFilter
 from ._config import configure
@@ -65,6 +66,7 @@ __all__ = [
     "ObjectWriter",
     "ParquetError",
     "RemoteSpillTarget",
+    "RowError",
     "SchemaMismatchError",
     "SpillArea",
     "SpillError",
@@ -73,6 +75,7 @@ __all__ = [
     "StoreError",
     "StoreFullError",
     "TrainingStream",
+    "TransientError",
     "WorkerDiedError",
     "WriteError",
     "configure",

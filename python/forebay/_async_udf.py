@@ -18,10 +18,19 @@ of the loop, not after the engine's next turn. A lane is one coroutine for the w
 life, not a task a call: fewer objects a call, and a third of the garbage collections
 (each full one stops the loop; BENCHMARKS.md, "Batch inference at the server's capacity").
 
-Each call: ``call_timeout`` bounds it; an exception or a timeout is retried up to
-``max_retries`` times (after 0.1 s, 0.2 s, ... up to 2 s; backing off on a 429 is the
-function's own business); then ``on_error`` decides (raise, or isolate the failing rows as
-:meth:`forebay._udf.Runner.isolate` does, here with the halves called concurrently).
+Each call: ``call_timeout`` bounds it; a failure is retried as :mod:`forebay._call_errors`
+classifies it: never when the rows are at fault (an HTTP 4xx), up to ``max_retries`` times
+within ``retry_deadline`` otherwise, each after max(backoff with jitter, the server's
+``Retry-After``). How many calls go to the server at once is learnt from its answers
+(:mod:`forebay._admission`): throttles (429, 503, a ``Retry-After``) shrink the window of
+calls at the server, successes grow it back, and a ``Retry-After`` pauses every call of the
+worker, so that a server rate-limiting for a minute is probed by one call at a time, not by
+``max_concurrency`` retries at the end of every wait.
+
+Then ``on_error`` decides: raise, or set rows aside: a transient failure sets aside the
+whole batch (halves would only add load), any other isolates the failing rows as
+:meth:`forebay._udf.Runner.isolate` does, here with the halves called concurrently. A
+set-aside row's error names every attempt.
 """
 
 from __future__ import annotations
@@ -34,8 +43,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._admission import Admission
+from ._call_errors import Failure, backoff, classify, note_attempts, server_wait, status_of
 from ._forebay import StageError
 from ._udf import FunctionSpec, Runner, errored_rows
+
+#: Statuses by which a server says it takes too many calls (the others are not about load).
+_THROTTLES = frozenset({429, 503})
 
 
 def is_async(fn: Any) -> bool:
@@ -51,16 +65,17 @@ def _waiting_calls(in_flight: int) -> int:
     return max(1, in_flight // 4)
 
 
-def _backoff(attempt: int) -> float:
-    return float(min(2.0, 0.1 * 2**attempt))
-
-
 class AsyncRunner:
     """One worker's event loop and the calls it runs (see the module docs). The engine reads
     ``in_flight`` and calls :meth:`submit`, :meth:`completed` and :meth:`close`."""
 
     def __init__(
-        self, spec: FunctionSpec, in_flight: int, call_timeout: float | None, max_retries: int
+        self,
+        spec: FunctionSpec,
+        in_flight: int,
+        call_timeout: float | None,
+        max_retries: int,
+        retry_deadline: float | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._runner = Runner(spec)  # constructs the class (once per worker)
@@ -69,6 +84,9 @@ class AsyncRunner:
         self.in_flight = in_flight + _waiting_calls(in_flight)
         self._lane_count = in_flight
         self._timeout, self._retries = call_timeout, max_retries
+        self._deadline = retry_deadline
+        #: How many calls go to the server at once (see the module docs).
+        self._admission = Admission(self._loop, in_flight)
         #: Calls submitted and not yet taken by a lane.
         self._submitted: collections.deque[tuple[int, pa.RecordBatch]] = collections.deque()
         #: Lanes with no call, each waiting on its future.
@@ -158,32 +176,65 @@ class AsyncRunner:
         return out  # a plain function that returned at once
 
     async def _attempt(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """One call, with its timeout and retries."""
+        """One call, with its timeout and retries (see the module docs)."""
         prepared = self._runner.prepare(batch)
-        error: Exception | None = None
-        for attempt in range(self._retries + 1):
-            if attempt:
-                await asyncio.sleep(_backoff(attempt - 1))
+        # The failures of earlier attempts; made at the first (a list a call would add to
+        # the garbage collector's count of every call).
+        earlier: list[BaseException] | None = None
+        first = 0.0  # loop time of the first attempt, read only with a retry_deadline
+        admission = self._admission
+        while True:
+            if not admission.try_enter():
+                await admission.enter()
+            if not first and self._deadline is not None:
+                first = self._loop.time()
             try:
                 if self._timeout is None:
                     out = await self._invoke(prepared)
                 else:
                     out = await asyncio.wait_for(self._invoke(prepared), self._timeout)
+            except (StageError, asyncio.CancelledError):
+                admission.failed()
+                raise
             except TimeoutError as e:
-                error = e
+                error: Exception = e
                 if self._timeout is not None:
                     error = TimeoutError(
                         f"the call took longer than call_timeout={self._timeout:g} s"
                     )
-                continue
-            except StageError:
-                raise
             except Exception as e:  # noqa: BLE001 - retried, then the call's error
                 error = e
-                continue
-            return self._runner.finish(out)
-        assert error is not None
-        raise error
+            else:
+                admission.succeeded()
+                return self._runner.finish(out)
+            kind = classify(error)
+            asked = server_wait(error) if kind is Failure.TRANSIENT else None
+            admission.failed(
+                throttled=asked is not None
+                or (kind is Failure.TRANSIENT and status_of(error) in _THROTTLES),
+                wait=asked,
+            )
+            wait = self._retry_wait(kind, asked, len(earlier) if earlier else 0, first)
+            if wait is None:
+                note_attempts(error, earlier or [])
+                raise error
+            if earlier is None:
+                earlier = []
+            earlier.append(error)
+            await asyncio.sleep(wait)
+
+    def _retry_wait(
+        self, kind: Failure, asked: float | None, retries: int, first: float
+    ) -> float | None:
+        """After a failure of ``kind`` (``asked``: the wait the server asked for;
+        ``retries`` made so far; the first attempt at loop time ``first``, read only with a
+        ``retry_deadline``): the seconds to wait before calling again, or None: not again."""
+        if kind is Failure.ROW or retries >= self._retries:
+            return None
+        wait = max(backoff(retries), asked or 0.0)
+        if self._deadline is not None and self._loop.time() + wait - first > self._deadline:
+            return None
+        return wait
 
     async def _call(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         try:
@@ -210,8 +261,8 @@ class AsyncRunner:
                 raise
             except Exception as e:  # noqa: BLE001 - the rows' error, kept for them
                 error = e
-        if stop - start == 1:
-            return [], [(start, error)]
+        if stop - start == 1 or classify(error) is Failure.TRANSIENT:
+            return [], [(row, error) for row in range(start, stop)]
         middle = (start + stop) // 2
         (a_out, a_failed), (b_out, b_failed) = await asyncio.gather(
             self._isolate(batch, start, middle, None), self._isolate(batch, middle, stop, None)
@@ -220,6 +271,10 @@ class AsyncRunner:
 
 
 def make_async_worker(
-    spec: FunctionSpec, in_flight: int, call_timeout: float | None, max_retries: int
+    spec: FunctionSpec,
+    in_flight: int,
+    call_timeout: float | None,
+    max_retries: int,
+    retry_deadline: float | None = None,
 ) -> AsyncRunner:
-    return AsyncRunner(spec, in_flight, call_timeout, max_retries)
+    return AsyncRunner(spec, in_flight, call_timeout, max_retries, retry_deadline)

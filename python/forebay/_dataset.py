@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import _config, _devices, _forebay, _runs
-from ._args import integer, optional_integer
+from ._args import integer, optional_integer, optional_seconds, worker_count
 from ._async_udf import is_async, make_async_worker
 from ._checkpoint_config import Checkpoint
 from ._training import TrainingStream
@@ -47,15 +47,16 @@ class _MapStep:
     #: An async function: calls in flight per worker (None: not async).
     max_concurrency: int | None = None
     call_timeout: float | None = None
+    retry_deadline: float | None = None
 
     def add_to(self, pipeline: _forebay.RsPipeline) -> None:
         if self.compute == "threads":
             spec, in_flight = self.spec, self.max_concurrency
-            timeout, retries = self.call_timeout, self.max_retries
+            timeout, retries, deadline = self.call_timeout, self.max_retries, self.retry_deadline
             pipeline.add_threads(
                 spec.stage,
                 (
-                    (lambda: make_async_worker(spec, in_flight, timeout, retries))
+                    (lambda: make_async_worker(spec, in_flight, timeout, retries, deadline))
                     if in_flight is not None
                     else (lambda: make_worker(spec))
                 ),
@@ -136,7 +137,7 @@ class Dataset:
         batch_size: int | None = None,
         batch_format: str = "pyarrow",
         compute: str = "threads",
-        concurrency: int | None = None,
+        concurrency: int | tuple[int, ...] | None = None,
         fn_args: Sequence[Any] | None = None,
         fn_kwargs: Mapping[str, Any] | None = None,
         fn_constructor_args: Sequence[Any] | None = None,
@@ -148,6 +149,7 @@ class Dataset:
         num_gpus: float | None = None,
         max_concurrency: int | None = None,
         call_timeout: float | None = None,
+        retry_deadline: float | None = None,
     ) -> Dataset:
         """Apply ``fn`` to every batch (Ray Data's names and meaning).
 
@@ -172,19 +174,40 @@ class Dataset:
             are shipped to the workers by value (cloudpickle); the workers never run your
             script, so it needs no ``if __name__ == "__main__":`` guard.
         concurrency: workers (threads or processes) calling ``fn`` at once; default
-            ``forebay.configure(num_threads=...)``, the number of cores.
+            ``forebay.configure(num_threads=...)``, the number of cores. Ray Data's range
+            ``(min, max)`` (or ``(min, max, initial)``) is taken too: forebay does not
+            autoscale, so ``max`` workers run from the start.
         fn_args, fn_kwargs: extra arguments of every call.
         fn_constructor_args, fn_constructor_kwargs: arguments of the class's constructor.
+            With ``compute="processes"``, arguments holding 1 MiB of arrays or more (a
+            model's weights) reach the workers through shared memory, one copy for all of
+            them: each worker's arrays are read-only views of it.
         max_retries: with ``compute="processes"``, times a batch is retried on a fresh
             worker when its worker dies (SIGKILL, a crash in a C extension); 0: the run
             fails with ``forebay.WorkerDiedError`` naming the batch. With an async ``fn``,
-            times a call that raised or timed out is made again (after 0.1 s, 0.2 s, ...
-            up to 2 s); then ``on_error`` applies.
+            times a failed call is made again, as its exception says: an HTTP 4xx about
+            the request (400, 401, 404, 422; or ``forebay.RowError``) never (the rows are
+            at fault); a 408/409/425/429, a 5xx, a connection reset or a timeout (or
+            ``forebay.TransientError``) and any other exception after a backoff (0.1 s
+            doubling up to 10 s, with jitter) or the wait the server asked for
+            (``Retry-After``, ``retry-after-ms``, on a 429 the ``x-ratelimit-reset-*`` of
+            the exhausted limit), whichever is longer. 429s and 503s narrow the window of
+            the worker's calls in flight (down to one call, then calls spaced apart),
+            successes widen it back, and a wait the server asks for pauses every call of
+            the worker: retries do not multiply the load on a server that is
+            rate-limiting. Status and headers are read from the exceptions
+            of openai, httpx, aiohttp, requests and urllib (``status_code``, ``status``,
+            ``response``, ``headers``). Then ``on_error`` applies; the error names every
+            attempt (its notes; a dead letter's ``_error_message``).
         max_concurrency: with an async ``fn``, calls in flight on each worker's event loop
             (default 64); ``concurrency`` (default 1 for async functions) is the number of
             such workers, each a thread with its own loop.
         call_timeout: with an async ``fn``, seconds one call may take; a call that takes
-            longer is cancelled and counts as raising ``TimeoutError``. Default: no limit.
+            longer is cancelled and counts as raising ``TimeoutError`` (a transient
+            failure). Default: no limit.
+        retry_deadline: with an async ``fn``, seconds from a call's first attempt after
+            which it is not made again, whatever ``max_retries`` has left (a wait that
+            would end past it ends the retries at once). Default: no deadline.
 
         zero_copy_batch: with ``batch_format="numpy"``: ``False`` (default, as Ray) hands
             writable arrays, copying the columns that convert without a copy (numeric, no
@@ -197,7 +220,9 @@ class Dataset:
             aside and the run goes on: the failing batch is called again in halves, and
             halves of the halves that fail, until each failing call holds one row (about
             2·k·log2(batch_size) more calls for k failing rows, so make ``fn`` cheap to call
-            twice or keep batches small); the other rows' outputs go on. Each set-aside row
+            twice or keep batches small); the other rows' outputs go on. A transient
+            failure (see ``max_retries``: a 429, a 5xx, a reset, a timeout) is not the
+            rows' fault: the batch (or half) it ends is set aside whole, not halved. Each set-aside row
             is logged as a warning (the first 20, with its file and row where known) and
             counted in ``stats()`` (``rows_errored`` and ``errored`` of the stage). A
             set-aside row counts as done: in a checkpointed write it is not sent again once
@@ -244,7 +269,7 @@ class Dataset:
         fmt = check_format(batch_format, MAP_FORMATS)
         if compute not in ("threads", "processes"):
             raise ValueError(f"compute must be 'threads' or 'processes', not {compute!r}")
-        concurrency = optional_integer("concurrency", concurrency, minimum=1)
+        concurrency = worker_count("concurrency", concurrency)
         max_retries = integer("max_retries", max_retries, minimum=0)
         if on_error not in ("raise", "skip", "dead_letter"):
             raise ValueError(f"on_error must be 'raise', 'skip' or 'dead_letter', not {on_error!r}")
@@ -262,18 +287,14 @@ class Dataset:
                     f"on an event loop, which runs on compute='threads' (not {compute!r})"
                 )
             max_concurrency = optional_integer("max_concurrency", max_concurrency, minimum=1)
-            if call_timeout is not None:
-                if isinstance(call_timeout, bool) or not isinstance(call_timeout, int | float):
-                    raise TypeError("call_timeout must be a number of seconds")
-                if not call_timeout > 0:
-                    raise ValueError(f"call_timeout must be more than 0, not {call_timeout}")
-                call_timeout = float(call_timeout)
+            call_timeout = optional_seconds("call_timeout", call_timeout)
+            retry_deadline = optional_seconds("retry_deadline", retry_deadline)
             max_concurrency = max_concurrency or 64
             concurrency = concurrency or 1
-        elif max_concurrency is not None or call_timeout is not None:
+        elif max_concurrency is not None or call_timeout is not None or retry_deadline is not None:
             raise ValueError(
-                "max_concurrency and call_timeout apply to async functions (async def); "
-                "for others, concurrency sets the calls at once"
+                "max_concurrency, call_timeout and retry_deadline apply to async functions "
+                "(async def); for others, concurrency sets the calls at once"
             )
         devices: list[str] = []
         if num_gpus is not None:
@@ -310,6 +331,7 @@ class Dataset:
                 devices,
                 max_concurrency if asynchronous else None,
                 call_timeout,
+                retry_deadline,
             )
         )
 
@@ -443,7 +465,7 @@ class Dataset:
         *,
         rows_per_file: int | None = None,
         compression: str = "zstd",
-        mode: str = "append",
+        mode: str | None = None,
         storage_options: Mapping[str, str] | None = None,
         concurrency: int | None = None,
         preserve_order: bool = False,
@@ -458,8 +480,12 @@ class Dataset:
         rows_per_file: start a new file after this many rows (default 1,048,576).
         compression: ``"zstd"`` (default), ``"snappy"``, ``"gzip"``, ``"lz4"``, ``"brotli"`` or
             ``"none"``.
-        mode: ``"append"`` (default: new files beside existing ones), ``"overwrite"`` (delete
-            the directory's ``*.parquet`` first) or ``"error"`` (fail if it has any).
+        mode: ``"append"`` (new files beside existing ones; the default), ``"overwrite"``
+            (delete the directory's ``*.parquet`` first) or ``"error"`` (fail if it has any).
+            With a checkpoint, a directory holding files committed under another checkpoint
+            (another job's, or this path's before its directory was deleted: a rerun would
+            write every row again beside them) is refused while this checkpoint has
+            committed nothing there, unless ``mode="append"`` is given.
         storage_options: object_store options for URIs (as in :func:`read_parquet`).
         concurrency: files written at once, each by its own writer thread that encodes and
             compresses it. Default: ``forebay.configure(num_threads=...)``, the number of

@@ -49,6 +49,28 @@ def _draws(seed: int, first: int, count: int, cumulative: np.ndarray) -> np.ndar
     return np.minimum(np.searchsorted(cumulative, u, side="right"), len(cumulative) - 1)
 
 
+def _check_same_columns(streams: Sequence[TrainingStream]) -> None:
+    """A training loop gets batches of one schema: every source's columns and types are the
+    first's (a clear error naming the source and the columns, not a batch that surprises
+    the model later)."""
+    first = streams[0]._dataset.schema
+    for k, s in enumerate(streams[1:], start=1):
+        schema = s._dataset.schema
+        if schema.names != first.names or schema.types != first.types:
+            mine = dict(zip(first.names, map(str, first.types), strict=True))
+            theirs = dict(zip(schema.names, map(str, schema.types), strict=True))
+            differ = sorted(
+                f"{name}: {mine.get(name, 'missing')} / {theirs.get(name, 'missing')}"
+                for name in mine.keys() | theirs.keys()
+                if mine.get(name) != theirs.get(name)
+            ) or [f"column order {first.names} / {schema.names}"]
+            raise ValueError(
+                f"the streams of a mix need the same columns and types: source {k} differs "
+                f"from source 0 ({'; '.join(differ)}); select or cast the columns "
+                "(read_parquet(columns=...), map_batches) so that they agree"
+            )
+
+
 class MixedStream:
     """Batches of several :class:`forebay.TrainingStream` drawn by weight (made by
     :func:`forebay.mix`). Endless: each source starts its next epoch when one ends.
@@ -75,6 +97,7 @@ class MixedStream:
                 )
             if s.rows < s.batch_size:
                 raise ValueError(f"{s!r} has not one full batch: nothing to draw from it")
+        _check_same_columns(streams)
         w = np.array([float(x) for x in weights])
         if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
             raise ValueError(f"weights must be non-negative numbers, not all 0: {list(weights)}")

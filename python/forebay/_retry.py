@@ -84,8 +84,10 @@ def retry_dead_letters(
             "retry_dead_letters runs the job's steps from its first map_batches over the rows "
             "set aside (they are that step's input): this dataset has no map_batches step"
         )
-    if write.get("mode", "append") != "append":
+    if write.get("mode") not in (None, "append"):
         raise ValueError("retry_dead_letters writes beside the job's output: mode must be 'append'")
+    # The retry's checkpoint is a new one each time, writing into the job's output.
+    write = {**write, "mode": "append"}
     out = _forebay.RsDir(path, storage_options)
     state_location = retry_location(checkpoint)
     state = _forebay.RsDir(state_location, checkpoint.storage_options)

@@ -3,8 +3,9 @@
 Values are copied once into a shared memory arena (``/dev/shm`` by default) and read back
 without copying: pyarrow Tables, RecordBatches and Arrays come back with their buffers in
 the mapping, numpy arrays as read-only arrays over it, bytes-like values as read-only
-``memoryview`` objects. Whatever ``get`` returns keeps the object pinned in memory while it
-lives. Over the capacity, least recently used unpinned objects move to disk and come back
+``memoryview`` objects, and any other picklable value (a dict of arrays, a dataclass, a
+DataFrame) is rebuilt by pickle around read-only views of the arrays inside it (see
+``_pickled``). Whatever ``get`` returns keeps the object pinned in memory while it lives. Over the capacity, least recently used unpinned objects move to disk and come back
 on ``get``.
 
     >>> store = forebay.ObjectStore(capacity="1GiB")
@@ -22,7 +23,7 @@ from typing import Any, Literal, Self
 
 import pyarrow as pa
 
-from . import _forebay
+from . import _forebay, _pickled
 from ._args import integer
 from ._forebay import ObjectNotFoundError, StoreError, StoreFullError
 
@@ -33,6 +34,7 @@ _BATCH = b"B"
 _TABLE = b"T"
 _ARRAY = b"A"
 _CHUNKED = b"C"
+_PICKLED = _pickled.PICKLED
 
 _UNITS = {
     "": 1,
@@ -99,12 +101,12 @@ class ObjectRef:
         return f"ObjectRef({self.id}, store={self._store_path!r})"
 
 
-def _ndarray_meta(arr: Any, scalar: bool = False) -> bytes:
+def _ndarray_meta(dtype: Any, shape: tuple[int, ...], scalar: bool = False) -> bytes:
     """``[descr, shape]``, and ``true`` third for a numpy scalar (stored as a 0-d array)."""
     import numpy as np
 
-    descr = np.lib.format.dtype_to_descr(arr.dtype)
-    fields = [descr, list(arr.shape), True] if scalar else [descr, list(arr.shape)]
+    descr = np.lib.format.dtype_to_descr(dtype)
+    fields = [descr, list(shape), True] if scalar else [descr, list(shape)]
     return _NDARRAY + json.dumps(fields).encode()
 
 
@@ -135,9 +137,15 @@ class ObjectWriter:
     release the view, then ``seal()``; or use it as a context manager, which seals on
     success (the ref is then ``writer.ref``) and aborts on error."""
 
-    def __init__(self, _inner: _forebay.RsObjectWriter, _store_path: str):
+    def __init__(
+        self,
+        _inner: _forebay.RsObjectWriter,
+        _store_path: str,
+        _array: tuple[Any, tuple[int, ...]] | None = None,
+    ):
         self._inner = _inner
         self._store_path = _store_path
+        self._array = _array
 
     @property
     def size(self) -> int:
@@ -146,6 +154,19 @@ class ObjectWriter:
     def view(self) -> memoryview:
         """A writable memoryview of the object's bytes; release it before ``seal``."""
         return memoryview(self._inner)
+
+    def array(self) -> Any:
+        """A writable numpy array over the object's bytes (of ``create_array``'s shape and
+        dtype); let it go (``del``) before ``seal``."""
+        if self._array is None:
+            raise TypeError("ObjectWriter.array: this object was not made by create_array")
+        import numpy as np
+
+        dtype, shape = self._array
+        count = 1
+        for n in shape:
+            count *= n
+        return np.frombuffer(memoryview(self._inner), dtype=dtype, count=count).reshape(shape)
 
     def seal(self) -> ObjectRef:
         return ObjectRef(self._inner.seal(), self._store_path)
@@ -239,9 +260,14 @@ class ObjectStore:
         return ObjectRef(id, self._path)
 
     def put(self, value: Any) -> ObjectRef:
-        """Copy a value into the store once: a pyarrow Table, RecordBatch, Array or
-        ChunkedArray, a numpy ndarray (not of dtype object) or scalar, or a bytes-like
-        object."""
+        """Copy a value into the store once, as one object.
+
+        pyarrow Tables, RecordBatches, Arrays and ChunkedArrays are stored as Arrow, numpy
+        arrays and scalars as their bytes, bytes-like objects as bytes. Any other picklable
+        value (a dict of arrays, a list, a dataclass, a pandas DataFrame; functions and
+        classes of the script by value) is pickled with protocol 5: the numpy arrays, Arrow
+        buffers and memoryviews inside it go into the store beside the pickle stream, and
+        ``get`` gives them back as read-only views of the shared memory."""
         inner = self._store()
         if isinstance(value, pa.RecordBatch):
             return self._ref(inner.put_arrow(_BATCH, value.schema, [value]))
@@ -253,46 +279,52 @@ class ObjectStore:
         if isinstance(value, pa.ChunkedArray):
             table = pa.Table.from_arrays([value], names=[""])
             return self._ref(inner.put_arrow(_CHUNKED, table.schema, table.to_batches()))
-        scalar = False
-        if type(value).__module__ == "numpy" and type(value).__name__ != "ndarray":
+        if type(value).__module__ == "numpy":
             import numpy as np
 
-            if isinstance(value, np.generic):
-                scalar, value = True, np.asarray(value)
-        if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray":
-            import numpy as np
-
-            if value.dtype.hasobject:
-                raise TypeError(
-                    "ObjectStore.put: numpy arrays of Python objects cannot be "
-                    "stored (they hold pointers); convert them to Arrow first"
+            scalar = isinstance(value, np.generic)
+            array = np.asarray(value) if scalar else value
+            # (A subclass, np.matrix say, is pickled: its type comes back with it.)
+            if type(array) is np.ndarray and not array.dtype.hasobject:
+                # (ascontiguousarray would turn a 0-d array into 1-d: keep array's shape.)
+                flat = np.ascontiguousarray(array).reshape(-1)
+                data = flat.view(np.uint8) if flat.size else b""
+                return self._ref(
+                    inner.put_buffers(_ndarray_meta(array.dtype, array.shape, scalar), [data])
                 )
-            # (ascontiguousarray would turn a 0-d array into 1-d: keep the shape from `value`.)
-            flat = np.ascontiguousarray(value).reshape(-1)
-            return self._ref(
-                inner.put_buffer(
-                    _ndarray_meta(value, scalar), flat.view(np.uint8) if flat.size else b""
-                )
-            )
-        try:
-            return self._ref(inner.put_buffer(_BYTES, value))
-        except BufferError as e:
-            raise TypeError(
-                f"ObjectStore.put: cannot store {type(value).__name__}: expected a pyarrow "
-                f"Table/RecordBatch/Array/ChunkedArray, a numpy ndarray or a contiguous "
-                f"bytes-like object ({e})"
-            ) from None
-        except TypeError:
-            raise TypeError(
-                f"ObjectStore.put: cannot store {type(value).__name__}: expected a pyarrow "
-                f"Table/RecordBatch/Array/ChunkedArray, a numpy ndarray or a bytes-like "
-                f"object"
-            ) from None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            view = memoryview(value)
+            if not view.c_contiguous:
+                view = memoryview(view.tobytes())
+            return self._ref(inner.put_buffers(_BYTES, [view]))
+        meta, parts = _pickled.encode(value)
+        return self._ref(inner.put_buffers(meta, parts))
 
     def create(self, size: int) -> ObjectWriter:
         """Allocate ``size`` bytes to fill in place, then ``seal()`` (no copy at all)."""
         size = integer("size", size, minimum=0)
         return ObjectWriter(self._store().create(size, _BYTES), self._path)
+
+    def create_array(self, shape: int | Iterable[int], dtype: Any = "float64") -> ObjectWriter:
+        """Allocate a numpy array of ``shape`` and ``dtype`` to fill in place (no copy at
+        all): ``writer.array()`` is the writable array; ``get`` of the sealed ref returns it
+        read-only.
+
+            >>> with store.create_array((1024, 768), "float32") as w:
+            ...     w.array()[:] = weights      # or fill it row by row
+            >>> store.get(w.ref)                # read-only ndarray over the store"""
+        import numpy as np
+
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        dims = tuple(integer("shape", n, minimum=0) for n in dims)
+        dt = np.dtype(dtype)
+        if dt.hasobject:
+            raise TypeError("ObjectStore.create_array: a dtype holding Python objects")
+        count = 1
+        for n in dims:
+            count *= n
+        inner = self._store().create(count * dt.itemsize, _ndarray_meta(dt, dims))
+        return ObjectWriter(inner, self._path, (dt, dims))
 
     def get(self, ref: ObjectRef) -> Any:
         """The value ``ref`` refers to, without copying; it keeps the object pinned in memory
@@ -300,6 +332,8 @@ class ObjectStore:
         _, meta, payload = self._store().get(_id_of(ref))
         kind = meta[:1]
         if isinstance(payload, _forebay.PinnedBuffer):
+            if kind == _PICKLED:
+                return _pickled.decode(meta, memoryview(payload), ref.id)
             if kind == _NDARRAY:
                 return _ndarray_from(meta, payload)
             return memoryview(payload)

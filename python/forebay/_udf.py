@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import _forebay
+from ._call_errors import Failure, classify, describe
 from ._forebay import StageError
 
 MAP_FORMATS = ("pyarrow", "numpy", "pandas")
@@ -125,7 +126,8 @@ class Runner:
         the rows it does not fail on (in row order), then one batch of the rows it fails on
         (the errored rows: the input rows, their index in ``batch``, the error's type and
         message; marked for the engine, see ``forebay_engine::errored``). A batch of n rows
-        with k failing rows costs about 2·k·log2(n) more calls. Anything but an
+        with k failing rows costs about 2·k·log2(n) more calls; a range that fails
+        transiently (``forebay._call_errors``: a 429, a reset) is set aside whole. Anything but an
         ``Exception`` (Ctrl-C, ``SystemExit``) and forebay's own errors about the output
         are raised as they are."""
         if not isinstance(error, Exception) or isinstance(error, StageError):
@@ -147,8 +149,10 @@ class Runner:
                     raise
                 except Exception as e:  # noqa: BLE001 - the rows' error, kept for them
                     known = e
-            if stop - start == 1:
-                failures.append((start, known))
+            if stop - start == 1 or classify(known) is Failure.TRANSIENT:
+                # A transient failure (a 429, a reset) is not the rows': halves would only
+                # add load to the server.
+                failures.extend((row, known) for row in range(start, stop))
                 continue
             middle = (start + stop) // 2
             todo.append((middle, stop, None))
@@ -167,7 +171,7 @@ def errored_rows(
     taken = batch.take(rows)
     columns = [*taken.columns, rows]
     columns.append(pa.array([type(e).__qualname__ for _, e in failures], pa.string()))
-    columns.append(pa.array([str(e) for _, e in failures], pa.string()))
+    columns.append(pa.array([describe(e) for _, e in failures], pa.string()))
     names = [*taken.schema.names, _forebay.ROW_IN_CALL, _forebay.ERROR_TYPE, _forebay.ERROR_MESSAGE]
     return pa.RecordBatch.from_arrays(columns, names=names).replace_schema_metadata(
         {_forebay.ERRORED_ROWS: "1"}

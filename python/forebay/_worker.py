@@ -70,10 +70,47 @@ def _dumps(obj: Any) -> bytes:
     return bytes(cloudpickle.dumps(obj))
 
 
+#: A function whose arguments hold at least this many bytes of arrays and buffers reaches
+#: its workers through shared memory (one copy for all workers) instead of inside INIT.
+SHARED_SPEC_MIN = 1 << 20
+
+#: The parent's stores of shared specs, by the id of their spec: one per spec, kept while
+#: the spec lives (a worker restarted later attaches to it again).
+_shared_specs: dict[int, tuple[Any, bytes]] = {}
+
+
 def encode_init(spec: Any) -> bytes:
-    """The INIT message for ``spec`` (called in the parent)."""
-    envelope = {"spec": _dumps(spec), "sys_path": list(sys.path)}
-    return pickle.dumps(envelope)
+    """The INIT message for ``spec`` (called in the parent).
+
+    Large arrays in the spec (a model's weights given as constructor arguments) are put
+    into a store of their own, once: each worker attaches to it and gets read-only views of
+    the same pages, as Ray's object store gives its actors. The rest travels in INIT."""
+    from forebay import _pickled
+
+    known = _shared_specs.get(id(spec))
+    if known is not None:
+        return known[1]
+    meta, parts = _pickled.encode(spec)
+    shared = sum(p.nbytes for p in parts[1:] if isinstance(p, memoryview))
+    if shared < SHARED_SPEC_MIN:
+        return pickle.dumps({"spec": _dumps(spec), "sys_path": list(sys.path)})
+    import weakref
+
+    from forebay._store import ObjectStore
+
+    size = sum(memoryview(p).nbytes for p in parts) + len(meta)
+    store = ObjectStore(capacity=size + (4 << 20), spill=False)
+    ref = store._ref(store._store().put_buffers(meta, parts))
+    init = pickle.dumps({"spec_in": (store.path, ref._id), "sys_path": list(sys.path)})
+    _shared_specs[id(spec)] = (store, init)
+    weakref.finalize(spec, _drop_shared_spec, id(spec))
+    return init
+
+
+def _drop_shared_spec(spec_id: int) -> None:
+    entry = _shared_specs.pop(spec_id, None)
+    if entry is not None:
+        entry[0].close()
 
 
 #: Thread pools of native libraries (OpenMP, OpenBLAS, MKL) that size themselves to the
@@ -97,6 +134,11 @@ def _load_spec(payload: bytes) -> Any:
     for entry in envelope["sys_path"]:
         if entry not in sys.path:
             sys.path.append(entry)
+    if "spec_in" in envelope:
+        from forebay._store import ObjectRef, ObjectStore
+
+        path, object_id = envelope["spec_in"]
+        return ObjectStore.attach(path).get(ObjectRef(object_id, path))
     return pickle.loads(envelope["spec"])
 
 

@@ -39,7 +39,7 @@ impl RsCommitCoordinator {
 #[pymethods]
 impl RsCommitCoordinator {
     #[new]
-    #[pyo3(signature = (dataset, checkpoint, on_changed_input, path, storage_options, compression, row_group_rows=None))]
+    #[pyo3(signature = (dataset, checkpoint, on_changed_input, path, storage_options, compression, row_group_rows=None, shared_output=false))]
     #[allow(clippy::too_many_arguments)] // each a keyword of forebay.ray.write_parquet
     fn new(
         py: Python<'_>,
@@ -50,8 +50,9 @@ impl RsCommitCoordinator {
         #[pyo3(from_py_with = string_map)] storage_options: HashMap<String, String>,
         compression: &str,
         row_group_rows: Option<usize>,
+        shared_output: bool,
     ) -> PyResult<Self> {
-        let checkpoint = checkpoint.into_checkpoint(on_changed_input)?;
+        let checkpoint = checkpoint.into_checkpoint(on_changed_input, shared_output)?;
         let mut sink = ParquetSink::new(path)
             .with_storage_options(storage_options)
             .with_compression(compression)

@@ -48,7 +48,13 @@ pub(crate) struct CheckpointConfig {
 impl CheckpointConfig {
     /// The engine's checkpoint, with what the write does with changed inputs (`"error"` or
     /// `"reprocess"`).
-    pub(crate) fn into_checkpoint(self, on_changed_input: &str) -> PyResult<Checkpoint> {
+    /// `shared_output`: the write was asked to append (`mode="append"` given): it may add
+    /// to an output other checkpoints committed into.
+    pub(crate) fn into_checkpoint(
+        self,
+        on_changed_input: &str,
+        shared_output: bool,
+    ) -> PyResult<Checkpoint> {
         let on_changed = match on_changed_input {
             "error" => OnChangedInput::Error,
             "reprocess" => OnChangedInput::Reprocess,
@@ -65,6 +71,7 @@ impl CheckpointConfig {
         let mut c = c
             .with_delete_on_success(self.delete_on_success)
             .with_on_changed_input(on_changed)
+            .with_shared_output(shared_output)
             .with_storage_options(self.storage_options);
         if let Some(n) = self.num_shards {
             c = c.with_num_shards(n);
@@ -267,7 +274,8 @@ impl RsPipeline {
     }
 
     /// `checkpoint`: a `forebay.Checkpoint`, for an exactly-once, resumable write;
-    /// `on_changed_input` applies with it.
+    /// `on_changed_input` applies with it. `mode` None: append, and with a checkpoint refuse
+    /// an output other checkpoints committed into (`"append"` given: allow it).
     #[pyo3(signature = (path, storage_options, compression, rows_per_file, concurrency, mode, checkpoint=None, on_changed_input="error"))]
     #[allow(clippy::too_many_arguments)] // each a keyword of Dataset.write_parquet
     fn write(
@@ -278,11 +286,12 @@ impl RsPipeline {
         compression: &str,
         rows_per_file: Option<usize>,
         concurrency: usize,
-        mode: &str,
+        mode: Option<&str>,
         checkpoint: Option<CheckpointConfig>,
         on_changed_input: &str,
     ) -> PyResult<RsRunningWrite> {
-        let mode = match mode {
+        let shared_output = mode == Some("append");
+        let mode = match mode.unwrap_or("append") {
             "append" => WriteMode::Append,
             "overwrite" => WriteMode::Overwrite,
             "error" | "errorifexists" => WriteMode::ErrorIfExists,
@@ -302,7 +311,7 @@ impl RsPipeline {
             sink = sink.with_rows_per_file(rows);
         }
         let checkpoint = checkpoint
-            .map(|c| c.into_checkpoint(on_changed_input))
+            .map(|c| c.into_checkpoint(on_changed_input, shared_output))
             .transpose()?;
         let pipeline = self.take()?;
         let running = py

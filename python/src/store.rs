@@ -304,13 +304,23 @@ impl RsObjectStore {
         self.store.nonce()
     }
 
-    /// Copy a bytes-like object into the store. The GIL is released: a put may wait for
-    /// room, and the views whose release would make room may belong to other Python threads.
-    fn put_buffer(&self, py: Python<'_>, meta: &[u8], data: &Bound<'_, PyAny>) -> PyResult<u128> {
-        let bytes = ContiguousBytes::get(data)?;
+    /// Copy bytes-like objects into the store as one object, their bytes one after the
+    /// other. The GIL is released: a put may wait for room, and the views whose release
+    /// would make room may belong to other Python threads.
+    fn put_buffers(
+        &self,
+        py: Python<'_>,
+        meta: &[u8],
+        parts: &Bound<'_, PyList>,
+    ) -> PyResult<u128> {
+        let views: Vec<ContiguousBytes> = parts
+            .iter()
+            .map(|part| ContiguousBytes::get(&part))
+            .collect::<PyResult<_>>()?;
+        let slices: Vec<&[u8]> = views.iter().map(ContiguousBytes::as_slice).collect();
         detached_py(py, || {
             self.store
-                .put_bytes(meta, &[bytes.as_slice()])
+                .put_bytes(meta, &slices)
                 .map(|id| id.0)
                 .map_err(store_err)
         })

@@ -670,7 +670,8 @@ import forebay
 forebay.configure(progress=False)
 name = sys.argv[1]
 stats = forebay.read_parquet(f"in-{name}").map_batches(lambda b: b, batch_size=1000).write_parquet(
-    "out", checkpoint=forebay.Checkpoint("id", f"ck-{name}"), rows_per_file=2000, concurrency=1
+    "out", checkpoint=forebay.Checkpoint("id", f"ck-{name}"), rows_per_file=2000, concurrency=1,
+    mode="append",  # each job adds to an output the other one commits into too
 )
 print(stats["rows"])
 """
@@ -678,7 +679,7 @@ print(stats["rows"])
 
 def test_jobs_with_their_own_checkpoints_share_an_output_directory(tmp_path):
     """Job A killed with a commit recorded but not yet published; job B (another input,
-    its own checkpoint) then runs into the same output directory: A's resume still
+    its own checkpoint, asking to append) then runs into the same output directory: A's resume still
     publishes that commit, and both jobs' rows are there exactly once (B's start used to
     delete A's staged files: A could not resume, its committed rows lost)."""
     for name, first in (("A", 0), ("B", 100_000)):
@@ -747,6 +748,33 @@ def test_a_polars_int128_column_is_an_unsupported_type_naming_it(tmp_path):
     assert not isinstance(caught.value, forebay.CorruptFileError)
 
 
+def test_duckdb_intervals_keep_their_months_as_pyarrow_reads_them(tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    path = tmp_path / "intervals.parquet"
+    duckdb.sql(
+        "copy (select * from (values"
+        " (1, INTERVAL 1 MONTH + INTERVAL 2 DAY + INTERVAL 3 SECOND, [INTERVAL 14 MONTH],"
+        "  {'a': INTERVAL 7 DAY}),"
+        " (2, INTERVAL 1 MONTH, [], {'a': NULL}),"
+        " (3, NULL, NULL, NULL)) t(id, iv, l, s)"
+        f") to '{path}' (row_group_size 2)"
+    )
+    expected = pq.read_table(path).replace_schema_metadata(None)
+    assert expected.schema.field("iv").type == pa.binary(12)
+    got = forebay.read_parquet(str(path)).to_arrow()
+    assert got.schema == expected.schema
+    assert got.equals(expected)
+    # The months are there: 1 month is not 0 days.
+    months = int.from_bytes(got.column("iv")[1].as_py()[:4], "little")
+    assert months == 1
+    # The column also reads alone, filtered by another.
+    assert (
+        forebay.read_parquet(str(path), columns=["iv"], filter=[("id", ">", 1)])
+        .to_arrow()
+        .equals(expected.select(["iv"]).slice(1))
+    )
+
+
 def test_a_zoned_timestamp_in_seconds_keeps_its_zone_as_pyarrow_reads_it(tmp_path):
     path = tmp_path / "s.parquet"
     column = pa.array([0, 3600], pa.timestamp("s", tz="America/New_York"))
@@ -754,3 +782,25 @@ def test_a_zoned_timestamp_in_seconds_keeps_its_zone_as_pyarrow_reads_it(tmp_pat
     got = forebay.read_parquet(str(path)).to_arrow()
     assert got.schema == pq.read_table(path).schema.remove_metadata()
     assert got.equals(pq.read_table(path).replace_schema_metadata(None))
+
+
+def test_ray_data_s_concurrency_range_runs_its_max_and_bad_ranges_are_refused(tmp_path):
+    import threading
+
+    pq.write_table(pa.table({"id": list(range(2000))}), tmp_path / "a.parquet", row_group_size=50)
+    ds = forebay.read_parquet(str(tmp_path), batch_size=50)
+    seen: set[int] = set()
+
+    def slow(batch: pa.Table) -> pa.Table:
+        seen.add(threading.get_ident())
+        time.sleep(0.005)
+        return batch
+
+    out = ds.map_batches(slow, concurrency=(1, 3)).to_arrow()
+    assert sorted(out.column("id").to_pylist()) == list(range(2000))
+    assert 1 <= len(seen) <= 3
+    for bad, message in [((3, 1), "min 3 above max 1"), ((1, 2, 5), "initial 5"), ((1,), "not")]:
+        with pytest.raises(ValueError, match=message):
+            ds.map_batches(slow, concurrency=bad)
+    with pytest.raises(ValueError, match="at least 1"):
+        ds.map_batches(slow, concurrency=(0, 2))

@@ -340,6 +340,45 @@ def test_checkpoint_config_plugin(cluster, inputs: Path, tmp_path: Path) -> None
     assert pc.count_distinct(pq.read_table(out).column("id")).as_py() == len(written)
 
 
+def test_checkpoint_config_plugin_takes_rays_s3_filesystem(
+    cluster, inputs: Path, s3, tmp_path: Path
+) -> None:
+    # Ray's CheckpointConfig(override_filesystem=S3FileSystem(...)) with a path without a
+    # scheme: forebay's filter reads the checkpoint through the same endpoint and keys,
+    # given no storage_options of its own.
+    from pyarrow.fs import S3FileSystem
+
+    client, endpoint = s3
+    client.create_bucket(Bucket="ray-fs")
+    ids = pa.table({"id": [f"id-{i}" for i in range(0, FILES * ROWS_PER_FILE, 3)]})
+    sink = pa.BufferOutputStream()
+    pq.write_table(ids, sink)
+    client.put_object(Bucket="ray-fs", Key="ckpt/done.parquet", Body=sink.getvalue().to_pybytes())
+    filesystem = S3FileSystem(
+        access_key="testing", secret_key="testing", region="us-east-1", endpoint_override=endpoint
+    )
+    from forebay.ray._checkpoint import object_store_options
+
+    assert object_store_options(filesystem) == {**S3_CREDENTIALS, "aws_endpoint": endpoint}
+    ctx = ray.data.DataContext.get_current()
+    ctx.checkpoint_config = fray.checkpoint_config(
+        "id",
+        "ray-fs/ckpt",
+        num_actors=2,
+        delete_checkpoint_on_success=False,
+        override_filesystem=filesystem,
+    )
+    out = tmp_path / "out"
+    try:
+        ray.data.read_parquet(str(inputs)).map_batches(
+            slow_identity, batch_format="pyarrow"
+        ).write_parquet(str(out))
+    finally:
+        ctx.checkpoint_config = None
+    written = pq.read_table(out, columns=["value"]).column("value").to_numpy()
+    assert np.array_equal(np.sort(written), expected_left())
+
+
 # ---------------------------------------------------------------- write_parquet
 
 
@@ -572,12 +611,15 @@ def test_write_parquet_driver_killed_inside_a_commit_resumes_exactly_once(
     assert_written_once(out, np.arange(FILES * ROWS_PER_FILE))
     report = resumed["resume"]
     # The records of the first three commits at least (and of the one in flight, once
-    # recorded) were found and rolled forward; their input was skipped unread. A commit can
-    # hold rows of several files read at once (a file is done once all its rows are), so three
-    # commits of 5,000 rows finish one file at least, not three.
+    # recorded) were found and rolled forward, and their rows were not written again. A commit
+    # can hold rows of every file read at once (a file is done once all its rows are): with
+    # four or more read tasks interleaved, three commits of 5,000 rows finish no file, so
+    # whole files skipped unread are not promised here (test_ray's rerun-after-a-finished-run
+    # tests and test_resume.py check that). Nor is a commit's size: a read task's last file
+    # holds what its block had left (a clean-clone run recovered 3 commits of 11,000 rows).
     assert report["commits_recovered"] >= 3
-    assert report["files_done"] >= 1
-    assert report["ids_done"] > 0 and resumed["rows"] < FILES * ROWS_PER_FILE
+    assert report["ids_done"] >= report["commits_recovered"]
+    assert resumed["rows"] <= FILES * ROWS_PER_FILE - report["ids_done"]
     assert len(list(out.glob("*.parquet"))) >= before
 
 
@@ -646,8 +688,10 @@ def test_write_parquet_on_s3_resumes_exactly_once(cluster, inputs: Path, s3) -> 
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     resumed = subprocess.run(args, capture_output=True, text=True, timeout=300, check=True)
     report = json.loads(resumed.stdout.strip().splitlines()[-1])
-    # As above: commits can mix rows of files read at once, so fewer files than commits.
-    assert report["commits_recovered"] >= 5 and report["files_done"] >= 1
+    # As above: commits can mix rows of every file read at once, so no file may be finished,
+    # and a read task's last file holds what its block had left.
+    assert report["commits_recovered"] >= 5
+    assert report["ids_done"] >= report["commits_recovered"]
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]]
     assert not [k for k in keys if "_forebay_staging" in k], "staging cleaned up"
     values = []

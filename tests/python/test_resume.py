@@ -64,6 +64,7 @@ JOB = textwrap.dedent(
                 delete_on_success=config.get("delete_on_success", False),
             ),
             on_changed_input=config.get("on_changed_input", "error"),
+            mode=config.get("mode"),
         )
         print(json.dumps(stats), flush=True)
     """
@@ -172,8 +173,10 @@ def test_killed_while_deleting_on_success_then_rerun_writes_nothing_again(job):
     stats = job.run({"delete_on_success": True})
     assert stats["rows"] == 0
     assert_exactly_once(job.tmp / "out")
-    # What stays is the record of finished inputs (what keeps a rerun from writing again).
+    # What stays is the record of finished inputs (what keeps a rerun from writing again)
+    # and the checkpoint's identity (the output's mark names it: a rerun is not a stranger).
     assert sorted(p.name for p in (job.tmp / "ckpt").iterdir() if p.is_file()) == [
+        "_forebay_identity",
         "_forebay_inputs.json",
         "_forebay_lock",
     ]
@@ -371,7 +374,9 @@ def test_finished_input_is_skipped_unread(job):
     again = job.run()
     assert again["rows"] == 0
     resume = again["resume"]
-    assert resume["files_skipped"] == FILES and resume["bytes_read"] == 0
+    # What was read is the first file's footer, for the dataset's schema.
+    assert resume["files_skipped"] == FILES
+    assert 0 < resume["bytes_read"] <= (job.tmp / "in" / "part-0.parquet").stat().st_size
     assert resume["ids_done_before"] == len(IDS)
 
 
@@ -436,6 +441,38 @@ def test_a_changed_scan_filter_is_detected(job):
     assert_exactly_once(job.tmp / "out")
 
 
+def test_a_deleted_checkpoint_is_refused_instead_of_writing_everything_again(job):
+    """The output knows which checkpoints committed into it: a rerun whose checkpoint
+    directory was deleted (a new checkpoint at the same path) would write every row again
+    beside the first run's files; it stops before reading, naming the checkpoint, unless
+    the user asks to append."""
+    out = job.tmp / "out"
+    job.run()
+    shutil.rmtree(job.tmp / "ckpt")
+    proc = job({})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "committed under another checkpoint" in err, err
+    assert str(job.tmp / "ckpt") in err and "mode='append'" in err, err
+    assert len(output_ids(out)) == len(IDS), "nothing was written again"
+    # Asked to append, the new checkpoint writes its rows; its reruns resume as usual.
+    assert job.run({"mode": "append"})["rows"] == len(IDS)
+    assert job.run()["rows"] == 0
+    assert len(output_ids(out)) == 2 * len(IDS)
+    # A second job with its own checkpoint into the same output asks as well.
+    proc = job({"checkpoint": str(job.tmp / "ckpt-2")})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "committed under another checkpoint" in err, err
+    # A run killed before its first commit left no mark: a fresh checkpoint may follow it.
+    reset(job.tmp)
+    proc = job({}, env={"FOREBAY_CRASH_AT": "staged:1"})
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    shutil.rmtree(job.tmp / "ckpt")
+    assert job.run()["rows"] == len(IDS)
+    assert_exactly_once(out)
+
+
 def test_a_damaged_checkpoint_is_an_error_not_a_silent_rerun(job):
     """The record of finished inputs is what a resume relies on: damaged, it is an error
     naming it. An id part is read only by a resume that drops rows by id (here the job's
@@ -485,7 +522,10 @@ def test_twenty_random_sigkills_on_s3(job, s3):
             "storage_options": options,
         }
         kill_at_random(job, rng, config)
-        job.run(config)
+        resumed = job.run(config)
+        # A resume that wrote rows read them: the metric counts the store's bytes.
+        if resumed["rows"] > 0:
+            assert resumed["resume"]["bytes_read"] > 0, resumed["resume"]
         keys = [
             o["Key"]
             for o in client.list_objects_v2(Bucket=bucket, Prefix="out/").get("Contents", [])

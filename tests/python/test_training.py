@@ -187,6 +187,33 @@ def test_order_depends_on_seed_and_epoch_not_on_reading(tmp_path):
     assert runs < len(a) // 10
 
 
+def test_the_default_order_and_state_do_not_depend_on_the_columns_read(tmp_path):
+    """A feature column added between a save and a resume keeps the order (the default
+    block size comes from all the columns' sizes, not the selected ones')."""
+    directory = tmp_path / "data"
+    directory.mkdir()
+    ids = np.arange(6000)
+    wide = pa.array([f"{i:02000}" for i in ids])  # ~2 KB a row: blocks of 1,024 rows
+    # One row group per file: blocks are the only cut of a file.
+    for f in range(2):
+        part = slice(f * 3000, (f + 1) * 3000)
+        pq.write_table(
+            pa.table({"id": ids[part], "text": wide[part]}),
+            directory / f"{f}.parquet",
+            row_group_size=3000,
+        )
+    narrow = forebay.read_parquet(directory, columns=["id"])
+    both = forebay.read_parquet(directory, columns=["id", "text"])
+    assert whole_sequence(narrow, 0, seed=3) == whole_sequence(both, 0, seed=3)
+    saved = narrow.training_stream(50, seed=3)
+    it = iter(saved)
+    seen = [i for _ in range(7) for i in next(it).column("id").to_pylist()]
+    resumed = both.training_stream(50, seed=3)
+    resumed.load_state_dict(saved.state_dict())
+    rest = [i for batch in resumed for i in batch.column("id").to_pylist()]
+    assert seen + rest == whole_sequence(both, 0, seed=3)
+
+
 def test_batches_hold_the_rows_of_the_files(tmp_path):
     write_dataset(tmp_path / "data", random.Random(9), files=3)
     ds = forebay.read_parquet(tmp_path / "data", columns=["vec", "id", "text"])
@@ -546,6 +573,16 @@ def test_mix_arguments_and_states_are_checked(tmp_path):
         forebay.mix([a, ds_b.training_stream(16)], weights=[1, 1])
     with pytest.raises(TypeError, match="training streams"):
         forebay.mix([a, ds_b], weights=[1, 1])
+    (tmp_path / "c").mkdir()
+    pq.write_table(pa.table({"id": np.arange(100), "x": np.ones(100)}), tmp_path / "c" / "c.pq")
+    wider = forebay.read_parquet(tmp_path / "c", file_extensions=["pq"]).training_stream(8)
+    with pytest.raises(ValueError, match=r"same columns and types: source 1.*x: missing / double"):
+        forebay.mix([a, wider], weights=[1, 1])
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.table({"id": np.arange(100, dtype=np.int32)}), tmp_path / "d" / "d.pq")
+    narrower = forebay.read_parquet(tmp_path / "d", file_extensions=["pq"]).training_stream(8)
+    with pytest.raises(ValueError, match="id: int64 / int32"):
+        forebay.mix([a, narrower], weights=[1, 1])
     mixed, _, _ = mix_of(ds_a, ds_b, 2, 0)
     it = iter(mixed)
     next(it)

@@ -425,7 +425,7 @@ fn append_part<W: Write + Send>(
 /// cost the hashing of each one until it reached its size limit, and statistics of hashed
 /// ids prune nothing. Small pages are compressed soon, so little waits uncompressed.
 /// LZ4_RAW rather than Snappy: as small, cheaper to write (the seed job ~4 % faster) and to
-/// load (8 M string ids 0.16 → 0.13 s; BENCHMARKS.md, session 52). Parts written with
+/// load (8 M string ids 0.16 → 0.13 s; BENCHMARKS.md). Parts written with
 /// Snappy before still load: the codec is recorded per column chunk.
 pub(crate) fn part_properties() -> WriterProperties {
     WriterProperties::builder()

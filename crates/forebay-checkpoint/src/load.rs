@@ -698,7 +698,7 @@ mod tests {
             Compression::LZ4_RAW
         );
 
-        // Ids 1000..2000 as a part of each shard, in Snappy (parts before session 52).
+        // Ids 1000..2000 as a part of each shard, in Snappy (as parts written before LZ4_RAW were).
         let ids = arrow_array::Int64Array::from_iter_values(1000..2000);
         let mut fps = Vec::new();
         fingerprints_into(&ids, &mut fps).unwrap();

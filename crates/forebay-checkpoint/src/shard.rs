@@ -12,7 +12,7 @@
 //! average (20-40 bytes), so a probe reads its range and one cache line of records (two
 //! when the bucket straddles a line boundary). Buckets of 4 to 8, as before, made a probe
 //! ~15 % slower for ~0.15 byte an id less (`cargo bench --bench checkpoint`, BENCHMARKS.md
-//! session 52). Because the bucket bits are implied by position, the full local fingerprint
+//! "checkpoint filter"). Because the bucket bits are implied by position, the full local fingerprint
 //! can be rebuilt from the table at any time; a rebuild with more ids picks a larger `b`.
 //!
 //! # Inserts
@@ -438,7 +438,7 @@ impl ShardTable {
     /// `scratch` is the caller's to keep between builds (its contents do not matter): a
     /// thread building many shards reuses its pages instead of faulting in fresh zeroed ones
     /// for each shard (a fresh page costs ~0.5 ms a MB on this project's VM; the seed's
-    /// 8 M-id load takes ~6,000 fewer page faults, BENCHMARKS.md, session 46).
+    /// 8 M-id load takes ~6,000 fewer page faults, BENCHMARKS.md).
     pub(crate) fn build_from_packed(
         parts: Vec<Vec<Packed96>>,
         part_bits: u32,

@@ -147,6 +147,9 @@ pub struct ResumeStats {
     pub files_skipped: u64,
     /// Row groups skipped unread.
     pub row_groups_skipped: u64,
-    /// Bytes of input read (footers and column chunks).
+    /// Bytes of input the dataset fetched (footers and column chunks), from its opening:
+    /// on an object store small files are fetched whole with their footers while the
+    /// dataset's schema is read, before the run starts, and their data then costs no
+    /// request. (A dataset written twice counts both runs.)
     pub bytes_read: u64,
 }

@@ -11,7 +11,6 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use forebay_engine::{Checkpoint, CommitCoordinator, CommitStager, ParquetSink};
@@ -195,8 +194,9 @@ fn reset(root: &Path) {
     }
 }
 
-/// A small deterministic generator (splitmix64) for the kill times.
-fn kill_delays(seed: u64, n: usize, max: Duration) -> Vec<Duration> {
+/// Kill times as fractions of the kill window, from a small deterministic generator
+/// (splitmix64).
+fn kill_fractions(seed: u64, n: usize) -> Vec<f64> {
     let mut x = seed;
     (0..n)
         .map(|_| {
@@ -205,7 +205,7 @@ fn kill_delays(seed: u64, n: usize, max: Duration) -> Vec<Duration> {
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^= z >> 31;
-            max.mul_f64((z >> 11) as f64 / (1u64 << 53) as f64)
+            (z >> 11) as f64 / (1u64 << 53) as f64
         })
         .collect()
 }
@@ -216,9 +216,11 @@ fn host_written_files_survive_fifty_kills() {
     let root: PathBuf = tmp.path().to_path_buf();
     write_inputs(&root.join("in"));
 
-    // How long a run's work takes here (from "started" to its end; the median of three):
-    // kills land anywhere in its first 80 %.
-    let mut work: Vec<Duration> = (0..3)
+    // How long a run's work takes here (from "started" to its end; the quickest of three):
+    // kills land anywhere in its first 80 %. A machine that speeds up later (warm caches,
+    // a neighbour that finished) would let runs finish before their kill, so the window
+    // shrinks each time one does.
+    let work = (0..3)
         .map(|_| {
             let mut child = spawn_job(&root, None);
             assert!(wait_started(&mut child), "the job did not start");
@@ -229,15 +231,13 @@ fn host_written_files_survive_fifty_kills() {
             reset(&root);
             took
         })
-        .collect();
-    work.sort();
-    let kill_window = work[1].mul_f64(0.8);
+        .min()
+        .unwrap();
+    let mut kill_window = work.mul_f64(0.8);
 
     let mut killed = 0;
-    for (trial, delay) in kill_delays(20_261_127, 50, kill_window)
-        .into_iter()
-        .enumerate()
-    {
+    for (trial, fraction) in kill_fractions(20_261_127, 50).into_iter().enumerate() {
+        let delay = kill_window.mul_f64(fraction);
         let mut child = spawn_job(&root, None);
         assert!(
             wait_started(&mut child),
@@ -246,14 +246,16 @@ fn host_written_files_survive_fifty_kills() {
         std::thread::sleep(delay);
         let _ = child.kill(); // SIGKILL
         let status = child.wait().unwrap();
-        if !status.success() {
+        if status.success() {
+            kill_window = kill_window.mul_f64(0.7);
+        } else {
             killed += 1;
         }
         run_to_completion(&root);
         assert_exactly_once(&root, &format!("trial {trial} (killed after {delay:?})"));
         reset(&root);
     }
-    eprintln!("{killed} of 50 runs killed before they finished (window {kill_window:?})");
+    eprintln!("{killed} of 50 runs killed before they finished (last window {kill_window:?})");
     assert!(
         killed >= 40,
         "only {killed} of 50 runs were killed before they finished"

@@ -368,11 +368,50 @@ class ShardedCheckpointManager(CheckpointManager):
         )
         if not any(e.type == FileType.File and e.path.endswith(".parquet") for e in entries):
             return None, 0
-        sharded = ShardedCheckpointFilter(
-            self.checkpoint_path, str(self.id_column), **self._sharding
-        )
+        sharding, path = dict(self._sharding), self.checkpoint_path
+        derived = object_store_options(self.filesystem)
+        if derived is not None and not sharding.get("storage_options"):
+            # Ray's filesystem (CheckpointConfig(override_filesystem=...)) says where the
+            # checkpoint is and how to reach it: forebay's reader is told the same.
+            sharding["storage_options"] = derived
+            path = f"s3://{self.checkpoint_path_unwrapped}"
+        sharded = ShardedCheckpointFilter(path, str(self.id_column), **sharding)
         _STARTED.append(sharded)
         return ray.put(sharded), 1 << 20
+
+
+def object_store_options(filesystem: Any) -> dict[str, str] | None:
+    """forebay's object_store options for a ``pyarrow.fs.S3FileSystem`` (its credentials,
+    region and endpoint, the settings given to it and left empty otherwise, as object_store
+    reads the rest from the environment as pyarrow does); None for any other filesystem."""
+    from pyarrow.fs import S3FileSystem
+
+    if not isinstance(filesystem, S3FileSystem):
+        return None
+    # pyarrow exposes an S3FileSystem's settings only through its pickling arguments.
+    _, (settings,) = filesystem.__reduce__()
+    options: dict[str, str] = {}
+    for setting, option in (
+        ("access_key", "aws_access_key_id"),
+        ("secret_key", "aws_secret_access_key"),
+        ("session_token", "aws_session_token"),
+        ("region", "aws_region"),
+    ):
+        if settings.get(setting):
+            options[option] = str(settings[setting])
+    endpoint = settings.get("endpoint_override")
+    if endpoint:
+        scheme = settings.get("scheme") or "https"
+        if "://" not in endpoint:
+            endpoint = f"{scheme}://{endpoint}"
+        options["aws_endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            options["aws_allow_http"] = "true"
+    if settings.get("anonymous"):
+        options["aws_skip_signature"] = "true"
+    if settings.get("force_virtual_addressing"):
+        options["aws_virtual_hosted_style_request"] = "true"
+    return options
 
 
 class ShardedRayCheckpointFilter(RayCheckpointFilter):
@@ -405,7 +444,9 @@ def checkpoint_config(
     bytes per id, split over ``num_actors``) instead of one sorted numpy array per filter
     actor. ``ray_options`` are other ``CheckpointConfig`` arguments
     (``delete_checkpoint_on_success``, ``override_filesystem``, ...); ``storage_options``
-    are forebay's object_store options for the same path.
+    are forebay's object_store options for the same path, by default those of an
+    ``override_filesystem`` that is a ``pyarrow.fs.S3FileSystem`` (credentials, region,
+    endpoint).
     """
     config = CheckpointConfig(
         id_column,

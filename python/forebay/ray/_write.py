@@ -197,6 +197,7 @@ def write_parquet(
     num_filter_actors: int | None = None,
     num_cpus_per_filter_actor: float = 0.0,
     ray_remote_args: Mapping[str, Any] | None = None,
+    mode: str | None = None,
 ) -> dict[str, Any]:
     """Write ``ds`` to Parquet files under ``path`` exactly once, resumably.
 
@@ -236,6 +237,10 @@ def write_parquet(
         rows. None: one file per block, which after a step with a small ``batch_size`` means
         many small files and commits.
     storage_options: object_store options for a URI ``path``.
+    mode: ``None`` (default): new files beside existing ones, but an output holding files
+        committed under another checkpoint (another job's, or this path's before its
+        directory was deleted) is refused while this checkpoint has committed nothing
+        there; ``"append"``: add to such an output deliberately.
     num_filter_actors: actors sharing the checkpoint's ids when the resume drops done rows
         by id (default: one per two CPUs of the cluster, 1-4; at most the checkpoint's
         shards). A resume by position starts one actor, for the read tasks' reports.
@@ -319,6 +324,7 @@ def write_parquet(
         storage_options,
         compression,
         row_group_rows,
+        shared_output=_shared_output(mode),
     )
     try:
         return _run(
@@ -546,3 +552,14 @@ def _positions(consumed: str | None) -> list[tuple[tuple[int, int], list[tuple[i
         (split_unit(int(unit)), [(int(s), int(e)) for s, e in ranges])
         for unit, ranges in json.loads(consumed).items()
     ]
+
+
+def _shared_output(mode: str | None) -> bool:
+    """Whether ``mode`` asks to append to an output other checkpoints committed into."""
+    if mode is None:
+        return False
+    if mode != "append":
+        raise ValueError(
+            f"mode must be None or 'append' (a checkpointed write appends), not {mode!r}"
+        )
+    return True

@@ -12,6 +12,7 @@ use super::crash::crash_point;
 use super::ids::{id_family_of, id_parts_writer, load_ids};
 use super::open::OpenedState;
 use super::open::BY_POSITION;
+use super::owners;
 use super::records::{
     load_inputs, CommitRecord, DataFileRecord, FinishedInputs, IdPartsRecord, Identity, InputRecord,
 };
@@ -74,6 +75,10 @@ pub(crate) struct CommitLog {
     /// This run's hold on the checkpoint, checked before every decision; `None` once
     /// released.
     lock: Mutex<Option<RunLock>>,
+    /// The checkpoint's identity, and whether the output holds its mark (written before
+    /// the first record that publishes a file; see `owners`).
+    identity: String,
+    output_marked: AtomicBool,
 }
 
 /// The id column of a checkpoint and how its commits write ids.
@@ -295,6 +300,8 @@ impl CommitLog {
             run_id: opened.run_id,
             next: AtomicU64::new(0),
             lock: Mutex::new(Some(opened.lock)),
+            identity: opened.identity,
+            output_marked: AtomicBool::new(opened.output_marked),
         }
     }
 
@@ -447,6 +454,11 @@ impl CommitLog {
             match &*self.lock.lock().unwrap_or_else(|p| p.into_inner()) {
                 Some(lock) => lock.check()?,
                 None => return Err(EngineError::Cancelled),
+            }
+            if record.output_files().next().is_some() && !self.output_marked.load(Ordering::Relaxed)
+            {
+                owners::mark_output(&self.output, &self.identity, &self.state)?;
+                self.output_marked.store(true, Ordering::Relaxed);
             }
             let bytes = serde_json::to_vec_pretty(&record).expect("records serialise");
             self.state

@@ -27,6 +27,8 @@
 //!                                                  one-file layout): read the same way
 //!  <checkpoint>/_forebay_commits/<commit>.json     commit record: the decision
 //!  <checkpoint>/_forebay_inputs.json               inputs finished by earlier runs
+//!  <checkpoint>/_forebay_identity                  the checkpoint's identity (module `owners`)
+//!  <output>/_forebay_checkpoints/<identity>        a checkpoint committed here (module `owners`)
 //! ```
 //!
 //! Names starting with `_` or `.` are skipped by every Parquet reader (forebay, pyarrow,
@@ -94,9 +96,9 @@
 //!
 //! `delete_on_success` folds the records into `_forebay_inputs.json` as recovery does, then
 //! deletes the id parts (the bulk of a checkpoint: ~10 bytes an id), records, staging and
-//! manifest. It keeps the inputs snapshot (a few hundred bytes per input file): a rerun of a
-//! finished job, or of one killed while deleting, finds every input finished and writes
-//! nothing again (it warns that it found the job done). Input files added since are read
+//! manifest. It keeps the inputs snapshot (a few hundred bytes per input file) and the
+//! identity: a rerun of a finished job, or of one killed while deleting, finds every input
+//! finished and writes nothing again (it warns that it found the job done). Input files added since are read
 //! and written; only their ids are no longer checked against the deleted ones.
 //!
 //! ## Testing the protocol
@@ -119,12 +121,14 @@
 //! | `log`     | the run's `CommitLog`: stage, decide (the commit point), publish, finish |
 //! | `ids`     | a commit's id parts: staged, type-checked, loaded back                 |
 //! | `records` | the JSON the protocol writes: commit records, the inputs snapshot      |
+//! | `owners`  | which checkpoints committed into an output; a stranger's is refused    |
 //! | `crash`   | `FOREBAY_CRASH_AT`, the tests' kill switch                             |
 
 mod crash;
 mod ids;
 mod log;
 mod open;
+mod owners;
 mod records;
 mod recovery;
 #[cfg(test)]
@@ -187,6 +191,8 @@ pub struct Checkpoint {
     pub(crate) lease_ttl: std::time::Duration,
     /// Commit records a run folds into the inputs snapshot at a time (None: the default).
     pub(crate) fold_every: Option<usize>,
+    /// Write into an output other checkpoints committed into (see `owners`).
+    pub(crate) shares_output: bool,
 }
 
 impl Checkpoint {
@@ -219,6 +225,7 @@ impl Checkpoint {
             on_changed_input: OnChangedInput::Error,
             lease_ttl: DEFAULT_LEASE_TTL,
             fold_every: None,
+            shares_output: false,
         }
     }
 
@@ -246,6 +253,16 @@ impl Checkpoint {
     /// object stores).
     pub fn with_fold_every(mut self, records: usize) -> Self {
         self.fold_every = Some(records.max(1));
+        self
+    }
+
+    /// Write into an output directory that holds files committed under other checkpoints:
+    /// another job's, or this checkpoint's path before its directory was deleted. Without
+    /// it a run whose checkpoint never committed into the output refuses such an output
+    /// before reading anything, since a deleted checkpoint would write every row again
+    /// beside the files committed before (the `owners` module).
+    pub fn with_shared_output(mut self, shared: bool) -> Self {
+        self.shares_output = shared;
         self
     }
 

@@ -4,6 +4,7 @@
 use arrow_schema::DataType;
 use forebay_parquet::ParquetDataset;
 
+use super::owners;
 use super::records::{load_inputs, FinishedInputs, Identity};
 use super::recovery::recover;
 use super::{changed_input_error, storage_err, Checkpoint, OnChangedInput, ResumeReport};
@@ -31,6 +32,10 @@ pub(super) struct OpenedState {
     pub(super) positions: bool,
     /// Ids the folded commits published.
     pub(super) ids_published: u64,
+    /// The checkpoint's identity (the `owners` module).
+    pub(super) identity: String,
+    /// The output holds this checkpoint's mark already.
+    pub(super) output_marked: bool,
 }
 
 impl OpenedState {
@@ -57,6 +62,8 @@ impl OpenedState {
         let run_id = run_id();
         let lock = RunLock::acquire(&state, &run_id, checkpoint.lease_ttl)?;
 
+        let identity = owners::identity(&state, &run_id)?;
+        let output_marked = owners::check_output(output, &identity, checkpoint, &state)?;
         let recovered = recover(&state, output)?;
         let mut snapshot = load_inputs(&state)?;
 
@@ -187,6 +194,8 @@ impl OpenedState {
             scan_filter,
             positions,
             ids_published: snapshot.ids,
+            identity,
+            output_marked,
         })
     }
 }

@@ -465,7 +465,6 @@ impl Pipeline {
             log: prepared.log.clone(),
             delete_on_success: checkpoint.delete_on_success,
             report: prepared.report,
-            io_before: dataset.metrics().io,
             dataset,
             done,
         };

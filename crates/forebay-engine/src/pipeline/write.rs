@@ -20,8 +20,6 @@ pub(super) struct CheckpointRun {
     pub(super) delete_on_success: bool,
     pub(super) report: ResumeReport,
     pub(super) dataset: forebay_parquet::ParquetDataset,
-    /// The dataset's I/O counters when the run started (they count every scan of it).
-    pub(super) io_before: forebay_parquet::IoMetricsSnapshot,
     pub(super) done: DoneFilter,
 }
 
@@ -120,8 +118,7 @@ impl RunningWrite {
                 },
                 files_skipped: m.files_skipped,
                 row_groups_skipped: m.row_groups_skipped,
-                bytes_read: (m.io.data_bytes + m.io.footer_bytes)
-                    - (c.io_before.data_bytes + c.io_before.footer_bytes),
+                bytes_read: m.io.data_bytes + m.io.footer_bytes,
             });
         }
         // The checkpoint index (held by the resume filter, also through the dataset) is the

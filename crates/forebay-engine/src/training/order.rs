@@ -51,10 +51,12 @@ pub const DEFAULT_WINDOW_BLOCKS: usize = 64;
 
 impl DatasetLayout {
     /// Rows of a block of [`DEFAULT_BLOCK_BYTES`] at the dataset's average decoded row width
-    /// (from the footers: the same on every machine), a multiple of 256, at least 256.
+    /// over all its columns (from the footers: the same on every machine, and whichever
+    /// columns are read, so that a resume reading another column keeps the order), a
+    /// multiple of 256, at least 256.
     pub fn default_block_rows(files: &[FileRowGroups]) -> u64 {
         let rows: u64 = files.iter().flat_map(|f| &f.row_group_rows).sum();
-        let bytes: u64 = files.iter().flat_map(|f| &f.row_group_bytes).sum();
+        let bytes: u64 = files.iter().flat_map(|f| &f.row_group_all_bytes).sum();
         let row_bytes = bytes.checked_div(rows).unwrap_or(1).max(1);
         (DEFAULT_BLOCK_BYTES / row_bytes / 256).max(1) * 256
     }
@@ -491,6 +493,7 @@ mod tests {
                 size: 1000 + i as u64,
                 row_group_rows: rgs.to_vec(),
                 row_group_bytes: rgs.iter().map(|r| r * 10).collect(),
+                row_group_all_bytes: rgs.iter().map(|r| r * 30).collect(),
             })
             .collect()
     }

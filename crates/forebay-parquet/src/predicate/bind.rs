@@ -422,31 +422,24 @@ fn bind_member_as_compared(
     literal: &Literal,
 ) -> Result<Option<Operand>> {
     let vt = value_type(column_type);
-    {
-        {
-            let bound = bind_literal(column, column_type, literal)?;
-            if &bound.compare_type == vt {
-                Ok(Some(bound))
-            } else {
-                // Compared in a finer type than the column's: a value between two of the
-                // column's (a datetime with microseconds, a column in seconds) is in no row.
-                let back = arrow_cast::cast(&bound.value, vt).ok();
-                let exact = back
-                    .as_ref()
-                    .and_then(|b| arrow_cast::cast(b, &bound.compare_type).ok());
-                match (back, exact) {
-                    (Some(back), Some(exact)) if exact.as_ref() == bound.value.as_ref() => {
-                        Ok(Some(Operand {
-                            value: back,
-                            compare_type: vt.clone(),
-                            value_is_nan: false,
-                        }))
-                    }
-                    _ => Ok(None),
-                }
-            }
-        }
+    let bound = bind_literal(column, column_type, literal)?;
+    if &bound.compare_type == vt {
+        return Ok(Some(bound));
     }
+    // Compared in a finer type than the column's: a value between two of the column's (a
+    // datetime with microseconds, a column in seconds) is in no row.
+    let back = arrow_cast::cast(&bound.value, vt).ok();
+    let exact = back
+        .as_ref()
+        .and_then(|b| arrow_cast::cast(b, &bound.compare_type).ok());
+    Ok(match (back, exact) {
+        (Some(back), Some(exact)) if exact.as_ref() == bound.value.as_ref() => Some(Operand {
+            value: back,
+            compare_type: vt.clone(),
+            value_is_nan: false,
+        }),
+        _ => None,
+    })
 }
 
 fn mismatch(column: &str, column_type: &DataType, literal: &Literal) -> ParquetError {

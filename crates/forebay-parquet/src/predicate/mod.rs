@@ -8,8 +8,12 @@
 //!
 //! * evaluates exactly on a `RecordBatch` ([`BoundPredicate::evaluate`]) with the semantics of
 //!   `pyarrow.compute` / `pyarrow.dataset` filters: a comparison involving null is null and the
-//!   row is dropped; NaN compares unequal to everything (IEEE), so `x != 1.0` keeps NaN rows;
-//!   `x in [...]` is false for a null `x` and `x not in [...]` is therefore true;
+//!   row is dropped; floats compare by IEEE rules (NaN unequal to everything, so `x != 1.0`
+//!   keeps NaN rows; `-0.0 == 0.0`); a literal is compared in pyarrow's common type (a float
+//!   with a float32 column in float64; an integer the column's type cannot hold decides the
+//!   comparison for every row: `u8 < 300`); `x in [...]` is `is_in`'s: the list cast to the
+//!   column's type, values equal by their bits (NaN in `[NaN]`, -0.0 not in `[0.0]`), a null
+//!   `x` in the list exactly when it holds a null (`x not in [1]` keeps nulls);
 //! * decides from min/max/null-count statistics whether a row group or page *may* hold a
 //!   matching row ([`BoundPredicate::may_match`]). Unknown statistics always mean "may match",
 //!   so pruning never changes a result: it only saves I/O and decoding.

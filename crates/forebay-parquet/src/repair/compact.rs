@@ -1,4 +1,5 @@
-//! Dropping footer fields whose Thrift wire type contradicts the Parquet spec.
+//! Rewriting footers at the Thrift level: without fields whose wire type contradicts the
+//! Parquet spec, or without the INTERVAL annotation arrow-rs reads with a loss.
 //!
 //! A Parquet footer is a `FileMetaData` struct in Thrift's compact protocol. Thrift's own
 //! generated readers skip a field whose wire type is not the one they expect; arrow-rs's
@@ -7,10 +8,14 @@
 //!
 //! ```text
 //! FileMetaData ─4: list<RowGroup>─► RowGroup ─1: list<ColumnChunk>─► ColumnChunk ─3─► ColumnMetaData
+//!      └─2: list<SchemaElement>─► SchemaElement
 //! ```
 //!
-//! Only those four structs are checked (each field id against the spec's wire type); every
-//! other value is copied byte for byte. Field headers of a rewritten struct are re-encoded,
+//! Only those five structs are checked (each field id against the spec's wire type); every
+//! other value is copied byte for byte. [`drop_interval_annotations`] also drops a schema
+//! element's `converted_type` when it is INTERVAL: arrow-rs reads such a column as
+//! `interval[day_time]`, dropping the months, where pyarrow reads the 12 bytes as
+//! `fixed_size_binary[12]`; without the annotation arrow-rs reads them as pyarrow does. Field headers of a rewritten struct are re-encoded,
 //! because the compact protocol stores each field id as a delta from the previous one.
 //!
 //! [`read_page_header`] uses the same reader for the few fields of a page header that
@@ -40,7 +45,11 @@ enum Checked {
     RowGroup,
     ColumnChunk,
     ColumnMetaData,
+    SchemaElement,
 }
+
+/// `ConvertedType::INTERVAL` in the Thrift enum.
+const CONVERTED_TYPE_INTERVAL: i64 = 21;
 
 impl Checked {
     /// The expected wire type of field `id` (None: not in the spec; kept as it is).
@@ -63,6 +72,9 @@ impl Checked {
             (Checked::ColumnMetaData, 2 | 3 | 8 | 13) => LIST,
             (Checked::ColumnMetaData, 5 | 6 | 7 | 9 | 10 | 11 | 14) => I64,
             (Checked::ColumnMetaData, 12 | 16 | 17) => STRUCT,
+            (Checked::SchemaElement, 1 | 2 | 3 | 5 | 6 | 7 | 8 | 9) => I32,
+            (Checked::SchemaElement, 4) => BINARY,
+            (Checked::SchemaElement, 10) => STRUCT,
             _ => return None,
         })
     }
@@ -70,6 +82,7 @@ impl Checked {
     /// The checked struct a field's value (or list elements) holds, if any.
     fn child(self, id: i16) -> Option<Checked> {
         match (self, id) {
+            (Checked::FileMetaData, 2) => Some(Checked::SchemaElement),
             (Checked::FileMetaData, 4) => Some(Checked::RowGroup),
             (Checked::RowGroup, 1) => Some(Checked::ColumnChunk),
             (Checked::ColumnChunk, 3) => Some(Checked::ColumnMetaData),
@@ -88,6 +101,16 @@ pub(crate) struct Sanitized {
 /// Rewrite a `FileMetaData` footer without mistyped fields. `None` if the bytes are not a
 /// well-formed compact-protocol struct (then the original error stands).
 pub(crate) fn drop_mistyped_fields(footer: &[u8]) -> Option<Sanitized> {
+    rewrite(footer, false)
+}
+
+/// Rewrite a `FileMetaData` footer without mistyped fields and without INTERVAL converted
+/// types (each dropped one is `("SchemaElement", 6)` in [`Sanitized::dropped`]).
+pub(crate) fn drop_interval_annotations(footer: &[u8]) -> Option<Sanitized> {
+    rewrite(footer, true)
+}
+
+fn rewrite(footer: &[u8], drop_interval: bool) -> Option<Sanitized> {
     let mut rewriter = Rewriter {
         cursor: Cursor {
             input: footer,
@@ -95,6 +118,7 @@ pub(crate) fn drop_mistyped_fields(footer: &[u8]) -> Option<Sanitized> {
         },
         out: Vec::with_capacity(footer.len()),
         dropped: Vec::new(),
+        drop_interval,
     };
     rewriter.struct_(Checked::FileMetaData)?;
     Some(Sanitized {
@@ -209,9 +233,23 @@ struct Rewriter<'a> {
     cursor: Cursor<'a>,
     out: Vec<u8>,
     dropped: Vec<(&'static str, i16)>,
+    /// Also drop `SchemaElement.converted_type` when it is INTERVAL.
+    drop_interval: bool,
 }
 
 impl Rewriter<'_> {
+    /// Whether the field at the cursor (its header read) is an INTERVAL annotation to drop.
+    fn is_dropped_interval(&self, kind: Checked, id: i16, ty: u8) -> bool {
+        if !(self.drop_interval && matches!(kind, Checked::SchemaElement) && id == 6) {
+            return false;
+        }
+        let mut peek = Cursor {
+            input: self.cursor.input,
+            pos: self.cursor.pos,
+        };
+        ty == wire::I32 && peek.zigzag() == Some(CONVERTED_TYPE_INTERVAL)
+    }
+
     fn write_varint(&mut self, mut value: u64) {
         while value >= 0x80 {
             self.out.push((value as u8) | 0x80);
@@ -247,7 +285,7 @@ impl Rewriter<'_> {
             };
             last_read = id;
             if let Some(expected) = kind.expected(id) {
-                if as_bool(expected) != as_bool(ty) {
+                if as_bool(expected) != as_bool(ty) || self.is_dropped_interval(kind, id, ty) {
                     self.cursor.skip(ty, false)?;
                     self.dropped.push((kind.name(), id));
                     continue;
@@ -341,6 +379,7 @@ impl Checked {
             Checked::RowGroup => "RowGroup",
             Checked::ColumnChunk => "ColumnChunk",
             Checked::ColumnMetaData => "ColumnMetaData",
+            Checked::SchemaElement => "SchemaElement",
         }
     }
 }
@@ -394,6 +433,26 @@ mod tests {
         let again = drop_mistyped_fields(&out.footer).unwrap();
         assert!(again.dropped.is_empty());
         assert_eq!(again.footer, out.footer);
+    }
+
+    #[test]
+    fn interval_annotations_are_dropped_and_other_converted_types_kept() {
+        // FileMetaData { 1: 1, 2: [SchemaElement { 4: "a", 6: INTERVAL }, SchemaElement { 4: "b", 6: UTF8 }] }
+        let mut fmd = vec![0x15, 0x02, 0x19, 0x2c];
+        fmd.extend([0x48, 0x01, b'a', 0x25, 0x2a, 0x00]); // 4: "a", 6 (delta 2): i32 21
+        fmd.extend([0x48, 0x01, b'b', 0x25, 0x00, 0x00]); // 4: "b", 6: i32 0 (UTF8)
+        fmd.push(0x00);
+        let out = drop_interval_annotations(&fmd).expect("well formed");
+        assert_eq!(out.dropped, vec![("SchemaElement", 6)]);
+        let mut expected = vec![0x15, 0x02, 0x19, 0x2c];
+        expected.extend([0x48, 0x01, b'a', 0x00]);
+        expected.extend([0x48, 0x01, b'b', 0x25, 0x00, 0x00]);
+        expected.push(0x00);
+        assert_eq!(out.footer, expected);
+        // The mistyped-field rewrite leaves the annotation alone.
+        let kept = drop_mistyped_fields(&fmd).unwrap();
+        assert!(kept.dropped.is_empty());
+        assert_eq!(kept.footer, fmd);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
+use parquet::basic::ConvertedType;
 use parquet::file::metadata::{
     PageIndexPolicy, ParquetMetaData, ParquetMetaDataOptions, ParquetMetaDataReader,
     ParquetStatisticsPolicy,
@@ -232,6 +233,7 @@ pub(super) async fn read_footer(
             }
         },
     };
+    let metadata = read_intervals_as_bytes(metadata, &fetch, entry.size, policy).await;
     let metadata = repair::repair_metadata(metadata).map_err(|reason| ParquetError::Corrupt {
         path: path.clone(),
         row_group: None,
@@ -271,6 +273,43 @@ async fn read_footer_leniently(fetch: &FooterFetch, file_size: u64) -> Option<Pa
         .load_and_finish(fetch.clone(), file_size)
         .await
         .ok()
+}
+
+/// The footer decoded again without its INTERVAL annotations when it has any, so that those
+/// columns read as `fixed_size_binary[12]` (months, days, milliseconds as stored), as pyarrow
+/// reads them: arrow-rs reads an annotated column as `interval[day_time]` and drops the
+/// months ([`repair::compact::drop_interval_annotations`]). Unchanged if it has none, or if
+/// the rewrite cannot be read (then the column reads as arrow-rs reads it).
+async fn read_intervals_as_bytes(
+    metadata: ParquetMetaData,
+    fetch: &FooterFetch,
+    file_size: u64,
+    policy: PageIndexPolicy,
+) -> ParquetMetaData {
+    let has_interval = metadata
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .any(|c| c.converted_type() == ConvertedType::INTERVAL);
+    if !has_interval {
+        return metadata;
+    }
+    let Some(footer) = footer_bytes(fetch, file_size).await else {
+        return metadata;
+    };
+    let Some(rewritten) = repair::compact::drop_interval_annotations(&footer) else {
+        return metadata;
+    };
+    let Ok(decoded) = ParquetMetaDataReader::decode_metadata(&rewritten.footer) else {
+        return metadata;
+    };
+    let mut reader =
+        ParquetMetaDataReader::new_with_metadata(decoded).with_page_index_policy(policy);
+    match reader.load_page_index(fetch.clone()).await {
+        Ok(()) => reader.finish().unwrap_or(metadata),
+        Err(_) => metadata,
+    }
 }
 
 /// The thrift-encoded `FileMetaData` of a file (from the fetched tail when it holds it).

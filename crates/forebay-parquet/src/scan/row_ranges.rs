@@ -55,6 +55,9 @@ pub struct FileRowGroups {
     pub row_group_rows: Vec<u64>,
     /// Estimated decoded (Arrow) bytes of the selected columns of each row group.
     pub row_group_bytes: Vec<u64>,
+    /// Estimated decoded bytes of all the columns of each row group, whichever are selected:
+    /// what a layout that must not depend on the selection (a training order) sizes by.
+    pub row_group_all_bytes: Vec<u64>,
 }
 
 impl ParquetDataset {
@@ -123,6 +126,10 @@ async fn row_group_layout(inner: Arc<DatasetInner>) -> Result<Vec<FileRowGroups>
                         .map(|(_, c)| decoded_bytes_estimate(c))
                         .sum()
                 })
+                .collect(),
+            row_group_all_bytes: groups
+                .iter()
+                .map(|g| g.columns().iter().map(decoded_bytes_estimate).sum())
                 .collect(),
         });
     }
