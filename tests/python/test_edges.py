@@ -717,12 +717,13 @@ def test_jobs_with_their_own_checkpoints_share_an_output_directory(tmp_path):
 
 def test_a_map_whose_column_is_all_null_in_some_batches_writes_the_column_s_type(tmp_path):
     """A batch whose answers are all missing comes out of pyarrow as the null type; it takes
-    the type the column has in the first batch."""
+    the type the column has in the dataset's first batch, also in a writer thread whose own
+    first batch it is."""
     import pyarrow.parquet as pq
 
     src = tmp_path / "in"
     src.mkdir()
-    pq.write_table(pa.table({"id": list(range(40))}), src / "a.parquet", row_group_size=10)
+    pq.write_table(pa.table({"id": list(range(80))}), src / "a.parquet", row_group_size=10)
 
     def answer(batch: pa.Table) -> pa.Table:
         ids = batch.column("id").to_pylist()
@@ -730,13 +731,16 @@ def test_a_map_whose_column_is_all_null_in_some_batches_writes_the_column_s_type
         return batch.append_column("text", pa.array(texts))  # all None: the null type
 
     out = tmp_path / "out"
-    # One map task at a time: the typed batches reach the writer first.
+    # One map task at a time: the typed batches come first; four writers take them in turn,
+    # so most writers' first batch is all-null.
     forebay.read_parquet(str(src), batch_size=10).map_batches(
         answer, batch_size=10, concurrency=1
-    ).write_parquet(str(out))
+    ).write_parquet(str(out), concurrency=4, rows_per_file=10)
+    assert len(list(out.glob("*.parquet"))) == 8
+    for part in out.glob("*.parquet"):
+        assert pq.read_schema(part).field("text").type == pa.string(), part.name
     back = pq.read_table(out).sort_by("id")
-    assert back.schema.field("text").type == pa.string()
-    assert back.column("text").to_pylist() == [f"t{i}" for i in range(20)] + [None] * 20
+    assert back.column("text").to_pylist() == [f"t{i}" for i in range(20)] + [None] * 60
 
 
 def test_a_polars_int128_column_is_an_unsupported_type_naming_it(tmp_path):

@@ -2,8 +2,10 @@
 //! does not, the error names the columns that differ (not two schema dumps). A column of
 //! Arrow's null type (what pyarrow and pandas infer for a column with no value, e.g. a model
 //! that answered nothing for a whole batch) takes the first batch's type for that column.
+//! "First" is the dataset's, shared by all its writer threads ([`DatasetSchema`]): a writer
+//! whose first batch is all-null still writes the type the other writers' files have.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arrow_array::{new_null_array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, SchemaRef};
@@ -13,30 +15,38 @@ use crate::error::{EngineError, Result};
 
 const STAGE: &str = "write_parquet";
 
-/// Remember the first batch's schema in `first`; fail on a later batch whose differs, after
-/// its all-null columns of the null type took the first batch's types.
-pub(crate) fn check_schema(first: &mut Option<SchemaRef>, batch: &mut EngineBatch) -> Result<()> {
-    if let Some(s) = first {
-        if let Some(typed) = with_null_columns_typed(s, &batch.batch) {
-            batch.batch = typed;
+/// The schema of the first batch any writer of one dataset took (`None` before it).
+#[derive(Default)]
+pub(crate) struct DatasetSchema(Mutex<Option<SchemaRef>>);
+
+/// Remember the dataset's first batch's schema in `first`; fail on a later batch whose
+/// differs, after its all-null columns of the null type took the first batch's types.
+pub(crate) fn check_schema(first: &DatasetSchema, batch: &mut EngineBatch) -> Result<()> {
+    let known = {
+        let mut first = first.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match first.as_ref() {
+            Some(s) => Arc::clone(s),
+            None => {
+                *first = Some(batch.batch.schema());
+                return Ok(());
+            }
         }
+    };
+    if let Some(typed) = with_null_columns_typed(&known, &batch.batch) {
+        batch.batch = typed;
     }
     let schema = batch.batch.schema();
-    match first {
-        None => *first = Some(schema),
-        Some(s) if s.fields() != schema.fields() => {
-            return Err(EngineError::BadOutput {
-                stage: STAGE.into(),
-                batch: batch.label(),
-                reason: format!(
-                    "a batch's columns differ from the first batch's: {}; every batch written \
-                     to one dataset needs the same columns and types (a pandas int column \
-                     with a missing value becomes float64: cast it back, or fill the gaps)",
-                    schema_difference(s, &schema)
-                ),
-            })
-        }
-        _ => {}
+    if known.fields() != schema.fields() {
+        return Err(EngineError::BadOutput {
+            stage: STAGE.into(),
+            batch: batch.label(),
+            reason: format!(
+                "a batch's columns differ from the first batch's: {}; every batch written \
+                 to one dataset needs the same columns and types (a pandas int column \
+                 with a missing value becomes float64: cast it back, or fill the gaps)",
+                schema_difference(&known, &schema)
+            ),
+        });
     }
     Ok(())
 }

@@ -39,7 +39,7 @@ use crate::error::{EngineError, Result};
 use crate::events::PipelineEvent;
 use crate::format::{FileFormat, FileSink, FormatWriter, ParquetFormat, DEFAULT_ROW_GROUP_ROWS};
 use crate::memory::{Admission, MemoryConsumer, Reservation};
-use crate::output_schema::check_schema;
+use crate::output_schema::{check_schema, DatasetSchema};
 use crate::queue::BatchQueue;
 use crate::resources::RunResources;
 use crate::stats::{StageCounters, WriteStats, WrittenFile};
@@ -206,6 +206,8 @@ pub(crate) struct OutputTarget {
     dead_letters_written: Mutex<Vec<WrittenFile>>,
     /// Set for checkpointed writes: files are staged and committed through it.
     commits: Option<Arc<CommitLog>>,
+    /// The first batch's schema, which every writer's batches must have.
+    schema: DatasetSchema,
 }
 
 fn storage_err(e: DirError) -> EngineError {
@@ -249,6 +251,7 @@ impl OutputTarget {
             written: Mutex::new(Vec::new()),
             dead_letters_written: Mutex::new(Vec::new()),
             commits,
+            schema: DatasetSchema::default(),
         };
         target.apply_mode()?;
         Ok(target)
@@ -568,10 +571,9 @@ fn write_plain(
     let cancel = resources.cancel_token().clone();
     let mut file: Option<OpenFile> = None;
     let mut buffered: Option<Reservation> = None;
-    let mut schema: Option<SchemaRef> = None;
     while let Some(mut batch) = input.pop(&cancel)? {
         batch.move_to(holder);
-        check_schema(&mut schema, &mut batch)?;
+        check_schema(&target.schema, &mut batch)?;
         let batch = batch.batch;
         counters.record_in(batch.num_rows());
         let started = Instant::now();
