@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from ._args import optional_seconds
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,8 @@ class Checkpoint:
     its hidden tag columns in a step) drops rows by id as well, as does a run
     reading changed inputs again (``on_changed_input="reprocess"``); there a row whose id
     another row already wrote is not written. A commit never splits what one input batch
-    became: files hold at least ``rows_per_file`` rows and less than a batch more, a function
+    became: files hold at least ``rows_per_file`` rows and less than a batch more (or what
+    came within ``commit_interval``), a function
     that returns several batches for one input has them joined, and a ``map_batches`` after
     the first gets whole outputs of the one before it, merged up to its ``batch_size``.
 
@@ -46,6 +50,12 @@ class Checkpoint:
         Input files added later are written; their ids are no longer checked against the
         deleted ones.
     storage_options: object_store options for a URI ``path`` (as in ``read_parquet``).
+    commit_interval: seconds a writer may hold rows before it commits them, its file full
+        or not (default 30; ``None``: only when a file reaches ``rows_per_file``). A writer
+        waiting for rows commits when the interval ends, so a kill loses at most about this
+        much work of the rows that reached it (calls to a paid endpoint, say). Fast runs
+        fill their files first and are not affected; slow ones write a smaller file per
+        writer each interval.
 
     Each output file is committed together with the ids of its rows and the input it
     finishes: a commit record written atomically is the decision; files are staged under
@@ -61,6 +71,7 @@ class Checkpoint:
     num_shards: int | None = None
     delete_on_success: bool = False
     storage_options: Mapping[str, str] | None = field(default=None)
+    commit_interval: float | None = 30.0
 
     def __post_init__(self) -> None:
         if self.id_column is not None and (
@@ -80,4 +91,10 @@ class Checkpoint:
         ):
             raise ValueError(
                 f"Checkpoint: num_shards must be a power of two, not {self.num_shards}"
+            )
+        interval = optional_seconds("Checkpoint: commit_interval", self.commit_interval)
+        if interval is not None and not math.isfinite(interval):
+            raise ValueError(
+                "Checkpoint: commit_interval must be a finite number of seconds "
+                "(None commits only full files)"
             )

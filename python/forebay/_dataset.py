@@ -48,6 +48,7 @@ class _MapStep:
     max_concurrency: int | None = None
     call_timeout: float | None = None
     retry_deadline: float | None = None
+    fingerprint: str | None = None
 
     def add_to(self, pipeline: _forebay.RsPipeline) -> None:
         if self.compute == "threads":
@@ -65,6 +66,7 @@ class _MapStep:
                 [],
                 self.max_errored_rows,
                 self.spec.on_error == "dead_letter",
+                self.fingerprint,
             )
         else:
             from ._worker import encode_init, native_threads_env
@@ -81,6 +83,7 @@ class _MapStep:
                 self.max_errored_rows,
                 [{"CUDA_VISIBLE_DEVICES": d} for d in self.devices],
                 self.spec.on_error == "dead_letter",
+                self.fingerprint,
             )
 
 
@@ -150,6 +153,7 @@ class Dataset:
         max_concurrency: int | None = None,
         call_timeout: float | None = None,
         retry_deadline: float | None = None,
+        fingerprint: str | None = None,
     ) -> Dataset:
         """Apply ``fn`` to every batch (Ray Data's names and meaning).
 
@@ -246,6 +250,13 @@ class Dataset:
             ``forebay.configure(gpus=...)``, else this process's ``CUDA_VISIBLE_DEVICES``,
             else ``nvidia-smi``'s. ``concurrency`` defaults to as many workers as the
             devices hold; more is an error.
+        fingerprint: what identifies this step's transform (a model name and version, a
+            prompt template's hash, its parameters: any text). A checkpointed
+            ``write_parquet`` records it; a rerun whose fingerprint differs at any step (or
+            drops one it gave) is refused before it reads anything, naming the step, since
+            the checkpoint's rows came from the old transform and resuming would mix the
+            two in one output. Write to a new output with a new checkpoint instead. A
+            checkpoint that holds no committed row yet takes the new one.
         """
         if not callable(fn):
             raise TypeError(
@@ -274,6 +285,10 @@ class Dataset:
         if on_error not in ("raise", "skip", "dead_letter"):
             raise ValueError(f"on_error must be 'raise', 'skip' or 'dead_letter', not {on_error!r}")
         max_errored_rows = optional_integer("max_errored_rows", max_errored_rows, minimum=0)
+        if fingerprint is not None and (not isinstance(fingerprint, str) or not fingerprint):
+            raise TypeError(
+                f"map_batches: fingerprint must be a non-empty str, not {fingerprint!r}"
+            )
         if max_errored_rows is not None and on_error == "raise":
             raise ValueError(
                 "max_errored_rows applies with on_error='skip' or 'dead_letter' (with "
@@ -332,6 +347,7 @@ class Dataset:
                 max_concurrency if asynchronous else None,
                 call_timeout,
                 retry_deadline,
+                fingerprint,
             )
         )
 

@@ -301,6 +301,7 @@ class RsPipeline:
         required_columns: list[str],
         max_errored_rows: int | None = None,
         dead_letter: bool = False,
+        fingerprint: str | None = None,
     ) -> None: ...
     def add_processes(
         self,
@@ -315,6 +316,7 @@ class RsPipeline:
         max_errored_rows: int | None = None,
         env_of_each_worker: list[dict[str, str]] = ...,
         dead_letter: bool = False,
+        fingerprint: str | None = None,
     ) -> None: ...
     def add_limit(self, rows: int) -> None: ...
     def add_checkpoint_filter(self, index: RsCheckpointIndex, concurrency: int) -> None: ...

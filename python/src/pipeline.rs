@@ -43,6 +43,9 @@ pub(crate) struct CheckpointConfig {
     delete_on_success: bool,
     #[pyo3(attribute, from_py_with = string_map)]
     storage_options: HashMap<String, String>,
+    /// Seconds (checked by the dataclass).
+    #[pyo3(attribute)]
+    commit_interval: Option<f64>,
 }
 
 impl CheckpointConfig {
@@ -64,6 +67,16 @@ impl CheckpointConfig {
                 )))
             }
         };
+        let commit_interval = self
+            .commit_interval
+            .map(|s| {
+                Duration::try_from_secs_f64(s).map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "Checkpoint: commit_interval must be a finite number of seconds above 0, not {s}"
+                    ))
+                })
+            })
+            .transpose()?;
         let c = match self.id_column {
             Some(id_column) => Checkpoint::new(id_column, self.path),
             None => Checkpoint::by_position(self.path),
@@ -72,6 +85,7 @@ impl CheckpointConfig {
             .with_delete_on_success(self.delete_on_success)
             .with_on_changed_input(on_changed)
             .with_shared_output(shared_output)
+            .with_commit_interval(commit_interval)
             .with_storage_options(self.storage_options);
         if let Some(n) = self.num_shards {
             c = c.with_num_shards(n);
@@ -130,6 +144,13 @@ fn stage(
     stage
 }
 
+fn fingerprinted(stage: MapStage, fingerprint: Option<String>) -> MapStage {
+    match fingerprint {
+        Some(f) => stage.with_fingerprint(f),
+        None => stage,
+    }
+}
+
 #[pymethods]
 impl RsPipeline {
     #[new]
@@ -169,8 +190,9 @@ impl RsPipeline {
 
     /// A Python function on `concurrency` engine threads. `max_errored_rows`: rows the
     /// function may fail on (when its runner sets them aside) before the run fails;
-    /// `dead_letter`: those rows are written beside the output.
-    #[pyo3(signature = (name, make_worker, concurrency, batch_size, required_columns, max_errored_rows=None, dead_letter=false))]
+    /// `dead_letter`: those rows are written beside the output; `fingerprint`: what
+    /// identifies its transform (`MapStage::with_fingerprint`).
+    #[pyo3(signature = (name, make_worker, concurrency, batch_size, required_columns, max_errored_rows=None, dead_letter=false, fingerprint=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_threads(
         &self,
@@ -181,26 +203,26 @@ impl RsPipeline {
         required_columns: Vec<String>,
         max_errored_rows: Option<u64>,
         dead_letter: bool,
+        fingerprint: Option<String>,
     ) -> PyResult<()> {
         let function = PyFunction { make_worker };
-        self.with(|p| {
-            Ok(p.map(stage(
-                name,
-                function,
-                concurrency,
-                batch_size,
-                required_columns,
-                max_errored_rows,
-                dead_letter,
-            )))
-        })
+        let stage = stage(
+            name,
+            function,
+            concurrency,
+            batch_size,
+            required_columns,
+            max_errored_rows,
+            dead_letter,
+        );
+        self.with(|p| Ok(p.map(fingerprinted(stage, fingerprint))))
     }
 
     /// A function in `concurrency` worker processes started with `command`; `init` is sent
     /// to each worker as it starts.
     /// `env_of_each_worker`: more environment for worker `i` (and its replacements), e.g.
     /// its devices.
-    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env, max_errored_rows=None, env_of_each_worker=Vec::new(), dead_letter=false))]
+    #[pyo3(signature = (name, command, init, concurrency, batch_size, max_retries, required_columns, env, max_errored_rows=None, env_of_each_worker=Vec::new(), dead_letter=false, fingerprint=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_processes(
         &self,
@@ -215,6 +237,7 @@ impl RsPipeline {
         max_errored_rows: Option<u64>,
         env_of_each_worker: Vec<HashMap<String, String>>,
         dead_letter: bool,
+        fingerprint: Option<String>,
     ) -> PyResult<()> {
         let os_env = |env: HashMap<String, String>| {
             env.into_iter()
@@ -225,17 +248,16 @@ impl RsPipeline {
             .with_max_retries(max_retries)
             .with_env(os_env(env))
             .with_env_of_each_worker(env_of_each_worker.into_iter().map(os_env).collect());
-        self.with(|p| {
-            Ok(p.map(stage(
-                name,
-                pool,
-                concurrency,
-                batch_size,
-                required_columns,
-                max_errored_rows,
-                dead_letter,
-            )))
-        })
+        let stage = stage(
+            name,
+            pool,
+            concurrency,
+            batch_size,
+            required_columns,
+            max_errored_rows,
+            dead_letter,
+        );
+        self.with(|p| Ok(p.map(fingerprinted(stage, fingerprint))))
     }
 
     fn add_limit(&self, rows: u64) -> PyResult<()> {

@@ -121,7 +121,9 @@ pub mod training;
 mod writer;
 
 pub use batch::{EngineBatch, Origin};
-pub use commit::{Checkpoint, FinishedInputs, OnChangedInput, ResumeReport};
+pub use commit::{
+    Checkpoint, FinishedInputs, OnChangedInput, ResumeReport, DEFAULT_COMMIT_INTERVAL,
+};
 pub use coordinator::{
     CommitCoordinator, CommitStager, ConsumedPositions, StagedCommit, StagerSpec, StagingSlot,
 };

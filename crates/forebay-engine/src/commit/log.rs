@@ -79,6 +79,8 @@ pub(crate) struct CommitLog {
     /// the first record that publishes a file; see `owners`).
     identity: String,
     output_marked: AtomicBool,
+    /// `Checkpoint::with_commit_interval`.
+    commit_interval: Option<std::time::Duration>,
 }
 
 /// The id column of a checkpoint and how its commits write ids.
@@ -302,6 +304,7 @@ impl CommitLog {
             lock: Mutex::new(Some(opened.lock)),
             identity: opened.identity,
             output_marked: AtomicBool::new(opened.output_marked),
+            commit_interval: checkpoint.commit_interval,
         }
     }
 
@@ -341,6 +344,11 @@ impl CommitLog {
     }
 
     /// The checkpoint's id column (None: a checkpoint by position, which writes no id).
+    /// The longest a writer keeps rows uncommitted (`Checkpoint::with_commit_interval`).
+    pub(crate) fn commit_interval(&self) -> Option<std::time::Duration> {
+        self.commit_interval
+    }
+
     pub(crate) fn ids(&self) -> Option<&IdColumn> {
         self.ids.as_ref()
     }

@@ -29,6 +29,7 @@
 //!  <checkpoint>/_forebay_inputs.json               inputs finished by earlier runs
 //!  <checkpoint>/_forebay_identity                  the checkpoint's identity (module `owners`)
 //!  <output>/_forebay_checkpoints/<identity>        a checkpoint committed here (module `owners`)
+//!  <checkpoint>/_forebay_transform.json            the map steps' fingerprints (module `transform`)
 //! ```
 //!
 //! Names starting with `_` or `.` are skipped by every Parquet reader (forebay, pyarrow,
@@ -122,6 +123,7 @@
 //! | `ids`     | a commit's id parts: staged, type-checked, loaded back                 |
 //! | `records` | the JSON the protocol writes: commit records, the inputs snapshot      |
 //! | `owners`  | which checkpoints committed into an output; a stranger's is refused    |
+//! | `transform` | the map steps' fingerprints the rows came from; a changed one is refused |
 //! | `crash`   | `FOREBAY_CRASH_AT`, the tests' kill switch                             |
 
 mod crash;
@@ -133,8 +135,10 @@ mod records;
 mod recovery;
 #[cfg(test)]
 mod tests;
+mod transform;
 
 pub use records::FinishedInputs;
+pub(crate) use transform::StepFingerprint;
 
 pub(crate) use ids::{ids_to_commit, stage_id_parts, stage_ids};
 pub(crate) use log::{CommitFiles, CommitLog, DoneRows, IdColumn, StagedData};
@@ -193,7 +197,16 @@ pub struct Checkpoint {
     pub(crate) fold_every: Option<usize>,
     /// Write into an output other checkpoints committed into (see `owners`).
     pub(crate) shares_output: bool,
+    /// The longest a writer keeps rows uncommitted (None: until its file is full).
+    pub(crate) commit_interval: Option<std::time::Duration>,
+    /// The fingerprints of the run's map steps (set by the pipeline; see `transform`).
+    pub(crate) transform: Vec<StepFingerprint>,
 }
+
+/// How long a writer keeps rows uncommitted by default: what a kill can lose is at most
+/// about this much of the run's work (of calls to a paid endpoint, say), at the cost of a
+/// file and a commit record per writer this often when rows come slowly.
+pub const DEFAULT_COMMIT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Checkpoint {
     /// A checkpoint at `path` (a directory or URI) keyed by the column `id_column`. A path
@@ -226,6 +239,8 @@ impl Checkpoint {
             lease_ttl: DEFAULT_LEASE_TTL,
             fold_every: None,
             shares_output: false,
+            commit_interval: Some(DEFAULT_COMMIT_INTERVAL),
+            transform: Vec::new(),
         }
     }
 
@@ -253,6 +268,16 @@ impl Checkpoint {
     /// object stores).
     pub fn with_fold_every(mut self, records: usize) -> Self {
         self.fold_every = Some(records.max(1));
+        self
+    }
+
+    /// Commit what a writer holds once its file has been open this long, full or not
+    /// (default [`DEFAULT_COMMIT_INTERVAL`]; `None`: only when a file reaches
+    /// `rows_per_file`). A writer waiting for rows commits when the interval ends, so a kill
+    /// loses at most about this much work of rows that reached the writer. Faster runs fill
+    /// their files first and are not affected; slow ones write smaller files.
+    pub fn with_commit_interval(mut self, interval: Option<std::time::Duration>) -> Self {
+        self.commit_interval = interval.map(|i| i.max(std::time::Duration::from_millis(1)));
         self
     }
 

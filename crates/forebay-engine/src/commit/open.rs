@@ -7,6 +7,7 @@ use forebay_parquet::ParquetDataset;
 use super::owners;
 use super::records::{load_inputs, FinishedInputs, Identity};
 use super::recovery::recover;
+use super::transform::check_transform;
 use super::{changed_input_error, storage_err, Checkpoint, OnChangedInput, ResumeReport};
 use crate::error::{EngineError, Result};
 use crate::lease::RunLock;
@@ -66,6 +67,8 @@ impl OpenedState {
         let output_marked = owners::check_output(output, &identity, checkpoint, &state)?;
         let recovered = recover(&state, output)?;
         let mut snapshot = load_inputs(&state)?;
+        let committed_anything = recovered > 0 || snapshot.ids > 0 || !snapshot.files.is_empty();
+        check_transform(&state, &checkpoint.transform, committed_anything)?;
 
         // Inputs that changed since they were recorded.
         let mut report = ResumeReport {

@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use arrow_schema::SchemaRef;
 
-use crate::commit::{Checkpoint, CommitLog, DoneRows};
+use crate::commit::{Checkpoint, CommitLog, DoneRows, StepFingerprint};
 use crate::error::{EngineError, Result};
 use crate::events::{EventSink, PipelineEvent};
 use crate::lineage::LineageBook;
@@ -404,6 +404,23 @@ impl Pipeline {
             }
         }
         check_write_locations(dataset, sink.root(), Some(checkpoint.path()), false)?;
+        let mut checkpoint = checkpoint;
+        checkpoint.transform = self
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Map(m) => Some(m),
+                Step::Limit(_) => None,
+            })
+            .enumerate()
+            .filter_map(|(step, m)| {
+                Some(StepFingerprint {
+                    step,
+                    name: m.name.clone(),
+                    fingerprint: m.fingerprint.clone()?,
+                })
+            })
+            .collect();
         let book = Arc::new(LineageBook::default());
         let output = sink.open_dir()?;
         let prepared = CommitLog::prepare(&checkpoint, output, dataset, book.clone())?;

@@ -276,6 +276,9 @@ pub struct MapStage {
     /// Its input rows are the source's, in order (no map before it): an errored row's index
     /// finds its row in the input file. Set by the pipeline as it starts the stage.
     pub(crate) rows_are_input_rows: bool,
+    /// What identifies the function's transform (a model and its version, a prompt's
+    /// hash): a checkpoint records it and refuses a rerun whose is another.
+    pub(crate) fingerprint: Option<String>,
 }
 
 impl MapStage {
@@ -291,6 +294,7 @@ impl MapStage {
             max_errored_rows: None,
             dead_letter: false,
             rows_are_input_rows: false,
+            fingerprint: None,
         }
     }
 
@@ -308,6 +312,15 @@ impl MapStage {
     }
 
     /// Workers running the function at once (default 1).
+    /// Say what identifies this step's transform (a model name and version, a prompt
+    /// template's hash, its parameters). A checkpointed write records the fingerprints of
+    /// its steps; a rerun with another one at any step is refused before it reads anything
+    /// (the checkpoint's rows came from the old transform), unless nothing was committed.
+    pub fn with_fingerprint(mut self, fingerprint: impl Into<String>) -> MapStage {
+        self.fingerprint = Some(fingerprint.into());
+        self
+    }
+
     pub fn with_concurrency(mut self, workers: usize) -> MapStage {
         self.concurrency = workers.max(1);
         self

@@ -4,10 +4,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arrow_array::ArrayRef;
-use arrow_schema::SchemaRef;
 use forebay_checkpoint::IdPartsWriter;
 
 use super::{by_directory, OpenFile, OutputTarget, STAGE};
@@ -90,10 +89,20 @@ struct Pending {
     consumed: Consumed,
     /// What the file's encoder and `ids` hold, reserved until the commit.
     held: Option<Reservation>,
+    /// When its first batch was written: it commits by `CommitLog::commit_interval` after.
+    opened: Instant,
 }
 
-/// With a checkpoint: files of at least `rows_per_file` rows (less than a batch more), each
-/// committed with its ids, lineage and the input positions its batches consumed. A batch
+impl Pending {
+    /// Whether its rows have waited as long as the checkpoint lets them.
+    fn is_due(&self, interval: Option<Duration>) -> bool {
+        interval.is_some_and(|i| self.opened.elapsed() >= i)
+    }
+}
+
+/// With a checkpoint: files of at least `rows_per_file` rows (less than a batch more), or
+/// what came within the checkpoint's commit interval, each committed with its ids, lineage
+/// and the input positions its batches consumed. A batch
 /// is never split between files: it holds what whole input batches became, so the commit
 /// that holds it consumed their positions (see `positions`). A unit completes only when the
 /// last file holding rows of it commits (see `lineage`).
@@ -109,12 +118,28 @@ pub(super) fn write_checkpointed(
     let mut written = 0;
     let cancel = resources.cancel_token().clone();
     let mut pending: Option<Pending> = None;
-    let mut schema: Option<SchemaRef> = None;
-    while let Some(mut batch) = input.pop(&cancel)? {
+    let interval = log.commit_interval();
+    loop {
+        // With a file open, wait for rows only until it is due: a writer whose rows come
+        // slowly (a paid endpoint answering) commits what it has on time.
+        let next = match (&pending, interval) {
+            (Some(p), Some(interval)) => {
+                let left = interval.saturating_sub(p.opened.elapsed());
+                match input.pop_timeout(&cancel, left)? {
+                    Ok(next) => next,
+                    Err(()) => {
+                        commit_file(target, log, pending.take().expect("open"), resources)?;
+                        continue;
+                    }
+                }
+            }
+            _ => input.pop(&cancel)?,
+        };
+        let Some(mut batch) = next else { break };
         batch.move_to(holder);
         counters.record_in(batch.batch.num_rows());
         let started = Instant::now();
-        check_schema(&mut schema, &mut batch)?;
+        check_schema(&target.schema, &mut batch)?;
         let ids = log.ids().map(|ids| batch_ids(ids, &batch)).transpose()?;
         let rows = batch.batch.num_rows();
         if pending.is_none() {
@@ -128,6 +153,7 @@ pub(super) fn write_checkpointed(
                 tickets: Vec::new(),
                 consumed: Consumed::default(),
                 held: None,
+                opened: Instant::now(),
             });
         }
         let p = pending.as_mut().expect("just opened");
@@ -148,7 +174,7 @@ pub(super) fn write_checkpointed(
                 ids.encoded_bytes() + arrays_memory(ids.unencoded())
             });
         p.held = Some(holder.reserve_bytes(held, Admission::Now)?);
-        if p.file.rows as usize >= target.sink.rows_per_file {
+        if p.file.rows as usize >= target.sink.rows_per_file || p.is_due(interval) {
             commit_file(target, log, pending.take().expect("open"), resources)?;
         }
         counters.record_busy(started.elapsed());
