@@ -12,7 +12,7 @@ and ``by-size`` (``commit_interval=None``: a commit only when a file reaches
 ``rows_per_file``, forebay's behaviour before commits by time).
 
     python benches/python/llm_kills.py [--rounds 3] [--kills 8] [--rows 40000]
-        [--latency 0.2] [--interval 2] [--interval 30]
+        [--latency 0.2] [--interval 2] [--interval 30] [--read-batch-size 256]
 
 Kill moments: uniform over the uninterrupted run's duration (measured first, per round),
 from 1 s after the job's start; a run that finishes before its kill ends the series early.
@@ -55,7 +55,7 @@ class Embed:
 
 config = json.loads(sys.argv[1])
 forebay.configure(progress=False)
-forebay.read_parquet(config["input"]).map_batches(
+forebay.read_parquet(config["input"], batch_size=config["read_batch_size"]).map_batches(
     Embed, fn_constructor_args=(config["url"],), batch_size=16, max_concurrency=32,
 ).write_parquet(
     config["output"],
@@ -78,7 +78,13 @@ def start(config: dict, log: Path) -> subprocess.Popen:
 
 
 def series(
-    work: Path, server: ModelServer, interval: float | None, kills: int, duration: float, rng
+    work: Path,
+    server: ModelServer,
+    interval: float | None,
+    read_batch_size: int,
+    kills: int,
+    duration: float,
+    rng: random.Random,
 ) -> dict:
     """One job killed ``kills`` times (at most), then run to its end."""
     for name in ("out", "ckpt"):
@@ -89,6 +95,7 @@ def series(
         "checkpoint": str(work / "ckpt" / str(interval)),
         "url": server.url,
         "interval": interval,
+        "read_batch_size": read_batch_size,
     }
     log = work / "stderr.log"
     asked_before = sum(len(r.inputs) for r in server.log)
@@ -122,6 +129,12 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--interval", type=float, action="append")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--read-batch-size",
+        type=int,
+        default=65_536,
+        help="read_parquet's batch_size (default forebay's: a commit then holds whole row groups)",
+    )
     args = parser.parse_args()
     variants: list[float | None] = [*(args.interval or [2.0]), None]
     rng = random.Random(args.seed)
@@ -139,7 +152,7 @@ def main() -> None:
             work.mkdir()
             (work / "in").symlink_to(inputs)
             started = time.perf_counter()
-            series(work, server, 2.0, 0, 0.0, rng)
+            series(work, server, 2.0, args.read_batch_size, 0, 0.0, rng)
             duration = time.perf_counter() - started
             print(f"round {round_}: an uninterrupted run takes {duration:.1f} s", flush=True)
             order = variants if round_ % 2 == 0 else variants[::-1]
@@ -147,12 +160,17 @@ def main() -> None:
                 work = Path(tmp) / f"r{round_}-{interval}"
                 work.mkdir()
                 (work / "in").symlink_to(inputs)
-                got = series(work, server, interval, args.kills, duration, rng)
+                got = series(
+                    work, server, interval, args.read_batch_size, args.kills, duration, rng
+                )
                 assert got["rows_out"] == got["distinct"] == args.rows, got
                 name = "by-size" if interval is None else f"interval={interval:g}"
                 results.setdefault(name, []).append(got)
                 print(f"  {name}: {got}", flush=True)
-    print(f"\n{args.rows} rows, {args.latency * 1000:.0f} ms a request, {args.kills} kills")
+    print(
+        f"\n{args.rows} rows, {args.latency * 1000:.0f} ms a request, {args.kills} kills, "
+        f"read batches of {args.read_batch_size}"
+    )
     for name, runs in results.items():
         ratio = statistics.median(r["asked"] / args.rows for r in runs)
         lost = statistics.median(

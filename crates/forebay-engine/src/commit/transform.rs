@@ -64,7 +64,9 @@ pub(super) fn check_transform(
             )));
         }
     }
-    if recorded.as_deref() != Some(now) {
+    // A job that never gave a fingerprint leaves no record.
+    let nothing_to_record = recorded.is_none() && now.is_empty();
+    if recorded.as_deref() != Some(now) && !nothing_to_record {
         let bytes = serde_json::to_vec_pretty(now).expect("fingerprints serialise");
         state.put_atomic(TRANSFORM, bytes).map_err(storage_err)?;
     }
